@@ -1,0 +1,3 @@
+module github.com/skein-ml/skein
+
+go 1.26

@@ -1,0 +1,103 @@
+// Package kernels owns local compute: the layer kernels of a GPT-2-style decoder
+// (forward and backward), matrix multiplication, AdamW and gradient-norm
+// clipping, behind the Device interface. The CPU backend is C compiled through
+// cgo (vectorized, multi-threaded with OpenMP where rows are independent); a
+// CUDA backend implements the same interface.
+//
+// Conventions follow llm.c: activations are (B,T,C) row-major float32,
+// weights are (OC,C), N = B*T rows, and every backward kernel accumulates
+// (+=) into its gradient outputs, which the caller zeroes once per step.
+//
+// kernels must not import any other Skein package and must not know about
+// models, checkpoints, the network or the optimizer's outer loop. Nothing above
+// kernels may assume the device is the CPU: it only holds Buffers.
+package kernels
+
+import "errors"
+
+// Buffer is a float32 array resident on a Device. Buffers are created by
+// Device.Alloc and sliced into views with Slice; views share memory with their
+// parent. A Buffer from one device must not be passed to another.
+type Buffer interface {
+	// Len is the number of float32 elements.
+	Len() int
+	// Slice returns the view [off, off+n). It panics if out of range, like a
+	// Go slice expression: callers build views once, not on the hot path.
+	Slice(off, n int) Buffer
+}
+
+// ErrShape is returned (wrapped) when a kernel is called with buffers whose
+// lengths do not match the shape arguments.
+var ErrShape = errors.New("kernels: buffer length does not match shape")
+
+// Device is one compute device. All methods are synchronous from the caller's
+// point of view (a GPU backend may queue work but must finish it before
+// CopyOut returns). Kernels never allocate Go memory.
+//
+// Shape arguments: B batch, T time, C channels, OC output channels, NH heads,
+// N = B*T rows, V vocabulary, Vp padded vocabulary (rows of logits are Vp
+// long; columns >= V are ignored by the loss).
+type Device interface {
+	// Name is a short human-readable name, for example "cpu (avx512, 2 threads)".
+	Name() string
+	// Threads is the number of worker threads the device uses (CPU) or 1.
+	Threads() int
+	// Alloc returns a zeroed buffer of n float32s.
+	Alloc(n int) Buffer
+	// Zero sets every element of b to 0.
+	Zero(b Buffer)
+	// CopyIn copies src (host memory) into dst; len(src) must equal dst.Len().
+	CopyIn(dst Buffer, src []float32)
+	// CopyOut copies src into dst (host memory); len(dst) must equal src.Len().
+	CopyOut(dst []float32, src Buffer)
+
+	// EncoderForward: out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:].
+	// out (B,T,C), wte (V,C), wpe (maxT,C), tokens B*T.
+	EncoderForward(out Buffer, tokens []int32, wte, wpe Buffer, B, T, C int)
+	// EncoderBackward accumulates dout into dwte rows and dwpe rows.
+	EncoderBackward(dwte, dwpe, dout Buffer, tokens []int32, B, T, C int)
+
+	// LayerNormForward normalizes each of N rows of C; mean and rstd (N) are
+	// saved for the backward. eps = 1e-5.
+	LayerNormForward(out, mean, rstd, inp, weight, bias Buffer, N, C int)
+	LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd Buffer, N, C int)
+
+	// MatmulForward: out (N,OC) = inp (N,C) @ weight(OC,C)^T + bias (OC).
+	// bias may be nil.
+	MatmulForward(out, inp, weight, bias Buffer, N, C, OC int)
+	// MatmulBackward accumulates dinp (N,C), dweight (OC,C) and dbias (OC,
+	// may be nil).
+	MatmulBackward(dinp, dweight, dbias, dout, inp, weight Buffer, N, C, OC int)
+
+	// AttentionForward: inp (B,T,3C) holds q,k,v; out (B,T,C); preatt and att
+	// (B,NH,T,T) are saved for the backward. Causal, scale 1/sqrt(C/NH).
+	AttentionForward(out, preatt, att, inp Buffer, B, T, C, NH int)
+	// AttentionBackward accumulates dinp (B,T,3C); dpreatt and datt are
+	// scratch (B,NH,T,T) that the kernel may overwrite.
+	AttentionBackward(dinp, dpreatt, datt, dout, inp, att Buffer, B, T, C, NH int)
+
+	// GeluForward (tanh approximation) over n elements.
+	GeluForward(out, inp Buffer, n int)
+	GeluBackward(dinp, inp, dout Buffer, n int)
+
+	// ResidualForward: out = a + b over n elements.
+	ResidualForward(out, a, b Buffer, n int)
+	// ResidualBackward: da += dout, db += dout.
+	ResidualBackward(da, db, dout Buffer, n int)
+
+	// SoftmaxCrossEntropyForward: for each of N rows of logits (Vp wide,
+	// first V used) writes probs (N,Vp) and losses (N) = -log p[target].
+	SoftmaxCrossEntropyForward(losses, probs, logits Buffer, targets []int32, N, V, Vp int)
+	// SoftmaxCrossEntropyBackward accumulates into dlogits (N,Vp)
+	// dloss * (probs - onehot(target)) for columns < V (padding columns get 0).
+	SoftmaxCrossEntropyBackward(dlogits, probs Buffer, targets []int32, dloss float32, N, V, Vp int)
+
+	// SumSquares returns the sum of squares of b, accumulated in float64.
+	SumSquares(b Buffer) float64
+	// Scale multiplies every element of b by s.
+	Scale(b Buffer, s float32)
+	// AdamW updates params in place from grads with moments m and v (all the
+	// same length). t is the 1-based step for bias correction. Weight decay is
+	// decoupled: p -= lr * (mhat/(sqrt(vhat)+eps) + wd*p).
+	AdamW(params, grads, m, v Buffer, lr, beta1, beta2, eps, wd float32, t int)
+}
