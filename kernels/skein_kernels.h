@@ -20,4 +20,57 @@ void skein_sgemm(int transA, int transB, int M, int N, int K, float alpha,
 // "avx512", "avx2" or "portable".
 const char *skein_gemm_isa(void);
 
+// skein_gemm_force_isa selects "portable", "avx2" or "avx512" for later
+// calls (NULL or "" restores the best the CPU supports). It returns -1, and
+// changes nothing, if the name is unknown or the CPU lacks the instructions.
+// The environment variable SKEIN_GEMM_ISA does the same at first use.
+int skein_gemm_force_isa(const char *name);
+
+// ---- Layer kernels (layers.c) ----
+// Semantics are documented on the Go Device interface (device.go). Every
+// kernel takes nthreads (>= 1) and is bit-identical across runs and thread
+// counts. Backward kernels accumulate into their gradient outputs.
+
+// skein_layers_isa names the variant the layer kernels use: "avx512", "avx2"
+// or "portable". skein_layers_set_isa forces one (for tests); it returns 0 if
+// the CPU cannot run it.
+const char *skein_layers_isa(void);
+int skein_layers_set_isa(const char *name);
+
+void skein_encoder_forward(float *out, const int32_t *tokens, const float *wte,
+                           const float *wpe, int B, int T, int C, int nthreads);
+void skein_encoder_backward(float *dwte, float *dwpe, const float *dout,
+                            const int32_t *tokens, int B, int T, int C, int nthreads);
+void skein_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                             const float *weight, const float *bias, int N, int C,
+                             int nthreads);
+void skein_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                              const float *inp, const float *weight, const float *mean,
+                              const float *rstd, int N, int C, int nthreads);
+// bias and dbias may be NULL.
+void skein_matmul_forward(float *out, const float *inp, const float *weight,
+                          const float *bias, int N, int C, int OC, int nthreads);
+void skein_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                           const float *inp, const float *weight, int N, int C, int OC,
+                           int nthreads);
+// Masked (j > t) entries of preatt and att are written as 0.
+void skein_attention_forward(float *out, float *preatt, float *att, const float *inp, int B,
+                             int T, int C, int NH, int nthreads);
+void skein_attention_backward(float *dinp, float *dpreatt, float *datt, const float *dout,
+                              const float *inp, const float *att, int B, int T, int C,
+                              int NH, int nthreads);
+void skein_gelu_forward(float *out, const float *inp, long n, int nthreads);
+void skein_gelu_backward(float *dinp, const float *inp, const float *dout, long n,
+                         int nthreads);
+void skein_residual_forward(float *out, const float *a, const float *b, long n, int nthreads);
+void skein_residual_backward(float *da, float *db, const float *dout, long n, int nthreads);
+void skein_softmax_xent_forward(float *losses, float *probs, const float *logits,
+                                const int32_t *targets, int N, int V, int Vp, int nthreads);
+void skein_softmax_xent_backward(float *dlogits, const float *probs, const int32_t *targets,
+                                 float dloss, int N, int V, int Vp, int nthreads);
+double skein_sum_squares(const float *x, long n, int nthreads);
+void skein_scale(float *x, float s, long n, int nthreads);
+void skein_adamw(float *params, const float *grads, float *m, float *v, long n, float lr,
+                 float beta1, float beta2, float eps, float wd, int t, int nthreads);
+
 #endif

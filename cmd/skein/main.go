@@ -1,0 +1,62 @@
+// Command skein is the one binary of Skein: train one neural network on many
+// volunteer machines. This package only parses flags, environment and config
+// files, builds objects and calls node and bootstrap; it holds no logic.
+//
+// Settings are taken, highest first, from flags, SKEIN_* environment
+// variables, the --config TOML file, then defaults.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/urfave/cli/v2"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := newApp().RunContext(ctx, os.Args); err != nil {
+		fmt.Fprintln(os.Stderr, "skein:", err)
+		var ec cli.ExitCoder
+		if errors.As(err, &ec) {
+			os.Exit(ec.ExitCode())
+		}
+		os.Exit(1)
+	}
+}
+
+func newApp() *cli.App {
+	return &cli.App{
+		Name:    "skein",
+		Usage:   "train one neural network together on volunteer machines",
+		Version: version,
+		Description: "Skein trains a GPT-style model with low-communication optimizers (DiLoCo, NoLoCo)\n" +
+			"across machines that join and leave over the internet.\n\n" +
+			"Settings come, highest first, from flags, SKEIN_* environment variables,\n" +
+			"the --config TOML file (keys are flag names), then defaults.",
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: []string{"SKEIN_LOG_LEVEL"},
+				Usage: "log verbosity: debug, info, warn or error"},
+		},
+		Commands: []*cli.Command{
+			trainCommand(),
+		},
+	}
+}
+
+func logger(c *cli.Context) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(c.String("log-level"))); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", c.String("log-level"))
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})), nil
+}

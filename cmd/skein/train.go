@@ -1,0 +1,105 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+	"github.com/urfave/cli/v2/altsrc"
+
+	"github.com/skein-ml/skein/model"
+	"github.com/skein-ml/skein/node"
+)
+
+func trainCommand() *cli.Command {
+	d := node.DefaultTrainConfig()
+	env := func(name string) []string { return []string{"SKEIN_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))} }
+	flags := []cli.Flag{
+		&cli.StringFlag{Name: "config", EnvVars: env("config"), Usage: "TOML file of settings (keys are flag names, e.g. steps = 500)"},
+		altsrc.NewStringFlag(&cli.StringFlag{Name: "preset", Value: d.Preset, EnvVars: env("preset"),
+			Usage: "model size: " + strings.Join(model.PresetNames(), ", ")}),
+		altsrc.NewIntFlag(&cli.IntFlag{Name: "steps", Value: d.Steps, EnvVars: env("steps"), Usage: "optimizer steps to reach (a resumed run continues to this step)"}),
+		altsrc.NewIntFlag(&cli.IntFlag{Name: "batch", Value: d.Batch, EnvVars: env("batch"), Usage: "sequences per step"}),
+		altsrc.NewIntFlag(&cli.IntFlag{Name: "seq-len", Value: 0, EnvVars: env("seq_len"), Usage: "tokens per sequence (0: the preset's context length)"}),
+		altsrc.NewFloat64Flag(&cli.Float64Flag{Name: "lr", Value: d.AdamW.LR, EnvVars: env("lr"), Usage: "peak AdamW learning rate"}),
+		altsrc.NewIntFlag(&cli.IntFlag{Name: "warmup", Value: d.AdamW.Warmup, EnvVars: env("warmup"), Usage: "linear warmup steps, then cosine decay"}),
+		altsrc.NewFloat64Flag(&cli.Float64Flag{Name: "min-lr-frac", Value: d.AdamW.MinLRFrac, EnvVars: env("min-lr-frac"), Usage: "final learning rate as a fraction of --lr"}),
+		altsrc.NewFloat64Flag(&cli.Float64Flag{Name: "weight-decay", Value: d.AdamW.WeightDecay, EnvVars: env("weight-decay"), Usage: "decoupled AdamW weight decay (matrices and embeddings only)"}),
+		altsrc.NewFloat64Flag(&cli.Float64Flag{Name: "clip", Value: d.AdamW.Clip, EnvVars: env("clip"), Usage: "global gradient-norm clip (0 disables)"}),
+		altsrc.NewUint64Flag(&cli.Uint64Flag{Name: "seed", Value: d.Seed, EnvVars: env("seed"), Usage: "seed of the initial weights and the data order"}),
+		altsrc.NewIntFlag(&cli.IntFlag{Name: "threads", Value: 0, EnvVars: env("threads"), Usage: "CPU threads (0: all cores)"}),
+		altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "corpus", EnvVars: env("corpus"),
+			Usage: "files or directories to train on (repeatable; default: the Go standard library sources of this Go installation)"}),
+		altsrc.NewPathFlag(&cli.PathFlag{Name: "out", Value: d.Out, EnvVars: env("out"), Usage: "run directory for checkpoint.safetensors and metrics.jsonl"}),
+		altsrc.NewBoolFlag(&cli.BoolFlag{Name: "resume", EnvVars: env("resume"), Usage: "continue from <out>/checkpoint.safetensors if it exists"}),
+		altsrc.NewIntFlag(&cli.IntFlag{Name: "eval-every", Value: d.EvalEvery, EnvVars: env("eval-every"), Usage: "steps between validation losses (0 disables)"}),
+		altsrc.NewIntFlag(&cli.IntFlag{Name: "eval-batches", Value: d.EvalBatches, EnvVars: env("eval-batches"), Usage: "held-out batches per validation"}),
+		altsrc.NewIntFlag(&cli.IntFlag{Name: "checkpoint-every", Value: d.CheckpointEvery, EnvVars: env("checkpoint-every"), Usage: "steps between checkpoints (0: only at exit)"}),
+		altsrc.NewBoolFlag(&cli.BoolFlag{Name: "quiet", EnvVars: env("quiet"), Usage: "no progress bar"}),
+	}
+	return &cli.Command{
+		Name:  "train",
+		Usage: "train a model in this one process",
+		Description: "Single-process training on the local CPU: the baseline that distributed runs are\n" +
+			"compared against. Shows step, loss, tokens/s and ETA; reports validation loss every\n" +
+			"--eval-every steps; writes <out>/checkpoint.safetensors every --checkpoint-every steps\n" +
+			"and on exit. Ctrl-C saves a checkpoint and exits; --resume continues from it with\n" +
+			"exactly the losses an uninterrupted run would have had.",
+		Flags:  flags,
+		Before: altsrc.InitInputSourceWithContext(flags, altsrc.NewTomlSourceFromFlagFunc("config")),
+		Action: runTrain,
+	}
+}
+
+func runTrain(c *cli.Context) error {
+	if c.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q (corpora go in --corpus)", c.Args().Slice())
+	}
+	log, err := logger(c)
+	if err != nil {
+		return err
+	}
+	cfg := node.DefaultTrainConfig()
+	cfg.Preset = c.String("preset")
+	cfg.Steps = c.Int("steps")
+	cfg.Batch = c.Int("batch")
+	cfg.SeqLen = c.Int("seq-len")
+	cfg.AdamW.LR = c.Float64("lr")
+	cfg.AdamW.Warmup = c.Int("warmup")
+	cfg.AdamW.MinLRFrac = c.Float64("min-lr-frac")
+	cfg.AdamW.WeightDecay = c.Float64("weight-decay")
+	cfg.AdamW.Clip = c.Float64("clip")
+	cfg.Seed = c.Uint64("seed")
+	cfg.Threads = c.Int("threads")
+	cfg.Corpus = c.StringSlice("corpus")
+	cfg.Out = c.Path("out")
+	cfg.Resume = c.Bool("resume")
+	cfg.EvalEvery = c.Int("eval-every")
+	cfg.EvalBatches = c.Int("eval-batches")
+	cfg.CheckpointEvery = c.Int("checkpoint-every")
+	cfg.Logger = log
+	if !c.Bool("quiet") {
+		cfg.Progress = os.Stderr
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	mc, _ := model.Preset(cfg.Preset)
+	fmt.Fprintf(os.Stderr, "skein train: %s model (%.2fM parameters), batch %d, %d steps\n",
+		mc.Name, float64(mc.NumParams())/1e6, cfg.Batch, cfg.Steps)
+	res, err := node.Train(c.Context, cfg)
+	if res != nil {
+		fmt.Fprintf(os.Stderr, "device %s: steps %d..%d at %.0f tokens/s\n", res.Device, res.StartStep, res.EndStep, res.TokensPerSec)
+		if n := len(res.Losses); n > 0 {
+			fmt.Fprintf(os.Stderr, "train loss %.4f -> %.4f\n", res.Losses[0], res.Losses[n-1])
+		}
+		if res.Checkpoint != "" {
+			fmt.Fprintf(os.Stderr, "checkpoint: %s\n", res.Checkpoint)
+		}
+		if res.Interrupted {
+			fmt.Fprintf(os.Stderr, "interrupted at step %d; continue with --resume\n", res.EndStep)
+		}
+	}
+	return err
+}

@@ -1,0 +1,145 @@
+package compression
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"sync"
+	"testing"
+
+	"github.com/klauspost/compress/zstd"
+)
+
+// Benchmarks report GB/s of float32 input per core (Workers = 1), the size
+// ratio fp32/encoded ("x_smaller") and the throughput ratio to plain zstd
+// level 1 on the raw float32 bytes measured in the same run ("x_zstd").
+//
+//	go test -run='^$' -bench='Encode|Decode' -benchtime=20x ./compression
+
+const benchElems = 1 << 22 // 16 MiB of float32, beyond L2
+
+var benchData = sync.OnceValue(func() []float32 { return gaussian(benchElems, 42) })
+
+// zstdRef measures plain zstd level 1 on the raw fp32 bytes: encode and decode GB/s.
+var zstdRef = sync.OnceValues(func() (float64, float64) {
+	x := benchData()
+	raw := make([]byte, 4*len(x))
+	for i, v := range x {
+		binary.LittleEndian.PutUint32(raw[4*i:], math.Float32bits(v))
+	}
+	zenc, _ := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1), zstd.WithEncoderCRC(false))
+	zdec, _ := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1))
+	comp := zenc.EncodeAll(raw, nil)
+	out := make([]byte, 0, len(raw))
+	enc := testing.Benchmark(func(b *testing.B) {
+		b.SetBytes(int64(len(raw)))
+		var c []byte
+		for b.Loop() {
+			c = zenc.EncodeAll(raw, c[:0])
+		}
+	})
+	dec := testing.Benchmark(func(b *testing.B) {
+		b.SetBytes(int64(len(raw)))
+		for b.Loop() {
+			out, _ = zdec.DecodeAll(comp, out[:0])
+		}
+	})
+	gbps := func(r testing.BenchmarkResult) float64 {
+		return float64(r.Bytes) * float64(r.N) / float64(r.T.Nanoseconds())
+	}
+	return gbps(enc), gbps(dec)
+})
+
+func benchConfigs() []Config {
+	var cfgs []Config
+	for _, c := range Codecs() {
+		for _, level := range []int{0, 1} {
+			cfg := testConfig(c, false, level)
+			cfg.Workers = 1
+			cfgs = append(cfgs, cfg)
+		}
+	}
+	sr := testConfig(Int8, true, 0)
+	sr.Workers = 1
+	return append(cfgs, sr)
+}
+
+func benchName(cfg Config) string {
+	s := fmt.Sprintf("%v/zstd%d", cfg.Codec, cfg.ZstdLevel)
+	if cfg.Stochastic {
+		s += "/sr"
+	}
+	return s
+}
+
+func reportRates(b *testing.B, bytesIn, encoded int, ref float64) {
+	gbps := float64(bytesIn) * float64(b.N) / float64(b.Elapsed().Nanoseconds())
+	b.ReportMetric(gbps, "GB/s")
+	b.ReportMetric(float64(bytesIn)/float64(encoded), "x_smaller")
+	b.ReportMetric(gbps/ref, "x_zstd")
+}
+
+func BenchmarkEncode(b *testing.B) {
+	x := benchData()
+	refEnc, _ := zstdRef()
+	for _, cfg := range benchConfigs() {
+		b.Run(benchName(cfg), func(b *testing.B) {
+			enc, err := NewEncoder(cfg)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer enc.Close()
+			frame, _ := enc.Append(nil, x, 1)
+			b.SetBytes(int64(4 * len(x)))
+			b.ResetTimer()
+			for b.Loop() {
+				frame, _ = enc.Append(frame[:0], x, 1)
+			}
+			reportRates(b, 4*len(x), len(frame), refEnc)
+		})
+	}
+}
+
+func BenchmarkDecode(b *testing.B) {
+	x := benchData()
+	_, refDec := zstdRef()
+	for _, cfg := range benchConfigs() {
+		b.Run(benchName(cfg), func(b *testing.B) {
+			enc, _ := NewEncoder(cfg)
+			frame, _ := enc.Append(nil, x, 1)
+			enc.Close()
+			dec, _ := NewDecoder(cfg)
+			defer dec.Close()
+			y := make([]float32, len(x))
+			b.SetBytes(int64(4 * len(x)))
+			b.ResetTimer()
+			for b.Loop() {
+				if _, err := dec.DecodeBytes(frame, y); err != nil {
+					b.Fatal(err)
+				}
+			}
+			reportRates(b, 4*len(x), len(frame), refDec)
+		})
+	}
+}
+
+// BenchmarkInt8Kernels measures the quantize and dequantize loops alone.
+func BenchmarkInt8Kernels(b *testing.B) {
+	x := benchData()
+	body := make([]byte, bodyLen(Int8, len(x), DefaultBlockSize))
+	y := make([]float32, len(x))
+	b.Run("quantize", func(b *testing.B) {
+		b.SetBytes(int64(4 * len(x)))
+		for b.Loop() {
+			_ = encodeInt8(body, x, DefaultBlockSize, 0, 0, false)
+		}
+		b.ReportMetric(float64(4*len(x))*float64(b.N)/float64(b.Elapsed().Nanoseconds()), "GB/s")
+	})
+	b.Run("dequantize", func(b *testing.B) {
+		b.SetBytes(int64(4 * len(x)))
+		for b.Loop() {
+			_ = decodeInt8(y, body, DefaultBlockSize, 0)
+		}
+		b.ReportMetric(float64(4*len(x))*float64(b.N)/float64(b.Elapsed().Nanoseconds()), "GB/s")
+	})
+}

@@ -1,0 +1,666 @@
+// Layer kernels of the CPU backend: everything except the GEMM itself.
+//
+// Structure. Every kernel is a driver (an exported skein_* function) that
+// splits its work into independent rows, column blocks or fixed-size chunks
+// and runs them with OpenMP, calling a worker for each piece. Workers are
+// written once as always-inline generic C and compiled three times (AVX-512,
+// AVX2+FMA, baseline x86-64); the variant is chosen once at load time from
+// the CPU's features. OpenMP regions stay in the drivers because gcc outlines
+// them before inlining, which would lose the target attribute.
+//
+// Determinism. No kernel uses atomics or scheduling-dependent reductions.
+// Reductions across rows (dbias, LayerNorm dweight/dbias, encoder dwte/dwpe)
+// are parallelized over fixed column blocks, each column summed over rows in
+// row order; SumSquares uses a chunking that depends only on the length.
+// Results are therefore bit-identical across runs and across thread counts
+// (given skein_sgemm's own guarantee, which splits M and N only).
+#include "skein_kernels.h"
+
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#define INLINE static inline __attribute__((always_inline))
+
+// Column block width for cross-row reductions, and chunk length for
+// elementwise kernels. Both are fixed so results never depend on threads.
+enum { COLBLOCK = 32, CHUNK = 16384, SSQ_PARTS = 1024, ATT_RB = 32 };
+
+static const float GELU_S = 0.7978845608028654f; // sqrt(2/pi)
+static const float GELU_K = 0.044715f;
+static const float LN_EPS = 1e-5f;
+
+// --- scalar helpers (vectorizable inside omp simd loops) ---
+
+static inline float bits_to_f(int i) {
+    float f;
+    memcpy(&f, &i, sizeof f);
+    return f;
+}
+
+static inline int f_to_bits(float f) {
+    int i;
+    memcpy(&i, &f, sizeof i);
+    return i;
+}
+
+// fast_sqrtf for x >= 0: bit-trick reciprocal square root refined by two
+// Newton steps (relative error ~1e-7). sqrtf itself may set errno, which
+// stops gcc from vectorizing the loop (cgo does not allow -fno-math-errno).
+INLINE float fast_sqrtf(float x) {
+    float y = bits_to_f(0x5f375a86 - (f_to_bits(x) >> 1));
+    float hx = 0.5f * x;
+    y = y * (1.5f - hx * y * y);
+    y = y * (1.5f - hx * y * y);
+    return x * y;
+}
+
+// fast_expf: Cephes-style range reduction and degree-6 polynomial, relative
+// error about 2e-7. Inputs below -87 give 0; above 88 saturate near FLT_MAX.
+INLINE float fast_expf(float x) {
+    float xc = x > 88.0f ? 88.0f : x;
+    xc = xc < -87.0f ? -87.0f : xc;
+    const float magic = 12582912.0f; // 1.5 * 2^23: round to nearest int
+    float t = xc * 1.44269504088896341f + magic;
+    float n = t - magic;
+    int ni = (int)n;
+    float r = xc - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float y = p * r * r + r + 1.0f;
+    y = y * bits_to_f((ni + 127) << 23);
+    return x < -87.0f ? 0.0f : y;
+}
+
+// --- generic workers ---
+
+INLINE void k_add(float *out, const float *a, const float *b, long n) {
+#pragma omp simd
+    for (long i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+INLINE void k_acc(float *dst, const float *src, long n) {
+#pragma omp simd
+    for (long i = 0; i < n; i++) dst[i] += src[i];
+}
+
+INLINE void k_scale(float *x, float s, long n) {
+#pragma omp simd
+    for (long i = 0; i < n; i++) x[i] *= s;
+}
+
+// gelu(x) = 0.5x(1+tanh(u)) = x * sigmoid(2u), u = s(x + k x^3).
+INLINE void k_gelu_fwd(float *out, const float *inp, long n) {
+#pragma omp simd
+    for (long i = 0; i < n; i++) {
+        float x = inp[i];
+        float u = GELU_S * (x + GELU_K * x * x * x);
+        out[i] = x / (1.0f + fast_expf(-2.0f * u));
+    }
+}
+
+// d gelu/dx = sig + 2 x sig (1-sig) u', sig = sigmoid(2u) = (1+tanh u)/2.
+INLINE void k_gelu_bwd(float *dinp, const float *inp, const float *dout, long n) {
+#pragma omp simd
+    for (long i = 0; i < n; i++) {
+        float x = inp[i];
+        float u = GELU_S * (x + GELU_K * x * x * x);
+        float du = GELU_S * (1.0f + 3.0f * GELU_K * x * x);
+        float sig = 1.0f / (1.0f + fast_expf(-2.0f * u));
+        float g = sig + 2.0f * x * sig * (1.0f - sig) * du;
+        dinp[i] += g * dout[i];
+    }
+}
+
+INLINE void k_ln_fwd_row(float *out, float *mean, float *rstd, const float *x,
+                         const float *w, const float *b, int C) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < C; i++) s += x[i];
+    float m = s / (float)C;
+    float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+    for (int i = 0; i < C; i++) {
+        float d = x[i] - m;
+        v += d * d;
+    }
+    float rs = 1.0f / sqrtf(v / (float)C + LN_EPS);
+#pragma omp simd
+    for (int i = 0; i < C; i++) out[i] = (x[i] - m) * rs * w[i] + b[i];
+    *mean = m;
+    *rstd = rs;
+}
+
+INLINE void k_ln_bwd_row(float *dx, const float *dout, const float *x, const float *w,
+                         float m, float rs, int C) {
+    float a = 0.0f, bsum = 0.0f;
+#pragma omp simd reduction(+ : a, bsum)
+    for (int i = 0; i < C; i++) {
+        float dn = w[i] * dout[i];
+        a += dn;
+        bsum += dn * (x[i] - m) * rs;
+    }
+    a /= (float)C;
+    bsum /= (float)C;
+#pragma omp simd
+    for (int i = 0; i < C; i++) {
+        float nrm = (x[i] - m) * rs;
+        dx[i] += rs * (w[i] * dout[i] - a - nrm * bsum);
+    }
+}
+
+// LayerNorm dweight/dbias for columns [c0, c0+nc), summed over rows in order.
+INLINE void k_ln_dwdb_block(float *dw, float *db, const float *dout, const float *x,
+                            const float *mean, const float *rstd, int N, int C, int c0,
+                            int nc) {
+    for (int n = 0; n < N; n++) {
+        const float *d = dout + (size_t)n * C + c0;
+        const float *xr = x + (size_t)n * C + c0;
+        float m = mean[n], rs = rstd[n];
+#pragma omp simd
+        for (int i = 0; i < nc; i++) {
+            dw[c0 + i] += (xr[i] - m) * rs * d[i];
+            db[c0 + i] += d[i];
+        }
+    }
+}
+
+// dst[c0..c0+nc) += column sums of src (rows x ld), rows in order.
+INLINE void k_colsum_block(float *dst, const float *src, int rows, int ld, int c0, int nc) {
+    for (int n = 0; n < rows; n++) {
+        const float *s = src + (size_t)n * ld + c0;
+#pragma omp simd
+        for (int i = 0; i < nc; i++) dst[c0 + i] += s[i];
+    }
+}
+
+// Encoder backward for columns [c0, c0+nc): rows in (b,t) order.
+INLINE void k_enc_bwd_block(float *dwte, float *dwpe, const float *dout, const int32_t *tok,
+                            int B, int T, int C, int c0, int nc) {
+    for (int b = 0; b < B; b++) {
+        for (int t = 0; t < T; t++) {
+            size_t n = (size_t)b * T + t;
+            const float *d = dout + n * C + c0;
+            float *we = dwte + (size_t)tok[n] * C + c0;
+            float *pe = dwpe + (size_t)t * C + c0;
+#pragma omp simd
+            for (int i = 0; i < nc; i++) {
+                we[i] += d[i];
+                pe[i] += d[i];
+            }
+        }
+    }
+}
+
+// Causal softmax of row t: preatt[0..t] (already scaled) -> att; entries
+// after t are set to 0 in both.
+INLINE void k_softmax_causal_row(float *preatt, float *att, int t, int T) {
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int j = 0; j <= t; j++) mx = preatt[j] > mx ? preatt[j] : mx;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int j = 0; j <= t; j++) {
+        float e = fast_expf(preatt[j] - mx);
+        att[j] = e;
+        s += e;
+    }
+    float inv = 1.0f / s;
+#pragma omp simd
+    for (int j = 0; j <= t; j++) att[j] *= inv;
+    for (int j = t + 1; j < T; j++) {
+        att[j] = 0.0f;
+        preatt[j] = 0.0f;
+    }
+}
+
+// dpre[j] = att[j] (datt[j] - sum_k att[k] datt[k]) for j <= t, 0 after.
+INLINE void k_softmax_bwd_row(float *dpre, const float *att, const float *datt, int t, int T) {
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int j = 0; j <= t; j++) dot += att[j] * datt[j];
+#pragma omp simd
+    for (int j = 0; j <= t; j++) dpre[j] = att[j] * (datt[j] - dot);
+    for (int j = t + 1; j < T; j++) dpre[j] = 0.0f;
+}
+
+// One row of softmax + cross-entropy; returns the loss.
+INLINE float k_smce_fwd_row(float *probs, const float *logits, int target, int V, int Vp) {
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int i = 0; i < V; i++) mx = logits[i] > mx ? logits[i] : mx;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < V; i++) {
+        float e = fast_expf(logits[i] - mx);
+        probs[i] = e;
+        s += e;
+    }
+    float inv = 1.0f / s;
+#pragma omp simd
+    for (int i = 0; i < V; i++) probs[i] *= inv;
+    for (int i = V; i < Vp; i++) probs[i] = 0.0f;
+    return logf(s) - (logits[target] - mx);
+}
+
+INLINE void k_smce_bwd_row(float *dlogits, const float *probs, int target, float dloss, int V) {
+#pragma omp simd
+    for (int i = 0; i < V; i++) dlogits[i] += dloss * probs[i];
+    dlogits[target] -= dloss;
+}
+
+INLINE void k_adamw(float *p, const float *g, float *m, float *v, long n, float lr, float b1,
+                    float b2, float eps, float wd, float bc1, float bc2) {
+#pragma omp simd
+    for (long i = 0; i < n; i++) {
+        float gi = g[i];
+        float mi = b1 * m[i] + (1.0f - b1) * gi;
+        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        float mhat = mi / bc1;
+        float vhat = vi / bc2;
+        p[i] -= lr * (mhat / (fast_sqrtf(vhat) + eps) + wd * p[i]);
+    }
+}
+
+INLINE double k_sumsq(const float *x, long n) {
+    double s = 0.0;
+#pragma omp simd reduction(+ : s)
+    for (long i = 0; i < n; i++) s += (double)x[i] * (double)x[i];
+    return s;
+}
+
+// --- ISA variants ---
+
+struct isa {
+    const char *name;
+    void (*add)(float *, const float *, const float *, long);
+    void (*acc)(float *, const float *, long);
+    void (*scale)(float *, float, long);
+    void (*gelu_fwd)(float *, const float *, long);
+    void (*gelu_bwd)(float *, const float *, const float *, long);
+    void (*ln_fwd_row)(float *, float *, float *, const float *, const float *, const float *,
+                       int);
+    void (*ln_bwd_row)(float *, const float *, const float *, const float *, float, float, int);
+    void (*ln_dwdb_block)(float *, float *, const float *, const float *, const float *,
+                          const float *, int, int, int, int);
+    void (*colsum_block)(float *, const float *, int, int, int, int);
+    void (*enc_bwd_block)(float *, float *, const float *, const int32_t *, int, int, int, int,
+                          int);
+    void (*softmax_causal_row)(float *, float *, int, int);
+    void (*softmax_bwd_row)(float *, const float *, const float *, int, int);
+    float (*smce_fwd_row)(float *, const float *, int, int, int);
+    void (*smce_bwd_row)(float *, const float *, int, float, int);
+    void (*adamw)(float *, const float *, float *, float *, long, float, float, float, float,
+                  float, float, float);
+    double (*sumsq)(const float *, long);
+};
+
+#define DEFINE_ISA(SUF, NAME, TGT)                                                              \
+    TGT static void add_##SUF(float *o, const float *a, const float *b, long n) {             \
+        k_add(o, a, b, n);                                                                     \
+    }                                                                                          \
+    TGT static void acc_##SUF(float *d, const float *s, long n) { k_acc(d, s, n); }            \
+    TGT static void scale_##SUF(float *x, float s, long n) { k_scale(x, s, n); }               \
+    TGT static void gelu_fwd_##SUF(float *o, const float *x, long n) { k_gelu_fwd(o, x, n); }  \
+    TGT static void gelu_bwd_##SUF(float *dx, const float *x, const float *d, long n) {        \
+        k_gelu_bwd(dx, x, d, n);                                                               \
+    }                                                                                          \
+    TGT static void ln_fwd_row_##SUF(float *o, float *m, float *r, const float *x,             \
+                                     const float *w, const float *b, int C) {                  \
+        k_ln_fwd_row(o, m, r, x, w, b, C);                                                     \
+    }                                                                                          \
+    TGT static void ln_bwd_row_##SUF(float *dx, const float *d, const float *x, const float *w, \
+                                     float m, float r, int C) {                                \
+        k_ln_bwd_row(dx, d, x, w, m, r, C);                                                    \
+    }                                                                                          \
+    TGT static void ln_dwdb_block_##SUF(float *dw, float *db, const float *d, const float *x,  \
+                                        const float *m, const float *r, int N, int C, int c0,  \
+                                        int nc) {                                              \
+        k_ln_dwdb_block(dw, db, d, x, m, r, N, C, c0, nc);                                     \
+    }                                                                                          \
+    TGT static void colsum_block_##SUF(float *d, const float *s, int rows, int ld, int c0,     \
+                                       int nc) {                                               \
+        k_colsum_block(d, s, rows, ld, c0, nc);                                                \
+    }                                                                                          \
+    TGT static void enc_bwd_block_##SUF(float *we, float *pe, const float *d,                  \
+                                        const int32_t *tok, int B, int T, int C, int c0,       \
+                                        int nc) {                                              \
+        k_enc_bwd_block(we, pe, d, tok, B, T, C, c0, nc);                                      \
+    }                                                                                          \
+    TGT static void softmax_causal_row_##SUF(float *p, float *a, int t, int T) {               \
+        k_softmax_causal_row(p, a, t, T);                                                      \
+    }                                                                                          \
+    TGT static void softmax_bwd_row_##SUF(float *dp, const float *a, const float *da, int t,   \
+                                          int T) {                                             \
+        k_softmax_bwd_row(dp, a, da, t, T);                                                    \
+    }                                                                                          \
+    TGT static float smce_fwd_row_##SUF(float *p, const float *l, int tg, int V, int Vp) {     \
+        return k_smce_fwd_row(p, l, tg, V, Vp);                                                \
+    }                                                                                          \
+    TGT static void smce_bwd_row_##SUF(float *dl, const float *p, int tg, float dloss, int V) { \
+        k_smce_bwd_row(dl, p, tg, dloss, V);                                                   \
+    }                                                                                          \
+    TGT static void adamw_##SUF(float *p, const float *g, float *m, float *v, long n,          \
+                                float lr, float b1, float b2, float eps, float wd, float bc1,  \
+                                float bc2) {                                                   \
+        k_adamw(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2);                                 \
+    }                                                                                          \
+    TGT static double sumsq_##SUF(const float *x, long n) { return k_sumsq(x, n); }            \
+    static const struct isa isa_##SUF = {                                                      \
+        NAME,           add_##SUF,           acc_##SUF,          scale_##SUF,                  \
+        gelu_fwd_##SUF, gelu_bwd_##SUF,      ln_fwd_row_##SUF,   ln_bwd_row_##SUF,             \
+        ln_dwdb_block_##SUF, colsum_block_##SUF, enc_bwd_block_##SUF,                          \
+        softmax_causal_row_##SUF, softmax_bwd_row_##SUF, smce_fwd_row_##SUF,                   \
+        smce_bwd_row_##SUF, adamw_##SUF, sumsq_##SUF,                                          \
+    };
+
+#if defined(__x86_64__)
+DEFINE_ISA(v4, "avx512", __attribute__((target("arch=x86-64-v4,prefer-vector-width=512"))))
+DEFINE_ISA(v3, "avx2", __attribute__((target("arch=x86-64-v3"))))
+#endif
+DEFINE_ISA(v0, "portable", )
+
+static const struct isa *K = &isa_v0;
+
+__attribute__((constructor)) static void skein_layers_init(void) {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("x86-64-v4"))
+        K = &isa_v4;
+    else if (__builtin_cpu_supports("x86-64-v3"))
+        K = &isa_v3;
+#endif
+}
+
+const char *skein_layers_isa(void) { return K->name; }
+
+int skein_layers_set_isa(const char *name) {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    if (strcmp(name, "avx512") == 0 && __builtin_cpu_supports("x86-64-v4")) {
+        K = &isa_v4;
+        return 1;
+    }
+    if (strcmp(name, "avx2") == 0 && __builtin_cpu_supports("x86-64-v3")) {
+        K = &isa_v3;
+        return 1;
+    }
+#endif
+    if (strcmp(name, "portable") == 0) {
+        K = &isa_v0;
+        return 1;
+    }
+    return 0;
+}
+
+// --- drivers ---
+
+static inline long nchunks(long n) { return (n + CHUNK - 1) / CHUNK; }
+static inline long mn(long a, long b) { return a < b ? a : b; }
+
+void skein_encoder_forward(float *out, const int32_t *tokens, const float *wte,
+                           const float *wpe, int B, int T, int C, int nthreads) {
+    const struct isa *k = K;
+    int N = B * T;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+    for (int n = 0; n < N; n++) {
+        int t = n % T;
+        k->add(out + (size_t)n * C, wte + (size_t)tokens[n] * C, wpe + (size_t)t * C, C);
+    }
+}
+
+void skein_encoder_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                            int B, int T, int C, int nthreads) {
+    const struct isa *k = K;
+    int nb = (C + COLBLOCK - 1) / COLBLOCK;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1 && nb > 1)
+    for (int blk = 0; blk < nb; blk++) {
+        int c0 = blk * COLBLOCK;
+        k->enc_bwd_block(dwte, dwpe, dout, tokens, B, T, C, c0, (int)mn(COLBLOCK, C - c0));
+    }
+}
+
+void skein_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                             const float *weight, const float *bias, int N, int C,
+                             int nthreads) {
+    const struct isa *k = K;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+    for (int n = 0; n < N; n++) {
+        size_t o = (size_t)n * C;
+        k->ln_fwd_row(out + o, mean + n, rstd + n, inp + o, weight, bias, C);
+    }
+}
+
+void skein_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                              const float *inp, const float *weight, const float *mean,
+                              const float *rstd, int N, int C, int nthreads) {
+    const struct isa *k = K;
+    int nb = (C + COLBLOCK - 1) / COLBLOCK;
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+    {
+#pragma omp for schedule(static) nowait
+        for (int n = 0; n < N; n++) {
+            size_t o = (size_t)n * C;
+            k->ln_bwd_row(dinp + o, dout + o, inp + o, weight, mean[n], rstd[n], C);
+        }
+#pragma omp for schedule(static)
+        for (int blk = 0; blk < nb; blk++) {
+            int c0 = blk * COLBLOCK;
+            k->ln_dwdb_block(dweight, dbias, dout, inp, mean, rstd, N, C, c0,
+                             (int)mn(COLBLOCK, C - c0));
+        }
+    }
+}
+
+void skein_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
+                          int N, int C, int OC, int nthreads) {
+    float beta = 0.0f;
+    if (bias != NULL) {
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+        for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, bias, sizeof(float) * OC);
+        beta = 1.0f;
+    }
+    skein_sgemm(0, 1, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC, nthreads);
+}
+
+void skein_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                           const float *inp, const float *weight, int N, int C, int OC,
+                           int nthreads) {
+    const struct isa *k = K;
+    // dinp (N,C) += dout (N,OC) @ weight (OC,C)
+    skein_sgemm(0, 0, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C, nthreads);
+    // dweight (OC,C) += dout^T (OC,N) @ inp (N,C)
+    skein_sgemm(1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, nthreads);
+    if (dbias != NULL) {
+        int nb = (OC + COLBLOCK - 1) / COLBLOCK;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1 && nb > 1)
+        for (int blk = 0; blk < nb; blk++) {
+            int c0 = blk * COLBLOCK;
+            k->colsum_block(dbias, dout, N, OC, c0, (int)mn(COLBLOCK, OC - c0));
+        }
+    }
+}
+
+// Attention works per (b,h) on one thread, with single-threaded GEMMs over
+// row blocks of ATT_RB that stop at the causal diagonal.
+void skein_attention_forward(float *out, float *preatt, float *att, const float *inp, int B,
+                             int T, int C, int NH, int nthreads) {
+    const struct isa *k = K;
+    int hs = C / NH;
+    int C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+    int BH = B * NH;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+    for (int bh = 0; bh < BH; bh++) {
+        int b = bh / NH, h = bh % NH;
+        const float *q = inp + (size_t)b * T * C3 + (size_t)h * hs;
+        const float *kk = q + C;
+        const float *v = q + 2 * C;
+        float *pre = preatt + (size_t)bh * T * T;
+        float *a = att + (size_t)bh * T * T;
+        float *o = out + (size_t)b * T * C + (size_t)h * hs;
+        for (int r0 = 0; r0 < T; r0 += ATT_RB) {
+            int rn = (int)mn(ATT_RB, T - r0), r1 = r0 + rn;
+            skein_sgemm(0, 1, rn, r1, hs, scale, q + (size_t)r0 * C3, C3, kk, C3, 0.0f,
+                        pre + (size_t)r0 * T, T, 1);
+            for (int t = r0; t < r1; t++)
+                k->softmax_causal_row(pre + (size_t)t * T, a + (size_t)t * T, t, T);
+            skein_sgemm(0, 0, rn, hs, r1, 1.0f, a + (size_t)r0 * T, T, v, C3, 0.0f,
+                        o + (size_t)r0 * C, C, 1);
+        }
+    }
+}
+
+void skein_attention_backward(float *dinp, float *dpreatt, float *datt, const float *dout,
+                              const float *inp, const float *att, int B, int T, int C, int NH,
+                              int nthreads) {
+    const struct isa *k = K;
+    int hs = C / NH;
+    int C3 = 3 * C;
+    float scale = 1.0f / sqrtf((float)hs);
+    int BH = B * NH;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+    for (int bh = 0; bh < BH; bh++) {
+        int b = bh / NH, h = bh % NH;
+        size_t qo = (size_t)b * T * C3 + (size_t)h * hs;
+        const float *q = inp + qo, *kk = q + C, *v = q + 2 * C;
+        float *dq = dinp + qo, *dk = dq + C, *dv = dq + 2 * C;
+        const float *a = att + (size_t)bh * T * T;
+        float *da = datt + (size_t)bh * T * T;
+        float *dp = dpreatt + (size_t)bh * T * T;
+        const float *dO = dout + (size_t)b * T * C + (size_t)h * hs;
+        for (int r0 = 0; r0 < T; r0 += ATT_RB) {
+            int rn = (int)mn(ATT_RB, T - r0), r1 = r0 + rn;
+            // datt[t, j<r1] = dout[t] . v[j]
+            skein_sgemm(0, 1, rn, r1, hs, 1.0f, dO + (size_t)r0 * C, C, v, C3, 0.0f,
+                        da + (size_t)r0 * T, T, 1);
+            // dv[j] += sum_{t>=j} att[t,j] dout[t], for j in the block
+            skein_sgemm(1, 0, rn, hs, T - r0, 1.0f, a + (size_t)r0 * T + r0, T,
+                        dO + (size_t)r0 * C, C, 1.0f, dv + (size_t)r0 * C3, C3, 1);
+            for (int t = r0; t < r1; t++)
+                k->softmax_bwd_row(dp + (size_t)t * T, a + (size_t)t * T, da + (size_t)t * T, t,
+                                   T);
+        }
+        for (int r0 = 0; r0 < T; r0 += ATT_RB) {
+            int rn = (int)mn(ATT_RB, T - r0), r1 = r0 + rn;
+            // dq[t] += scale * sum_{j<=t} dpre[t,j] k[j]
+            skein_sgemm(0, 0, rn, hs, r1, scale, dp + (size_t)r0 * T, T, kk, C3, 1.0f,
+                        dq + (size_t)r0 * C3, C3, 1);
+            // dk[j] += scale * sum_{t>=j} dpre[t,j] q[t]
+            skein_sgemm(1, 0, rn, hs, T - r0, scale, dp + (size_t)r0 * T + r0, T,
+                        q + (size_t)r0 * C3, C3, 1.0f, dk + (size_t)r0 * C3, C3, 1);
+        }
+    }
+}
+
+void skein_gelu_forward(float *out, const float *inp, long n, int nthreads) {
+    const struct isa *k = K;
+    long nc = nchunks(n);
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1 && nc > 1)
+    for (long c = 0; c < nc; c++) {
+        long o = c * CHUNK;
+        k->gelu_fwd(out + o, inp + o, mn(CHUNK, n - o));
+    }
+}
+
+void skein_gelu_backward(float *dinp, const float *inp, const float *dout, long n,
+                         int nthreads) {
+    const struct isa *k = K;
+    long nc = nchunks(n);
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1 && nc > 1)
+    for (long c = 0; c < nc; c++) {
+        long o = c * CHUNK;
+        k->gelu_bwd(dinp + o, inp + o, dout + o, mn(CHUNK, n - o));
+    }
+}
+
+void skein_residual_forward(float *out, const float *a, const float *b, long n, int nthreads) {
+    const struct isa *k = K;
+    long nc = nchunks(n);
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1 && nc > 1)
+    for (long c = 0; c < nc; c++) {
+        long o = c * CHUNK;
+        k->add(out + o, a + o, b + o, mn(CHUNK, n - o));
+    }
+}
+
+void skein_residual_backward(float *da, float *db, const float *dout, long n, int nthreads) {
+    const struct isa *k = K;
+    long nc = nchunks(n);
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1 && nc > 1)
+    for (long c = 0; c < nc; c++) {
+        long o = c * CHUNK, m = mn(CHUNK, n - o);
+        k->acc(da + o, dout + o, m);
+        k->acc(db + o, dout + o, m);
+    }
+}
+
+void skein_softmax_xent_forward(float *losses, float *probs, const float *logits,
+                                const int32_t *targets, int N, int V, int Vp, int nthreads) {
+    const struct isa *k = K;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+    for (int n = 0; n < N; n++) {
+        size_t o = (size_t)n * Vp;
+        losses[n] = k->smce_fwd_row(probs + o, logits + o, targets[n], V, Vp);
+    }
+}
+
+void skein_softmax_xent_backward(float *dlogits, const float *probs, const int32_t *targets,
+                                 float dloss, int N, int V, int Vp, int nthreads) {
+    const struct isa *k = K;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+    for (int n = 0; n < N; n++) {
+        size_t o = (size_t)n * Vp;
+        k->smce_bwd_row(dlogits + o, probs + o, targets[n], dloss, V);
+    }
+}
+
+double skein_sum_squares(const float *x, long n, int nthreads) {
+    const struct isa *k = K;
+    // The partition depends only on n: SSQ_PARTS parts of equal length
+    // (rounded up to a multiple of 64), summed in order at the end.
+    double part[SSQ_PARTS];
+    long len = (n + SSQ_PARTS - 1) / SSQ_PARTS;
+    len = (len + 63) / 64 * 64;
+    if (len < 4096) len = 4096;
+    long np = (n + len - 1) / len;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1 && np > 1)
+    for (long p = 0; p < np; p++) {
+        long o = p * len;
+        part[p] = k->sumsq(x + o, mn(len, n - o));
+    }
+    double s = 0.0;
+    for (long p = 0; p < np; p++) s += part[p];
+    return s;
+}
+
+void skein_scale(float *x, float s, long n, int nthreads) {
+    const struct isa *k = K;
+    long nc = nchunks(n);
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1 && nc > 1)
+    for (long c = 0; c < nc; c++) {
+        long o = c * CHUNK;
+        k->scale(x + o, s, mn(CHUNK, n - o));
+    }
+}
+
+void skein_adamw(float *params, const float *grads, float *m, float *v, long n, float lr,
+                 float beta1, float beta2, float eps, float wd, int t, int nthreads) {
+    const struct isa *k = K;
+    float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
+    float bc2 = (float)(1.0 - pow((double)beta2, (double)t));
+    long nc = nchunks(n);
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1 && nc > 1)
+    for (long c = 0; c < nc; c++) {
+        long o = c * CHUNK;
+        k->adamw(params + o, grads + o, m + o, v + o, mn(CHUNK, n - o), lr, beta1, beta2, eps,
+                 wd, bc1, bc2);
+    }
+}

@@ -1,0 +1,260 @@
+package model
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+)
+
+// Checkpoint format identifiers, stored in the safetensors metadata.
+const (
+	checkpointFormat = "skein-checkpoint/1"
+	momentPrefixM    = "optimizer.adamw.m."
+	momentPrefixV    = "optimizer.adamw.v."
+)
+
+// ErrCheckpoint is returned (wrapped) when a checkpoint does not match what
+// the caller expects (format, config, missing tensors).
+var ErrCheckpoint = errors.New("model: bad checkpoint")
+
+// Checkpoint is the host-side state of one stage: its parameters and AdamW
+// moments in layout order, the step reached, and free-form metadata (for
+// example the trainer's settings) that is stored as strings.
+type Checkpoint struct {
+	Config Config
+	Spec   StageSpec
+	Step   int
+	Params []float32
+	M, V   []float32 // nil when the optimizer state is not saved
+	Meta   map[string]string
+}
+
+// Snapshot copies the stage's parameters and moments to host memory.
+func (s *Stage) Snapshot(step int, meta map[string]string) *Checkpoint {
+	n := s.NumParams()
+	ck := &Checkpoint{Config: s.Config, Spec: s.Spec, Step: step, Meta: meta,
+		Params: make([]float32, n), M: make([]float32, n), V: make([]float32, n)}
+	s.dev.CopyOut(ck.Params, s.Params)
+	s.dev.CopyOut(ck.M, s.M)
+	s.dev.CopyOut(ck.V, s.V)
+	return ck
+}
+
+// Restore loads a checkpoint of the same config and spec into the stage.
+func (s *Stage) Restore(ck *Checkpoint) error {
+	if ck.Config != s.Config {
+		return fmt.Errorf("%w: checkpoint is for model %+v, stage is %+v", ErrCheckpoint, ck.Config, s.Config)
+	}
+	if ck.Spec != s.Spec {
+		return fmt.Errorf("%w: checkpoint holds stage %+v, not %+v", ErrCheckpoint, ck.Spec, s.Spec)
+	}
+	if len(ck.Params) != s.NumParams() {
+		return fmt.Errorf("%w: %d parameters, stage has %d", ErrCheckpoint, len(ck.Params), s.NumParams())
+	}
+	s.dev.CopyIn(s.Params, ck.Params)
+	if ck.M != nil && ck.V != nil {
+		s.dev.CopyIn(s.M, ck.M)
+		s.dev.CopyIn(s.V, ck.V)
+	} else {
+		s.dev.Zero(s.M)
+		s.dev.Zero(s.V)
+	}
+	s.dev.Zero(s.Grads)
+	return nil
+}
+
+// SaveCheckpoint writes ck to path atomically: a temporary file in the same
+// directory is written, synced and renamed over path, so a crash leaves
+// either the old or the new checkpoint, never a torn one.
+func SaveCheckpoint(path string, ck *Checkpoint) error {
+	layout := Layout(ck.Config, ck.Spec)
+	var tensors []NamedTensor
+	add := func(prefix string, flat []float32) error {
+		for _, t := range layout {
+			if t.Offset+t.Size() > len(flat) {
+				return fmt.Errorf("%w: flat buffer of %d too short for %s", ErrCheckpoint, len(flat), t.Name)
+			}
+			tensors = append(tensors, NamedTensor{Name: prefix + t.Name, Shape: t.Shape, Data: flat[t.Offset : t.Offset+t.Size()]})
+		}
+		return nil
+	}
+	if err := add("", ck.Params); err != nil {
+		return err
+	}
+	if ck.M != nil && ck.V != nil {
+		if err := add(momentPrefixM, ck.M); err != nil {
+			return err
+		}
+		if err := add(momentPrefixV, ck.V); err != nil {
+			return err
+		}
+	}
+	cfg, _ := json.Marshal(ck.Config)
+	spec, _ := json.Marshal(ck.Spec)
+	meta := map[string]string{
+		"format":       checkpointFormat,
+		"skein.config": string(cfg),
+		"skein.spec":   string(spec),
+		"skein.step":   strconv.Itoa(ck.Step),
+	}
+	for k, v := range ck.Meta {
+		if _, reserved := meta[k]; reserved {
+			return fmt.Errorf("%w: metadata key %q is reserved", ErrCheckpoint, k)
+		}
+		meta[k] = v
+	}
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("model: creating checkpoint directory: %w", err)
+	}
+	f, err := os.CreateTemp(dir, ".ckpt-*.tmp")
+	if err != nil {
+		return fmt.Errorf("model: creating checkpoint: %w", err)
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp) // no-op after a successful rename
+	if err := WriteSafetensors(f, tensors, meta); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("model: syncing checkpoint: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("model: closing checkpoint: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("model: installing checkpoint: %w", err)
+	}
+	if d, err := os.Open(dir); err == nil {
+		d.Sync()
+		d.Close()
+	}
+	return nil
+}
+
+// LoadCheckpoint reads a checkpoint written by SaveCheckpoint. Every size is
+// checked against the file before anything is allocated; a malformed,
+// truncated or foreign file gives an error naming the problem.
+func LoadCheckpoint(path string) (*Checkpoint, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("model: opening checkpoint: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("model: opening checkpoint: %w", err)
+	}
+	ck, err := decodeCheckpoint(f, st.Size())
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return ck, nil
+}
+
+type readerAt interface {
+	ReadAt(p []byte, off int64) (int, error)
+}
+
+func decodeCheckpoint(r readerAt, size int64) (*Checkpoint, error) {
+	h, err := ReadSafetensorsHeader(r, size, 0)
+	if err != nil {
+		return nil, err
+	}
+	if f := h.Metadata["format"]; f != checkpointFormat {
+		return nil, fmt.Errorf("%w: format %q, want %q", ErrCheckpoint, f, checkpointFormat)
+	}
+	ck := &Checkpoint{Meta: map[string]string{}}
+	if err := json.Unmarshal([]byte(h.Metadata["skein.config"]), &ck.Config); err != nil {
+		return nil, fmt.Errorf("%w: skein.config: %v", ErrCheckpoint, err)
+	}
+	if err := ck.Config.Validate(); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrCheckpoint, err)
+	}
+	if err := json.Unmarshal([]byte(h.Metadata["skein.spec"]), &ck.Spec); err != nil {
+		return nil, fmt.Errorf("%w: skein.spec: %v", ErrCheckpoint, err)
+	}
+	if err := ck.Spec.Validate(ck.Config); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrCheckpoint, err)
+	}
+	if ck.Step, err = strconv.Atoi(h.Metadata["skein.step"]); err != nil || ck.Step < 0 {
+		return nil, fmt.Errorf("%w: skein.step %q", ErrCheckpoint, h.Metadata["skein.step"])
+	}
+	for k, v := range h.Metadata {
+		if k != "format" && k != "skein.config" && k != "skein.spec" && k != "skein.step" {
+			ck.Meta[k] = v
+		}
+	}
+	layout := Layout(ck.Config, ck.Spec)
+	n := 0
+	for _, t := range layout {
+		n += t.Size()
+	}
+	// The header's tensors were checked against the file size, so the
+	// layout's size is bounded by the file once every tensor matches.
+	byName := make(map[string]STTensorInfo, len(h.Tensors))
+	for _, t := range h.Tensors {
+		byName[t.Name] = t
+	}
+	var declared int64
+	for _, t := range h.Tensors {
+		declared += t.End - t.Begin
+	}
+	hasMoments := false
+	if _, ok := byName[momentPrefixM+layout[0].Name]; ok {
+		hasMoments = true
+	}
+	copies := 1 // parameters, and optionally the two AdamW moments
+	if hasMoments {
+		copies = 3
+	}
+	want := int64(4 * n * copies)
+	if declared != want || len(h.Tensors) != len(layout)*copies {
+		return nil, fmt.Errorf("%w: file holds %d tensors (%d bytes); model %s stage %+v needs %d bytes", ErrCheckpoint, len(h.Tensors), declared, ck.Config.Name, ck.Spec, want)
+	}
+	read := func(prefix string) ([]float32, error) {
+		flat := make([]float32, n)
+		for _, t := range layout {
+			info, ok := byName[prefix+t.Name]
+			if !ok {
+				return nil, fmt.Errorf("%w: tensor %q missing", ErrCheckpoint, prefix+t.Name)
+			}
+			if !equalShape(info.Shape, t.Shape) {
+				return nil, fmt.Errorf("%w: tensor %q has shape %v, want %v", ErrCheckpoint, info.Name, info.Shape, t.Shape)
+			}
+			if err := h.ReadTensor(r, info, flat[t.Offset:t.Offset+t.Size()]); err != nil {
+				return nil, err
+			}
+		}
+		return flat, nil
+	}
+	if ck.Params, err = read(""); err != nil {
+		return nil, err
+	}
+	if hasMoments {
+		if ck.M, err = read(momentPrefixM); err != nil {
+			return nil, err
+		}
+		if ck.V, err = read(momentPrefixV); err != nil {
+			return nil, err
+		}
+	}
+	return ck, nil
+}
+
+func equalShape(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}

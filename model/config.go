@@ -1,0 +1,98 @@
+// Package model owns the network: GPT-2-style decoder configurations, the flat
+// parameter layout with named views, forward and backward passes built from
+// kernels, stage slices for pipelines, initialization and checkpoints in the
+// safetensors format.
+//
+// Parameters, gradients and the two AdamW moments each live in one flat
+// buffer with identical offsets, so optimizers and codecs see one []float32.
+// The layout is layer-major (embedding, then each block's tensors, then the
+// final layernorm) so that a contiguous range of layers is a contiguous range
+// of the buffer.
+//
+// model must not touch the network, the outer optimizers or the data
+// pipeline; it computes only through a kernels.Device.
+package model
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Config describes a GPT-2-style decoder.
+type Config struct {
+	Name        string `json:"name"`
+	Vocab       int    `json:"vocab"`        // V: real vocabulary size
+	PaddedVocab int    `json:"padded_vocab"` // Vp: rows of wte, a multiple of 64 (>= Vocab)
+	MaxT        int    `json:"max_t"`        // context length
+	C           int    `json:"channels"`
+	Layers      int    `json:"layers"`
+	Heads       int    `json:"heads"`
+}
+
+// ErrConfig is returned (wrapped) for an invalid configuration.
+var ErrConfig = errors.New("model: invalid config")
+
+var presets = map[string]Config{
+	"tiny":      {Name: "tiny", Vocab: 256, PaddedVocab: 256, MaxT: 128, C: 128, Layers: 4, Heads: 4},
+	"small":     {Name: "small", Vocab: 256, PaddedVocab: 256, MaxT: 256, C: 384, Layers: 6, Heads: 6},
+	"gpt2-124m": {Name: "gpt2-124m", Vocab: 50257, PaddedVocab: 50304, MaxT: 1024, C: 768, Layers: 12, Heads: 12},
+}
+
+// Preset returns a named configuration: "tiny", "small" or "gpt2-124m".
+func Preset(name string) (Config, error) {
+	c, ok := presets[name]
+	if !ok {
+		return Config{}, fmt.Errorf("%w: unknown preset %q (known: %s)", ErrConfig, name, strings.Join(PresetNames(), ", "))
+	}
+	return c, nil
+}
+
+// PresetNames lists the preset names in a stable order.
+func PresetNames() []string {
+	names := make([]string, 0, len(presets))
+	for n := range presets {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// Validate reports the first invalid field.
+func (c Config) Validate() error {
+	switch {
+	case c.Vocab <= 0:
+		return fmt.Errorf("%w: vocab %d must be positive", ErrConfig, c.Vocab)
+	case c.PaddedVocab < c.Vocab:
+		return fmt.Errorf("%w: padded vocab %d smaller than vocab %d", ErrConfig, c.PaddedVocab, c.Vocab)
+	case c.MaxT <= 0:
+		return fmt.Errorf("%w: context length %d must be positive", ErrConfig, c.MaxT)
+	case c.C <= 0 || c.Heads <= 0 || c.C%c.Heads != 0:
+		return fmt.Errorf("%w: channels %d must be a positive multiple of heads %d", ErrConfig, c.C, c.Heads)
+	case c.Layers <= 0:
+		return fmt.Errorf("%w: layers %d must be positive", ErrConfig, c.Layers)
+	case c.Vocab > 1<<24 || c.C > 1<<16 || c.MaxT > 1<<20 || c.Layers > 1<<12:
+		return fmt.Errorf("%w: dimensions too large (vocab %d, channels %d, context %d, layers %d)", ErrConfig, c.Vocab, c.C, c.MaxT, c.Layers)
+	}
+	return nil
+}
+
+// NumParams is the number of parameters of the whole model (tied embeddings
+// counted once).
+func (c Config) NumParams() int {
+	n := 0
+	for _, t := range Layout(c, FullSpec(c)) {
+		n += t.Size()
+	}
+	return n
+}
+
+// FlopsPerToken estimates forward+backward floating-point operations per
+// token at sequence length T (6 per parameter-token for the matmuls plus the
+// attention scores), as in the PaLM/llm.c accounting.
+func (c Config) FlopsPerToken(T int) float64 {
+	C, L := float64(c.C), float64(c.Layers)
+	matmulParams := L*12*C*C + float64(c.PaddedVocab)*C
+	return 6*matmulParams + 6*L*float64(T)*C
+}

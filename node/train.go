@@ -1,0 +1,308 @@
+// Package node owns a Skein process's lifecycle: single-process training
+// (skein train), and later joining a run, fetching state, training,
+// contributing and leaving; local checkpoints, resume and telemetry. It is the
+// only package that wires data, model, kernels, optimizer and p2p together.
+//
+// node must not implement numerics, codecs or network protocols itself: it
+// calls the packages that own them.
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/skein-ml/skein/data"
+	"github.com/skein-ml/skein/kernels"
+	"github.com/skein-ml/skein/model"
+	"github.com/skein-ml/skein/optimizer"
+)
+
+// ErrConfig is returned (wrapped) for invalid training settings.
+var ErrConfig = errors.New("node: invalid config")
+
+// ErrResumeMismatch is returned when --resume finds a checkpoint made with
+// settings that would change the run (model, seed, batch shape or corpus).
+var ErrResumeMismatch = errors.New("node: checkpoint does not match this run")
+
+// CheckpointFile is the name of the latest checkpoint inside TrainConfig.Out.
+const CheckpointFile = "checkpoint.safetensors"
+
+// TrainConfig configures a single-process training run.
+type TrainConfig struct {
+	Preset  string
+	Steps   int
+	Batch   int // sequences per step
+	SeqLen  int // tokens per sequence; 0 means the preset's context length
+	Seed    uint64
+	Threads int // 0 means all cores
+
+	AdamW optimizer.AdamWConfig // TotalSteps is set from Steps
+
+	// Corpus paths (files or directories); empty means the Go standard
+	// library sources of the local Go installation.
+	Corpus []string
+
+	// Out is the run directory (checkpoint and metrics.jsonl); empty means
+	// nothing is written.
+	Out string
+	// Resume continues from Out/checkpoint.safetensors when it exists.
+	Resume bool
+
+	EvalEvery       int // steps between validation losses; 0 disables
+	EvalBatches     int // batches per validation
+	CheckpointEvery int // steps between checkpoints; 0 means only at the end
+
+	Logger   *slog.Logger
+	Progress io.Writer // progress bar; nil disables
+}
+
+// DefaultTrainConfig returns settings that train the tiny preset on the
+// default corpus for a few minutes on a laptop.
+func DefaultTrainConfig() TrainConfig {
+	a := optimizer.DefaultAdamW()
+	a.LR = 1e-3
+	a.Warmup = 20
+	return TrainConfig{Preset: "tiny", Steps: 300, Batch: 16, Seed: 1, AdamW: a,
+		Out: "runs/train", EvalEvery: 50, EvalBatches: 8, CheckpointEvery: 100}
+}
+
+// Validate names the first invalid setting.
+func (c *TrainConfig) Validate() error {
+	if _, err := model.Preset(c.Preset); err != nil {
+		return err
+	}
+	switch {
+	case c.Steps <= 0:
+		return fmt.Errorf("%w: steps %d must be positive", ErrConfig, c.Steps)
+	case c.Batch <= 0:
+		return fmt.Errorf("%w: batch %d must be positive", ErrConfig, c.Batch)
+	case c.SeqLen < 0:
+		return fmt.Errorf("%w: sequence length %d must be >= 0", ErrConfig, c.SeqLen)
+	case c.Threads < 0:
+		return fmt.Errorf("%w: threads %d must be >= 0", ErrConfig, c.Threads)
+	case c.EvalEvery < 0 || c.EvalBatches < 0 || c.CheckpointEvery < 0:
+		return fmt.Errorf("%w: eval-every, eval-batches and checkpoint-every must be >= 0", ErrConfig)
+	case c.Resume && c.Out == "":
+		return fmt.Errorf("%w: --resume needs an output directory", ErrConfig)
+	}
+	a := c.AdamW
+	a.TotalSteps = c.Steps
+	return a.Validate()
+}
+
+// TrainResult summarizes a run.
+type TrainResult struct {
+	StartStep, EndStep int       // steps [StartStep, EndStep) ran in this call
+	Losses             []float32 // training loss of each step run
+	ValLosses          map[int]float32
+	TokensPerSec       float64
+	Interrupted        bool   // stopped by ctx; a checkpoint was saved
+	Checkpoint         string // path of the last checkpoint written, if any
+	Device             string
+	Params             int
+}
+
+// runIdentity is what must match between a checkpoint and a resumed run.
+type runIdentity struct {
+	Preset string `json:"preset"`
+	Seed   uint64 `json:"seed"`
+	Batch  int    `json:"batch"`
+	SeqLen int    `json:"seq_len"`
+	Corpus string `json:"corpus"` // fingerprint
+}
+
+// Train runs single-process training until cfg.Steps or until ctx is
+// cancelled, in which case it saves a checkpoint and returns with
+// Interrupted set and a nil error.
+func Train(ctx context.Context, cfg TrainConfig) (*TrainResult, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	mc, _ := model.Preset(cfg.Preset)
+	T := cfg.SeqLen
+	if T == 0 {
+		T = mc.MaxT
+	}
+	if T > mc.MaxT {
+		return nil, fmt.Errorf("%w: sequence length %d exceeds the %s context of %d", ErrConfig, T, mc.Name, mc.MaxT)
+	}
+	corpus, err := openCorpus(cfg.Corpus)
+	if err != nil {
+		return nil, err
+	}
+	defer corpus.Close()
+	st := corpus.Stats()
+	log.Info("corpus", "train_files", st.Train.Files, "train_bytes", st.Train.Bytes,
+		"val_files", st.Validation.Files, "val_bytes", st.Validation.Bytes)
+
+	loader, err := data.NewLoader(corpus, data.Train, data.LoaderConfig{Seed: cfg.Seed, Workers: 1, B: cfg.Batch, T: T})
+	if err != nil {
+		return nil, err
+	}
+	var val *data.Loader
+	if cfg.EvalEvery > 0 && cfg.EvalBatches > 0 {
+		if val, err = data.NewValidationLoader(corpus, cfg.Batch, T); err != nil {
+			return nil, err
+		}
+	}
+
+	dev := kernels.NewCPU(cfg.Threads)
+	stage, err := model.NewStage(dev, mc, model.FullSpec(mc), cfg.Batch, T, cfg.Seed)
+	if err != nil {
+		return nil, err
+	}
+	acfg := cfg.AdamW
+	acfg.TotalSteps = cfg.Steps
+	opt, err := optimizer.NewAdamW(acfg)
+	if err != nil {
+		return nil, err
+	}
+	id := runIdentity{Preset: mc.Name, Seed: cfg.Seed, Batch: cfg.Batch, SeqLen: T,
+		Corpus: strconv.FormatUint(corpus.Fingerprint(), 16)}
+	idJSON, _ := json.Marshal(id)
+
+	res := &TrainResult{ValLosses: map[int]float32{}, Device: dev.Name(), Params: stage.NumParams()}
+	ckPath := ""
+	if cfg.Out != "" {
+		ckPath = filepath.Join(cfg.Out, CheckpointFile)
+	}
+	start := 0
+	if cfg.Resume {
+		ck, err := model.LoadCheckpoint(ckPath)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			log.Info("no checkpoint to resume; starting fresh", "path", ckPath)
+		case err != nil:
+			return nil, err
+		default:
+			var got runIdentity
+			if err := json.Unmarshal([]byte(ck.Meta["skein.run"]), &got); err != nil || got != id {
+				return nil, fmt.Errorf("%w: %s was made with %s, this run is %s", ErrResumeMismatch, ckPath, ck.Meta["skein.run"], idJSON)
+			}
+			if err := stage.Restore(ck); err != nil {
+				return nil, err
+			}
+			start = ck.Step
+			log.Info("resumed", "path", ckPath, "step", start)
+		}
+	}
+	res.StartStep, res.EndStep = start, start
+
+	var metrics *os.File
+	if cfg.Out != "" {
+		if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
+			return nil, fmt.Errorf("node: creating output directory: %w", err)
+		}
+		metrics, err = os.OpenFile(filepath.Join(cfg.Out, "metrics.jsonl"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return nil, fmt.Errorf("node: opening metrics: %w", err)
+		}
+		defer metrics.Close()
+	}
+	save := func(step int) error {
+		if ckPath == "" {
+			return nil
+		}
+		ck := stage.Snapshot(step, map[string]string{"skein.run": string(idJSON)})
+		if err := model.SaveCheckpoint(ckPath, ck); err != nil {
+			return err
+		}
+		res.Checkpoint = ckPath
+		return nil
+	}
+	in, tg := make([]int32, cfg.Batch*T), make([]int32, cfg.Batch*T)
+	// evaluate reuses the step's batch buffers; it runs after a step is done.
+	evaluate := func() (float32, error) {
+		var sum float64
+		for i := 0; i < cfg.EvalBatches; i++ {
+			if err := val.Batch(i, in, tg); err != nil {
+				return 0, err
+			}
+			loss, err := stage.Forward(in, nil, tg)
+			if err != nil {
+				return 0, err
+			}
+			sum += float64(loss)
+		}
+		return float32(sum / float64(cfg.EvalBatches)), nil
+	}
+
+	bar := newProgress(cfg.Progress, start, cfg.Steps, cfg.Batch*T)
+	began := time.Now()
+	for step := start; step < cfg.Steps; step++ {
+		if ctx.Err() != nil {
+			res.Interrupted = true
+			break
+		}
+		if err := loader.Batch(step, in, tg); err != nil {
+			return res, err
+		}
+		loss, err := stage.Forward(in, nil, tg)
+		if err != nil {
+			return res, fmt.Errorf("node: step %d: %w", step, err)
+		}
+		stage.ZeroGrad()
+		if err := stage.Backward(nil); err != nil {
+			return res, err
+		}
+		norm, lr, err := opt.Step(stage, step)
+		if err != nil {
+			return res, err
+		}
+		res.Losses = append(res.Losses, loss)
+		res.EndStep = step + 1
+		rec := map[string]any{"step": step, "loss": loss, "lr": lr, "grad_norm": norm}
+		if val != nil && ((step+1)%cfg.EvalEvery == 0 || step+1 == cfg.Steps) {
+			vl, err := evaluate()
+			if err != nil {
+				return res, err
+			}
+			res.ValLosses[step+1] = vl
+			rec["val_loss"] = vl
+			bar.note(fmt.Sprintf("step %d: val loss %.4f", step+1, vl))
+			log.Debug("validation", "step", step+1, "val_loss", vl)
+		}
+		if metrics != nil {
+			b, _ := json.Marshal(rec)
+			metrics.Write(append(b, '\n'))
+		}
+		bar.update(step+1, loss)
+		if cfg.CheckpointEvery > 0 && (step+1)%cfg.CheckpointEvery == 0 && step+1 < cfg.Steps {
+			if err := save(step + 1); err != nil {
+				return res, err
+			}
+		}
+	}
+	elapsed := time.Since(began).Seconds()
+	if n := res.EndStep - res.StartStep; n > 0 && elapsed > 0 {
+		res.TokensPerSec = float64(n*cfg.Batch*T) / elapsed
+	}
+	bar.done()
+	if err := save(res.EndStep); err != nil {
+		return res, err
+	}
+	if n := len(res.Losses); n > 0 && (math.IsNaN(float64(res.Losses[n-1]))) {
+		return res, fmt.Errorf("node: training diverged")
+	}
+	return res, nil
+}
+
+func openCorpus(paths []string) (*data.Corpus, error) {
+	if len(paths) == 0 {
+		return data.OpenDefault()
+	}
+	return data.Open(data.CorpusConfig{Paths: paths})
+}
