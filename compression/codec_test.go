@@ -88,10 +88,19 @@ func elementBound(c Codec, sr bool, x []float32, i, block int) float64 {
 	case FP16:
 		return 2*k*max(v*0x1p-11, 0x1p-25) + 1e-12
 	case Int8:
+		if amax < minScaleAbs { // flushed to zero
+			return amax
+		}
 		return k*amax/127 + slack*amax
 	case Int4:
+		if amax < minScaleAbs {
+			return amax
+		}
 		return k*amax/7 + slack*amax
 	case MinMax8:
+		if mx-mn < minScaleAbs { // decodes to min
+			return mx - mn
+		}
 		return k*(mx-mn)/255 + slack*(mx-mn+math.Abs(mn))
 	}
 	return 0

@@ -94,15 +94,7 @@ func (d *Decoder) Decode(r io.Reader, dst []float32) ([]float32, error) {
 			wk := d.workers[0]
 			wk.err = d.decodeChunk(h, wk, start, d.span(h, dst, start))
 		} else {
-			var wg sync.WaitGroup
-			for j := range k {
-				wg.Add(1)
-				go func(wk *decWorker, ci int) {
-					defer wg.Done()
-					wk.err = d.decodeChunk(h, wk, ci, d.span(h, dst, ci))
-				}(d.workers[j], start+j)
-			}
-			wg.Wait()
+			d.decodeParallel(h, dst, start, k)
 		}
 		for j := range k {
 			if err := d.workers[j].err; err != nil {
@@ -111,6 +103,19 @@ func (d *Decoder) Decode(r io.Reader, dst []float32) ([]float32, error) {
 		}
 	}
 	return dst, nil
+}
+
+// decodeParallel decodes chunks start..start+k-1, already read by workers 0..k-1.
+func (d *Decoder) decodeParallel(h Header, dst []float32, start, k int) {
+	var wg sync.WaitGroup
+	for j := range k {
+		wg.Add(1)
+		go func(wk *decWorker, ci int) {
+			defer wg.Done()
+			wk.err = d.decodeChunk(h, wk, ci, d.span(h, dst, ci))
+		}(d.workers[j], start+j)
+	}
+	wg.Wait()
 }
 
 // DecodeBytes decodes the single frame in src; trailing bytes are an error.

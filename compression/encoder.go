@@ -116,15 +116,7 @@ func (e *Encoder) encode(w io.Writer, x []float32, seed uint64, ef *ErrorFeedbac
 			wk := e.workers[0]
 			wk.err = e.encodeChunk(wk, x, start, key, ef)
 		} else {
-			var wg sync.WaitGroup
-			for j := range k {
-				wg.Add(1)
-				go func(wk *encWorker, ci int) {
-					defer wg.Done()
-					wk.err = e.encodeChunk(wk, x, ci, key, ef)
-				}(e.workers[j], start+j)
-			}
-			wg.Wait()
+			e.encodeParallel(x, start, k, key, ef)
 		}
 		for j := range k {
 			wk := e.workers[j]
@@ -137,6 +129,19 @@ func (e *Encoder) encode(w io.Writer, x []float32, seed uint64, ef *ErrorFeedbac
 		}
 	}
 	return nil
+}
+
+// encodeParallel encodes chunks start..start+k-1 with workers 0..k-1.
+func (e *Encoder) encodeParallel(x []float32, start, k int, key uint64, ef *ErrorFeedback) {
+	var wg sync.WaitGroup
+	for j := range k {
+		wg.Add(1)
+		go func(wk *encWorker, ci int) {
+			defer wg.Done()
+			wk.err = e.encodeChunk(wk, x, ci, key, ef)
+		}(e.workers[j], start+j)
+	}
+	wg.Wait()
 }
 
 // encodeChunk quantizes, compresses and frames chunk ci of x into wk.out.

@@ -20,8 +20,8 @@ import (
 // max|analytic - numeric| / max(max|numeric|, 1e-3) <= gradTol, per tensor.
 // Calling the backward twice must give 2x the gradient within accTol.
 const (
-	fwdTol  = 2e-5
-	gradTol = 1e-4
+	fwdTol  = 1e-5
+	gradTol = 2e-5
 	accTol  = 1e-6
 	fdStep  = 1e-5
 )

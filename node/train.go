@@ -15,6 +15,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -63,6 +64,9 @@ type TrainConfig struct {
 
 	Logger   *slog.Logger
 	Progress io.Writer // progress bar; nil disables
+	// OnStep, if set, is called after each completed step (0-based) with its
+	// training loss; telemetry hooks in here.
+	OnStep func(step int, loss float32)
 }
 
 // DefaultTrainConfig returns settings that train the tiny preset on the
@@ -280,6 +284,9 @@ func Train(ctx context.Context, cfg TrainConfig) (*TrainResult, error) {
 			metrics.Write(append(b, '\n'))
 		}
 		bar.update(step+1, loss)
+		if cfg.OnStep != nil {
+			cfg.OnStep(step, loss)
+		}
 		if cfg.CheckpointEvery > 0 && (step+1)%cfg.CheckpointEvery == 0 && step+1 < cfg.Steps {
 			if err := save(step + 1); err != nil {
 				return res, err
@@ -305,4 +312,71 @@ func openCorpus(paths []string) (*data.Corpus, error) {
 		return data.OpenDefault()
 	}
 	return data.Open(data.CorpusConfig{Paths: paths})
+}
+
+// BenchResult is the measured training throughput of BenchTrain.
+type BenchResult struct {
+	Preset       string  `json:"preset"`
+	Batch        int     `json:"batch"`
+	SeqLen       int     `json:"seq_len"`
+	Threads      int     `json:"threads"`
+	Steps        int     `json:"steps"`
+	Device       string  `json:"device"`
+	Loss         float32 `json:"loss"`
+	TokensPerSec float64 `json:"tokens_per_sec"`
+	GFLOPS       float64 `json:"gflops"`
+}
+
+// BenchTrain times full training steps (forward, backward, clip, AdamW) of
+// a preset on fixed random tokens, after warmup untimed steps. It is the
+// counterpart of bench/torch_gpt.py.
+func BenchTrain(ctx context.Context, preset string, batch, threads, steps, warmup int) (*BenchResult, error) {
+	mc, err := model.Preset(preset)
+	if err != nil {
+		return nil, err
+	}
+	if batch <= 0 || steps <= 0 || warmup < 0 || threads < 0 {
+		return nil, fmt.Errorf("%w: batch %d, steps %d, warmup %d, threads %d", ErrConfig, batch, steps, warmup, threads)
+	}
+	T := mc.MaxT
+	dev := kernels.NewCPU(threads)
+	stage, err := model.NewStage(dev, mc, model.FullSpec(mc), batch, T, 1)
+	if err != nil {
+		return nil, err
+	}
+	a := optimizer.DefaultAdamW()
+	a.TotalSteps = steps + warmup
+	opt, err := optimizer.NewAdamW(a)
+	if err != nil {
+		return nil, err
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	in, tg := make([]int32, batch*T), make([]int32, batch*T)
+	for i := range in {
+		in[i], tg[i] = int32(rng.IntN(mc.Vocab)), int32(rng.IntN(mc.Vocab))
+	}
+	var loss float32
+	var began time.Time
+	for i := 0; i < warmup+steps; i++ {
+		if i == warmup {
+			began = time.Now()
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if loss, err = stage.Forward(in, nil, tg); err != nil {
+			return nil, err
+		}
+		stage.ZeroGrad()
+		if err := stage.Backward(nil); err != nil {
+			return nil, err
+		}
+		if _, _, err := opt.Step(stage, i); err != nil {
+			return nil, err
+		}
+	}
+	sec := time.Since(began).Seconds()
+	tps := float64(batch*T*steps) / sec
+	return &BenchResult{Preset: preset, Batch: batch, SeqLen: T, Threads: dev.Threads(), Steps: steps,
+		Device: dev.Name(), Loss: loss, TokensPerSec: tps, GFLOPS: tps * mc.FlopsPerToken(T) / 1e9}, nil
 }

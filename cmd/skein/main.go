@@ -49,6 +49,7 @@ func newApp() *cli.App {
 		},
 		Commands: []*cli.Command{
 			trainCommand(),
+			benchCommand(),
 		},
 	}
 }

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Runs every check CI runs: formatting, vet, all tests, the race detector on
+# concurrent packages, and a short run of every fuzz target.
+# Needs Go (>= 1.26) and gcc for cgo; installs gcc from Debian if it is missing.
+#   bash scripts/test.sh             # full run (a few minutes on 2 cores)
+#   FUZZTIME=30s bash scripts/test.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+FUZZTIME=${FUZZTIME:-5s}
+
+if ! command -v gcc >/dev/null; then
+  echo "== installing gcc (cgo kernels)"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev >/dev/null
+fi
+command -v go >/dev/null || { echo "Go 1.26 is required: https://go.dev/dl/" >&2; exit 1; }
+export CGO_ENABLED=1
+
+echo "== gofmt"
+bad=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+if [ -n "$bad" ]; then echo "gofmt needed:"; echo "$bad"; exit 1; fi
+
+echo "== go vet"
+go vet ./...
+
+echo "== go test"
+go test -count=1 ./...
+
+echo "== go test -race (concurrent packages)"
+race_pkgs=$(go list ./node/... ./compression/... ./data/... ./p2p/... ./optimizer/... ./bootstrap/... ./pipeline/... 2>/dev/null || true)
+go test -race -count=1 -short $race_pkgs
+
+echo "== fuzz targets, $FUZZTIME each"
+for pkg in $(go list ./...); do
+  dir=$(go list -f '{{.Dir}}' "$pkg")
+  for f in $(grep -ho '^func Fuzz[A-Za-z0-9_]*' "$dir"/*_test.go 2>/dev/null | sed 's/func //'); do
+    echo "-- $pkg $f"
+    go test -run='^$' -fuzz="^${f}\$" -fuzztime="$FUZZTIME" "$pkg" >/tmp/skein-fuzz.log 2>&1 || { cat /tmp/skein-fuzz.log; exit 1; }
+  done
+done
+echo "all checks passed"
