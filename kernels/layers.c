@@ -24,7 +24,7 @@
 
 // Column block width for cross-row reductions, and chunk length for
 // elementwise kernels. Both are fixed so results never depend on threads.
-enum { COLBLOCK = 32, CHUNK = 16384, SSQ_PARTS = 1024, ATT_RB = 32 };
+enum { COLBLOCK = 32, CHUNK = 16384, SSQ_PARTS = 1024, ATT_RB = 128 };
 
 static const float GELU_S = 0.7978845608028654f; // sqrt(2/pi)
 static const float GELU_K = 0.044715f;

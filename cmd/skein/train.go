@@ -14,7 +14,9 @@ import (
 
 func trainCommand() *cli.Command {
 	d := node.DefaultTrainConfig()
-	env := func(name string) []string { return []string{"SKEIN_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))} }
+	env := func(name string) []string {
+		return []string{"SKEIN_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))}
+	}
 	flags := []cli.Flag{
 		&cli.StringFlag{Name: "config", EnvVars: env("config"), Usage: "TOML file of settings (keys are flag names, e.g. steps = 500)"},
 		altsrc.NewStringFlag(&cli.StringFlag{Name: "preset", Value: d.Preset, EnvVars: env("preset"),
@@ -53,12 +55,38 @@ func trainCommand() *cli.Command {
 }
 
 func runTrain(c *cli.Context) error {
+	cfg, err := trainConfig(c)
+	if err != nil {
+		return err
+	}
+	mc, _ := model.Preset(cfg.Preset)
+	fmt.Fprintf(os.Stderr, "skein train: %s model (%.2fM parameters), batch %d, %d steps\n",
+		mc.Name, float64(mc.NumParams())/1e6, cfg.Batch, cfg.Steps)
+	res, err := node.Train(c.Context, cfg)
+	if res != nil {
+		fmt.Fprintf(os.Stderr, "device %s: steps %d..%d at %.0f tokens/s\n", res.Device, res.StartStep, res.EndStep, res.TokensPerSec)
+		if n := len(res.Losses); n > 0 {
+			fmt.Fprintf(os.Stderr, "train loss %.4f -> %.4f\n", res.Losses[0], res.Losses[n-1])
+		}
+		if res.Checkpoint != "" {
+			fmt.Fprintf(os.Stderr, "checkpoint: %s\n", res.Checkpoint)
+		}
+		if res.Interrupted {
+			fmt.Fprintf(os.Stderr, "interrupted at step %d; continue with --resume\n", res.EndStep)
+		}
+	}
+	return err
+}
+
+// trainConfig builds the trainer's settings from flags, environment and the
+// config file (already merged by urfave/cli and altsrc, in that order).
+func trainConfig(c *cli.Context) (node.TrainConfig, error) {
 	if c.NArg() > 0 {
-		return fmt.Errorf("unexpected arguments %q (corpora go in --corpus)", c.Args().Slice())
+		return node.TrainConfig{}, fmt.Errorf("unexpected arguments %q (corpora go in --corpus)", c.Args().Slice())
 	}
 	log, err := logger(c)
 	if err != nil {
-		return err
+		return node.TrainConfig{}, err
 	}
 	cfg := node.DefaultTrainConfig()
 	cfg.Preset = c.String("preset")
@@ -82,24 +110,5 @@ func runTrain(c *cli.Context) error {
 	if !c.Bool("quiet") {
 		cfg.Progress = os.Stderr
 	}
-	if err := cfg.Validate(); err != nil {
-		return err
-	}
-	mc, _ := model.Preset(cfg.Preset)
-	fmt.Fprintf(os.Stderr, "skein train: %s model (%.2fM parameters), batch %d, %d steps\n",
-		mc.Name, float64(mc.NumParams())/1e6, cfg.Batch, cfg.Steps)
-	res, err := node.Train(c.Context, cfg)
-	if res != nil {
-		fmt.Fprintf(os.Stderr, "device %s: steps %d..%d at %.0f tokens/s\n", res.Device, res.StartStep, res.EndStep, res.TokensPerSec)
-		if n := len(res.Losses); n > 0 {
-			fmt.Fprintf(os.Stderr, "train loss %.4f -> %.4f\n", res.Losses[0], res.Losses[n-1])
-		}
-		if res.Checkpoint != "" {
-			fmt.Fprintf(os.Stderr, "checkpoint: %s\n", res.Checkpoint)
-		}
-		if res.Interrupted {
-			fmt.Fprintf(os.Stderr, "interrupted at step %d; continue with --resume\n", res.EndStep)
-		}
-	}
-	return err
+	return cfg, cfg.Validate()
 }

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/skein-ml/skein/node"
+)
+
+// TestTrainConfigPrecedence checks flags > SKEIN_* environment > --config
+// file > defaults, one setting per layer.
+func TestTrainConfigPrecedence(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "run.toml")
+	os.WriteFile(file, []byte("steps = 111\nbatch = 3\nlr = 0.005\npreset = \"small\"\n"), 0o644)
+	t.Setenv("SKEIN_BATCH", "5")
+	t.Setenv("SKEIN_LR", "0.002")
+
+	var got node.TrainConfig
+	app := newApp()
+	for _, cmd := range app.Commands {
+		if cmd.Name == "train" {
+			cmd.Action = func(c *cli.Context) error {
+				var err error
+				got, err = trainConfig(c)
+				return err
+			}
+		}
+	}
+	if err := app.Run([]string{"skein", "train", "--config", file, "--lr", "0.003"}); err != nil {
+		t.Fatal(err)
+	}
+	def := node.DefaultTrainConfig()
+	tests := []struct {
+		name      string
+		got, want any
+	}{
+		{"flag beats env and file", got.AdamW.LR, 0.003},
+		{"env beats file", got.Batch, 5},
+		{"file beats default", got.Steps, 111},
+		{"file string", got.Preset, "small"},
+		{"default", got.EvalEvery, def.EvalEvery},
+	}
+	for _, tt := range tests {
+		if tt.got != tt.want {
+			t.Errorf("%s: got %v, want %v", tt.name, tt.got, tt.want)
+		}
+	}
+}
+
+func TestTrainRejectsBadSettings(t *testing.T) {
+	for _, args := range [][]string{
+		{"skein", "train", "--steps", "0"},
+		{"skein", "train", "--preset", "huge"},
+		{"skein", "train", "stray-argument"},
+		{"skein", "--log-level", "loud", "train"},
+	} {
+		app := newApp()
+		for _, cmd := range app.Commands {
+			if cmd.Name == "train" {
+				cmd.Action = func(c *cli.Context) error { _, err := trainConfig(c); return err }
+			}
+		}
+		if err := app.Run(args); err == nil {
+			t.Errorf("%v: accepted", args)
+		}
+	}
+}
