@@ -60,7 +60,7 @@ func (p Permutation) At(i uint64) uint64 {
 func (p Permutation) feistel(x uint64) uint64 {
 	l, r := x>>p.half, x&p.mask
 	for _, k := range p.keys {
-		l, r = r, (l^mix64(r^k))&p.mask|1
+		l, r = r, l^(mix64(r^k)&p.mask)
 	}
 	return l<<p.half | r
 }
