@@ -142,6 +142,18 @@ func fwdCases(seed uint64) []fwdCase {
 			ro, rp, ra := refAttention(to64(inp), B, T, C, NH)
 			return [][]float32{out, pre, att}, [][]float64{ro, rp, ra}
 		}},
+		{"attention_T64", func(d *CPU) ([][]float32, [][]float64) {
+			B, T, C, NH := 2, 64, 32, 2 // T a multiple of 16: the blocked softmax path
+			inp := randBuf(r, B*T*3*C, 2)
+			out := make(HostBuffer, B*T*C)
+			pre, att := make(HostBuffer, B*NH*T*T), make(HostBuffer, B*NH*T*T)
+			for i := range pre {
+				pre[i], att[i] = 7, 7
+			}
+			d.AttentionForward(out, pre, att, inp, B, T, C, NH)
+			ro, rp, ra := refAttention(to64(inp), B, T, C, NH)
+			return [][]float32{out, pre, att}, [][]float64{ro, rp, ra}
+		}},
 		{"gelu", func(d *CPU) ([][]float32, [][]float64) {
 			inp := randBuf(r, 40000, 3)
 			inp[0], inp[1], inp[2] = -30, 30, 0
@@ -244,10 +256,11 @@ func gradCases(seed uint64) []gradCase {
 			},
 		})
 	}
-	{
-		B, T, C, NH := 2, 37, 16, 2 // T spans two row blocks
+	for _, sh := range [][4]int{{2, 37, 16, 2}, {1, 48, 16, 2}} {
+		// T = 37 spans two row blocks; T = 48 also takes the blocked softmax.
+		B, T, C, NH := sh[0], sh[1], sh[2], sh[3]
 		cases = append(cases, gradCase{
-			name: "attention", inputs: []HostBuffer{randBuf(r, B*T*3*C, 1)}, nout: B * T * C,
+			name: fmt.Sprintf("attention_T%d", T), inputs: []HostBuffer{randBuf(r, B*T*3*C, 1)}, nout: B * T * C,
 			ref: func(in [][]float64) []float64 { o, _, _ := refAttention(in[0], B, T, C, NH); return o },
 			bwd: func(d *CPU, in []HostBuffer, dout HostBuffer, g []HostBuffer) {
 				n := B * NH * T * T
@@ -446,7 +459,7 @@ func TestSumSquaresAndScale(t *testing.T) {
 // all outputs, for determinism checks.
 func runAll(d *CPU) map[string][]float32 {
 	r := rand.New(rand.NewPCG(7, 7))
-	B, T, C, NH, V, Vp := 4, 67, 64, 4, 100, 128
+	B, T, C, NH, V, Vp := 4, 64, 64, 4, 100, 128
 	N := B * T
 	res := map[string][]float32{}
 	keep := func(name string, b HostBuffer) { res[name] = append([]float32(nil), b...) }

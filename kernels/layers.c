@@ -24,7 +24,10 @@
 
 // Column block width for cross-row reductions, and chunk length for
 // elementwise kernels. Both are fixed so results never depend on threads.
-enum { COLBLOCK = 32, CHUNK = 16384, SSQ_PARTS = 1024, ATT_RB = 128 };
+enum { COLBLOCK = 32, CHUNK = 16384, SSQ_PARTS = 1024, ATT_RB = 32 };
+
+// Lanes of the explicit vectors used by the attention softmax rows.
+#define VB 16
 
 static const float GELU_S = 0.7978845608028654f; // sqrt(2/pi)
 static const float GELU_K = 0.044715f;
@@ -197,36 +200,88 @@ INLINE void k_enc_bwd_block(float *dwte, float *dwpe, const float *dout, const i
     }
 }
 
+// Pairwise (tree) reductions of a VB-lane accumulator, in a fixed order: a
+// serial chain of VB scalar adds costs more than the vector work of a row.
+INLINE float hsum(float *v) {
+    for (int w = VB / 2; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) v[l] += v[l + w];
+    return v[0];
+}
+
+INLINE float hmax(float *v) {
+    for (int w = VB / 2; w >= 1; w /= 2)
+        for (int l = 0; l < w; l++) v[l] = v[l + w] > v[l] ? v[l + w] : v[l];
+    return v[0];
+}
+
 // Causal softmax of row t: preatt[0..t] (already scaled) -> att; entries
-// after t are set to 0 in both.
+// after t are set to 0 in both. When T is a multiple of VB the row is
+// processed in whole blocks of VB lanes (masked by j <= t), so the compiler
+// emits full vectors with no scalar remainder loop: rows are short (t+1 <= T)
+// and the remainders would otherwise cost more than the vector work.
 INLINE void k_softmax_causal_row(float *preatt, float *att, int t, int T) {
-    float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-    for (int j = 0; j <= t; j++) mx = preatt[j] > mx ? preatt[j] : mx;
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int j = 0; j <= t; j++) {
-        float e = fast_expf(preatt[j] - mx);
-        att[j] = e;
-        s += e;
+    if (T % VB != 0) {
+        float mx = -INFINITY;
+        for (int j = 0; j <= t; j++) mx = preatt[j] > mx ? preatt[j] : mx;
+        float s = 0.0f;
+        for (int j = 0; j <= t; j++) {
+            att[j] = fast_expf(preatt[j] - mx);
+            s += att[j];
+        }
+        float inv = 1.0f / s;
+        for (int j = 0; j <= t; j++) att[j] *= inv;
+        for (int j = t + 1; j < T; j++) att[j] = preatt[j] = 0.0f;
+        return;
     }
-    float inv = 1.0f / s;
-#pragma omp simd
-    for (int j = 0; j <= t; j++) att[j] *= inv;
-    for (int j = t + 1; j < T; j++) {
-        att[j] = 0.0f;
-        preatt[j] = 0.0f;
-    }
+    int L = (t + VB) / VB * VB; // t+1 rounded up to whole blocks
+    float mv[VB], sv[VB];
+    for (int l = 0; l < VB; l++) mv[l] = -INFINITY, sv[l] = 0.0f;
+    for (int j0 = 0; j0 < L; j0 += VB)
+        for (int l = 0; l < VB; l++) {
+            float p = j0 + l <= t ? preatt[j0 + l] : -INFINITY;
+            mv[l] = p > mv[l] ? p : mv[l];
+        }
+    float mx = hmax(mv);
+    for (int j0 = 0; j0 < L; j0 += VB)
+        for (int l = 0; l < VB; l++) {
+            int in = j0 + l <= t;
+            float e = fast_expf(preatt[j0 + l] - mx);
+            e = in ? e : 0.0f;
+            preatt[j0 + l] = in ? preatt[j0 + l] : 0.0f;
+            att[j0 + l] = e;
+            sv[l] += e;
+        }
+    float inv = 1.0f / hsum(sv);
+    for (int j0 = 0; j0 < L; j0 += VB)
+        for (int l = 0; l < VB; l++) att[j0 + l] *= inv;
+    for (int j = L; j < T; j++) att[j] = preatt[j] = 0.0f;
 }
 
 // dpre[j] = att[j] (datt[j] - sum_k att[k] datt[k]) for j <= t, 0 after.
+// att is 0 after t, so whole blocks need no mask.
 INLINE void k_softmax_bwd_row(float *dpre, const float *att, const float *datt, int t, int T) {
-    float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-    for (int j = 0; j <= t; j++) dot += att[j] * datt[j];
-#pragma omp simd
-    for (int j = 0; j <= t; j++) dpre[j] = att[j] * (datt[j] - dot);
-    for (int j = t + 1; j < T; j++) dpre[j] = 0.0f;
+    if (T % VB != 0) {
+        float dot = 0.0f;
+        for (int j = 0; j <= t; j++) dot += att[j] * datt[j];
+        for (int j = 0; j <= t; j++) dpre[j] = att[j] * (datt[j] - dot);
+        for (int j = t + 1; j < T; j++) dpre[j] = 0.0f;
+        return;
+    }
+    int L = (t + VB) / VB * VB;
+    float dv[VB];
+    for (int l = 0; l < VB; l++) dv[l] = 0.0f;
+    for (int j0 = 0; j0 < L; j0 += VB)
+        for (int l = 0; l < VB; l++) {
+            float a = j0 + l <= t ? att[j0 + l] : 0.0f;
+            dv[l] += a * datt[j0 + l];
+        }
+    float dot = hsum(dv);
+    for (int j0 = 0; j0 < L; j0 += VB)
+        for (int l = 0; l < VB; l++) {
+            float a = j0 + l <= t ? att[j0 + l] : 0.0f;
+            dpre[j0 + l] = a * (datt[j0 + l] - dot);
+        }
+    for (int j = L; j < T; j++) dpre[j] = 0.0f;
 }
 
 // One row of softmax + cross-entropy; returns the loss.
