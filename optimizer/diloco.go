@@ -1,0 +1,291 @@
+package optimizer
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"hash/fnv"
+	"math"
+
+	"github.com/skein-ml/skein/compression"
+)
+
+// DiLoCoConfig holds the outer optimizer's settings (ALGORITHMS.md 1).
+type DiLoCoConfig struct {
+	OuterLR  float64 // eta, paper default 0.7
+	Momentum float64 // mu, paper default 0.9
+	// MaxDeltaNorm bounds the L2 norm of this member's own pseudo-gradient
+	// and of the averaged one; a larger or non-finite one is an error and
+	// nothing is applied (0 disables the bound).
+	MaxDeltaNorm float64
+	// Feedback, if set, compresses this member's pseudo-gradient with error
+	// feedback before it enters the ring (for example int4 + EF); the
+	// residual carries to the next round and is saved with the checkpoint.
+	Feedback *compression.Config
+}
+
+// DefaultDiLoCo returns the paper's outer settings: Nesterov, eta 0.7, mu 0.9.
+func DefaultDiLoCo() DiLoCoConfig {
+	return DiLoCoConfig{OuterLR: 0.7, Momentum: 0.9, MaxDeltaNorm: 1e6}
+}
+
+// Validate names the first invalid field.
+func (c DiLoCoConfig) Validate() error {
+	switch {
+	case !(c.OuterLR > 0):
+		return fmt.Errorf("%w: outer lr %v must be positive", ErrConfig, c.OuterLR)
+	case c.Momentum < 0 || c.Momentum >= 1:
+		return fmt.Errorf("%w: outer momentum %v must be in [0, 1)", ErrConfig, c.Momentum)
+	case c.MaxDeltaNorm < 0:
+		return fmt.Errorf("%w: max delta norm %v must be >= 0", ErrConfig, c.MaxDeltaNorm)
+	}
+	if c.Feedback != nil {
+		return c.Feedback.Validate()
+	}
+	return nil
+}
+
+// NesterovStep applies the DiLoCo outer update in place:
+//
+//	m   = mu*m + delta
+//	phi = phi - eta*(delta + mu*m)
+//
+// Every operation is rounded to float32 explicitly, so no compiler may fuse
+// it into an FMA and every member computes the same bits.
+func NesterovStep(phi, m, delta []float32, eta, mu float32) {
+	for i, d := range delta {
+		mi := float32(mu*m[i]) + d
+		m[i] = mi
+		phi[i] -= float32(eta * float32(d+float32(mu*mi)))
+	}
+}
+
+// DiLoCo is one member's outer optimizer state: the global ("slow") weights
+// phi, the outer momentum and the round number, identical on every member
+// after each round.
+type DiLoCo struct {
+	cfg   DiLoCoConfig
+	ring  *Ring
+	Phi   []float32
+	Mom   []float32
+	Round uint64
+
+	delta, avg []float32
+	ef         *compression.ErrorFeedback
+	efEnc      *compression.Encoder
+	efDec      *compression.Decoder
+	efBuf      bytes.Buffer
+
+	// delayed (overlapped) mode
+	start   []float32
+	pending chan pendingRound
+}
+
+type pendingRound struct {
+	stats RoundStats
+	err   error
+}
+
+// NewDiLoCo starts from global weights phi (copied) with zero momentum.
+func NewDiLoCo(cfg DiLoCoConfig, ring *Ring, phi []float32) (*DiLoCo, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	n := len(phi)
+	d := &DiLoCo{cfg: cfg, ring: ring, Phi: append([]float32(nil), phi...), Mom: make([]float32, n),
+		delta: make([]float32, n), avg: make([]float32, n)}
+	if cfg.Feedback != nil {
+		var err error
+		if d.ef, err = compression.NewErrorFeedback(compression.EF, n); err != nil {
+			return nil, err
+		}
+		if d.efEnc, err = compression.NewEncoder(*cfg.Feedback); err != nil {
+			return nil, err
+		}
+		if d.efDec, err = compression.NewDecoder(*cfg.Feedback); err != nil {
+			return nil, err
+		}
+	}
+	return d, nil
+}
+
+// Feedback is the error-feedback state (nil without Feedback), for
+// checkpoints.
+func (d *DiLoCo) Feedback() *compression.ErrorFeedback { return d.ef }
+
+func l2(x []float32) float64 {
+	var s float64
+	for _, v := range x {
+		s += float64(v) * float64(v)
+	}
+	return math.Sqrt(s)
+}
+
+// prepare computes this member's contribution delta = start - theta, bounded
+// and optionally error-feedback compressed.
+func (d *DiLoCo) prepare(start, theta []float32) error {
+	if len(theta) != len(d.Phi) {
+		return fmt.Errorf("optimizer: %d local parameters, global has %d", len(theta), len(d.Phi))
+	}
+	for i := range theta {
+		d.delta[i] = start[i] - theta[i]
+	}
+	if n := l2(d.delta); math.IsNaN(n) || math.IsInf(n, 0) || (d.cfg.MaxDeltaNorm > 0 && n > d.cfg.MaxDeltaNorm) {
+		return fmt.Errorf("%w: own pseudo-gradient norm %v (bound %v)", ErrRejected, n, d.cfg.MaxDeltaNorm)
+	}
+	if d.ef != nil {
+		d.efBuf.Reset()
+		if err := d.ef.Encode(d.efEnc, &d.efBuf, d.delta, d.Round); err != nil {
+			return err
+		}
+		if _, err := d.efDec.DecodeBytes(d.efBuf.Bytes(), d.delta); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (d *DiLoCo) apply() error {
+	if n := l2(d.avg); math.IsNaN(n) || (d.cfg.MaxDeltaNorm > 0 && n > d.cfg.MaxDeltaNorm) {
+		return fmt.Errorf("%w: averaged pseudo-gradient norm %v (bound %v)", ErrRejected, n, d.cfg.MaxDeltaNorm)
+	}
+	NesterovStep(d.Phi, d.Mom, d.avg, float32(d.cfg.OuterLR), float32(d.cfg.Momentum))
+	d.Round++
+	return nil
+}
+
+// OuterStep ends an inner phase: theta (the local weights after H inner
+// steps) gives the pseudo-gradient phi - theta, which is averaged over the
+// round's group; the Nesterov step updates phi and the momentum, and theta is
+// reset to the new phi. On error nothing changes and the round can be
+// retried.
+func (d *DiLoCo) OuterStep(ctx context.Context, theta []float32) (RoundStats, error) {
+	if d.pending != nil {
+		return RoundStats{}, fmt.Errorf("optimizer: OuterStep while a delayed round is in flight")
+	}
+	var efSnapshot []byte
+	if d.ef != nil {
+		var err error
+		if efSnapshot, err = d.ef.MarshalBinary(); err != nil {
+			return RoundStats{}, err
+		}
+	}
+	if err := d.prepare(d.Phi, theta); err != nil {
+		return RoundStats{}, err
+	}
+	st, err := d.ring.AllReduceMean(ctx, d.Round, d.delta, d.avg)
+	if err == nil {
+		err = d.apply()
+	}
+	if err != nil {
+		if d.ef != nil { // the round did not happen: neither did its residual
+			if rerr := d.ef.UnmarshalBinary(efSnapshot); rerr != nil {
+				return st, fmt.Errorf("%w (and restoring error feedback: %v)", err, rerr)
+			}
+		}
+		return st, err
+	}
+	copy(theta, d.Phi)
+	return st, nil
+}
+
+// OuterStepDelayed is the one-step-delayed variant (ALGORITHMS.md 1): it
+// starts averaging this phase's progress and returns at once; the average
+// is applied at the next call (or Flush), after the next inner phase ran
+// concurrently with the exchange. theta becomes phi plus this phase's local
+// progress, so no local work is thrown away. The returned stats are those
+// of the round that was applied, if any.
+func (d *DiLoCo) OuterStepDelayed(ctx context.Context, theta []float32) (RoundStats, error) {
+	if d.start == nil {
+		d.start = append([]float32(nil), d.Phi...)
+	}
+	if err := d.prepare(d.start, theta); err != nil {
+		return RoundStats{}, err
+	}
+	var st RoundStats
+	if d.pending != nil {
+		res := <-d.pending
+		d.pending = nil
+		if res.err != nil {
+			return res.stats, res.err
+		}
+		if err := d.apply(); err != nil {
+			return res.stats, err
+		}
+		st = res.stats
+	}
+	for i := range theta {
+		theta[i] = d.Phi[i] - d.delta[i]
+	}
+	copy(d.start, theta)
+	d.pending = make(chan pendingRound, 1)
+	go func(round uint64, ch chan pendingRound) {
+		s, err := d.ring.AllReduceMean(ctx, round, d.delta, d.avg)
+		ch <- pendingRound{stats: s, err: err}
+	}(d.Round, d.pending)
+	return st, nil
+}
+
+// Flush waits for a delayed round in flight, applies it and sets theta to
+// phi.
+func (d *DiLoCo) Flush(theta []float32) (RoundStats, error) {
+	if d.pending == nil {
+		copy(theta, d.Phi)
+		return RoundStats{}, nil
+	}
+	res := <-d.pending
+	d.pending = nil
+	if res.err != nil {
+		return res.stats, res.err
+	}
+	if err := d.apply(); err != nil {
+		return res.stats, err
+	}
+	copy(theta, d.Phi)
+	d.start = nil
+	return res.stats, nil
+}
+
+// StateHash hashes the round, phi and the momentum: members compare it (by
+// gossip) to detect divergence.
+func (d *DiLoCo) StateHash() uint64 {
+	h := fnv.New64a()
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], d.Round)
+	h.Write(b[:])
+	buf := make([]byte, 0, 4096)
+	for _, v := range [][]float32{d.Phi, d.Mom} {
+		for i, x := range v {
+			buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(x))
+			if len(buf) == cap(buf) || i == len(v)-1 {
+				h.Write(buf)
+				buf = buf[:0]
+			}
+		}
+	}
+	return h.Sum64()
+}
+
+// State returns copies of the shared state for a joiner.
+func (d *DiLoCo) State() (round uint64, phi, mom []float32) {
+	return d.Round, append([]float32(nil), d.Phi...), append([]float32(nil), d.Mom...)
+}
+
+// SetState installs the shared state fetched from a member: a joiner calls
+// it before its first round and then takes part from that round on.
+func (d *DiLoCo) SetState(round uint64, phi, mom []float32) error {
+	if len(phi) != len(d.Phi) || len(mom) != len(d.Mom) {
+		return fmt.Errorf("%w: state of %d/%d elements, want %d", ErrRejected, len(phi), len(mom), len(d.Phi))
+	}
+	if err := checkFinite(phi, math.MaxFloat32); err != nil {
+		return err
+	}
+	if err := checkFinite(mom, math.MaxFloat32); err != nil {
+		return err
+	}
+	d.Round = round
+	copy(d.Phi, phi)
+	copy(d.Mom, mom)
+	return nil
+}

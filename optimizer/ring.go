@@ -1,0 +1,629 @@
+package optimizer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/skein-ml/skein/compression"
+)
+
+// RingConfig configures the fault-tolerant ring all-reduce.
+type RingConfig struct {
+	// Codec encodes partial sums (re-quantized at every hop, accumulated in
+	// fp32) and the chunk owners' final averages. Default: per-block min-max
+	// uint8 (ALGORITHMS.md 1), no zstd.
+	Codec compression.Config
+	// InitialDeadline bounds the wait for a message before any arrival time
+	// has been observed. Later deadlines adapt to observed arrival times
+	// (smoothed mean + 4 deviations, doubled), clamped to [MinDeadline,
+	// MaxDeadline]. The first hop of a round learns separately, because it
+	// also absorbs the members' different inner-loop speeds.
+	InitialDeadline, MinDeadline, MaxDeadline time.Duration
+	// MaxAbs bounds every element of a decoded contribution, per member
+	// summed into it; larger or non-finite values reject the sender.
+	MaxAbs float32
+	// MaxAttempts bounds how often one round is redone with a smaller group.
+	MaxAttempts int
+	// Order arranges the group into a ring (for example by measured
+	// bandwidth); it must be a deterministic function of its input, which is
+	// sorted by ID. nil keeps ID order.
+	Order func([]PeerID) []PeerID
+	// OnReject is told about a peer whose contribution was dropped.
+	OnReject func(from PeerID, err error)
+	Logger   *slog.Logger
+}
+
+// DefaultRingConfig returns WAN-minded defaults.
+func DefaultRingConfig() RingConfig {
+	c := compression.DefaultConfig()
+	c.Codec = compression.MinMax8
+	c.ZstdLevel = 0
+	return RingConfig{Codec: c, InitialDeadline: 2 * time.Minute, MinDeadline: 2 * time.Second,
+		MaxDeadline: 10 * time.Minute, MaxAbs: 1e4, MaxAttempts: 16}
+}
+
+// Validate names the first invalid field.
+func (c RingConfig) Validate() error {
+	switch {
+	case c.InitialDeadline <= 0 || c.MinDeadline <= 0 || c.MaxDeadline < c.MinDeadline:
+		return fmt.Errorf("%w: deadlines initial %v, min %v, max %v", ErrConfig, c.InitialDeadline, c.MinDeadline, c.MaxDeadline)
+	case !(c.MaxAbs > 0):
+		return fmt.Errorf("%w: max abs %v must be positive", ErrConfig, c.MaxAbs)
+	case c.MaxAttempts <= 0:
+		return fmt.Errorf("%w: max attempts %d must be positive", ErrConfig, c.MaxAttempts)
+	}
+	return c.Codec.Validate()
+}
+
+// RoundStats describes one completed collective.
+type RoundStats struct {
+	Round     uint64
+	Group     []PeerID // the group that produced the result
+	Attempts  int
+	Adopted   bool // the result came from a peer that had finished the round
+	BytesSent int64
+	BytesRecv int64
+	Duration  time.Duration
+}
+
+// ErrExcluded: the other members excluded this one from a round (it was too
+// slow or unreachable) and no finished result could be fetched; the caller
+// must re-sync its state from a peer.
+var ErrExcluded = errors.New("optimizer: excluded from the round")
+
+// Ring runs fault-tolerant ring all-reduces among the members of a Peers.
+// Rounds are numbered by the caller; a round's group is the set of members
+// alive when an attempt starts. If a member fails or stalls past the adaptive
+// deadline, the survivors redo the round without it from the same inputs; a
+// member that already finished answers later attempts with its result, so
+// every member that returns a round's result returns the same bits.
+//
+// A Ring serves other members' queries in the background from Start until
+// Close; AllReduceMean calls must not overlap.
+type Ring struct {
+	peers Peers
+	cfg   RingConfig
+	log   *slog.Logger
+	enc   *compression.Encoder
+	dec   *compression.Decoder
+
+	inbox chan envelope
+
+	mu       sync.Mutex
+	done     map[uint64][][]byte // last finished rounds' final chunks
+	doneList []uint64
+	stash    []envelope // messages for rounds or groups not yet reached
+	first    estimator  // wait for the first message of a round
+	hop      estimator  // wait for later messages
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+type envelope struct {
+	from PeerID
+	h    header
+	body []byte
+	at   time.Time
+}
+
+const (
+	keepDone = 4
+	maxStash = 4096
+)
+
+// NewRing validates cfg; call Start before the first round.
+func NewRing(peers Peers, cfg RingConfig) (*Ring, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	enc, err := compression.NewEncoder(cfg.Codec)
+	if err != nil {
+		return nil, err
+	}
+	dec, err := compression.NewDecoder(cfg.Codec)
+	if err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return &Ring{peers: peers, cfg: cfg, log: log, enc: enc, dec: dec, inbox: make(chan envelope, 1024),
+		done: map[uint64][][]byte{}}, nil
+}
+
+// Start runs the background receiver until ctx ends or Close.
+func (r *Ring) Start(ctx context.Context) {
+	ctx, r.cancel = context.WithCancel(ctx)
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		r.receive(ctx)
+	}()
+}
+
+// Close stops the background receiver.
+func (r *Ring) Close() {
+	if r.cancel != nil {
+		r.cancel()
+	}
+	r.wg.Wait()
+	r.enc.Close()
+	r.dec.Close()
+}
+
+func (r *Ring) receive(ctx context.Context) {
+	for {
+		m, err := r.peers.Recv(ctx)
+		if err != nil {
+			return
+		}
+		h, body, err := parseMessage(m.Payload)
+		if err != nil {
+			r.reject(m.From, err)
+			continue
+		}
+		if h.kind == kindQuery {
+			r.mu.Lock()
+			chunks, ok := r.done[h.round]
+			r.mu.Unlock()
+			if ok {
+				reply := appendMessage(nil, header{kind: kindDone, round: h.round}, appendDone(nil, chunks))
+				if err := r.peers.Send(ctx, m.From, reply); err != nil {
+					r.log.Debug("answering query", "peer", m.From, "round", h.round, "err", err)
+				}
+			}
+			continue
+		}
+		select {
+		case r.inbox <- envelope{from: m.From, h: h, body: body, at: time.Now()}:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+func (r *Ring) reject(from PeerID, err error) {
+	r.log.Warn("dropped contribution", "peer", from, "err", err)
+	if r.cfg.OnReject != nil {
+		r.cfg.OnReject(from, err)
+	}
+}
+
+// Errors that end one attempt of a round.
+type suspectError struct {
+	peer PeerID
+	err  error
+}
+
+func (e *suspectError) Error() string { return fmt.Sprintf("peer %s: %v", e.peer, e.err) }
+
+var (
+	errRegroup       = errors.New("group changed")
+	errSelfSuspected = errors.New("suspected by the others")
+)
+
+type adoptedError struct{ chunks [][]byte }
+
+func (adoptedError) Error() string { return "adopted a finished result" }
+
+// AllReduceMean averages x (identical length on every member) over the
+// round's group into out. On success every member that returns holds the
+// same bits in out. On error out is unspecified and the round did not happen
+// for this member.
+func (r *Ring) AllReduceMean(ctx context.Context, round uint64, x, out []float32) (st RoundStats, err error) {
+	if len(out) != len(x) {
+		return RoundStats{}, fmt.Errorf("optimizer: output of %d for input of %d", len(out), len(x))
+	}
+	began := time.Now()
+	st.Round = round
+	suspects := map[PeerID]bool{}
+	self := r.peers.Self()
+	for attempt := 1; attempt <= r.cfg.MaxAttempts; attempt++ {
+		st.Attempts = attempt
+		var members []PeerID
+		for _, p := range r.peers.Members() {
+			if !suspects[p] {
+				members = append(members, p)
+			}
+		}
+		group := sortedGroup(members)
+		if r.cfg.Order != nil {
+			group = r.cfg.Order(group)
+		}
+		if !slices.Contains(group, self) {
+			return st, fmt.Errorf("%w: %s", ErrNotMember, self)
+		}
+		st.Group = group
+		chunks, err := r.attempt(ctx, round, group, suspects, x, out, &st)
+		r.log.Debug("attempt", "self", self, "round", round, "attempt", attempt, "group", len(group), "err", err)
+		var adopted adoptedError
+		var sus *suspectError
+		switch {
+		case err == nil:
+		case errors.As(err, &adopted):
+			if err := r.decodeAll(adopted.chunks, out); err != nil {
+				return st, err
+			}
+			chunks, st.Adopted = adopted.chunks, true
+		case errors.Is(err, errSelfSuspected):
+			chunks, err = r.awaitResult(ctx, round, group, out, &st)
+			if err != nil {
+				return st, err
+			}
+			st.Adopted = true
+		case errors.As(err, &sus):
+			suspects[sus.peer] = true
+			r.log.Info("redoing round without peer", "round", round, "peer", sus.peer, "err", sus.err)
+			r.broadcast(ctx, group, header{kind: kindSuspect, round: round}, []byte(sus.peer), &st)
+			r.broadcast(ctx, group, header{kind: kindQuery, round: round}, nil, &st)
+			continue
+		case errors.Is(err, errRegroup):
+			continue
+		default:
+			return st, err
+		}
+		r.finish(round, chunks)
+		st.Duration = time.Since(began)
+		return st, nil
+	}
+	return st, fmt.Errorf("optimizer: round %d: no result after %d attempts", round, r.cfg.MaxAttempts)
+}
+
+func (r *Ring) finish(round uint64, chunks [][]byte) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.done[round] = chunks
+	r.doneList = append(r.doneList, round)
+	if len(r.doneList) > keepDone {
+		delete(r.done, r.doneList[0])
+		r.doneList = r.doneList[1:]
+	}
+	kept := r.stash[:0]
+	for _, e := range r.stash {
+		if e.h.round > round {
+			kept = append(kept, e)
+		}
+	}
+	r.stash = kept
+}
+
+func (r *Ring) broadcast(ctx context.Context, group []PeerID, h header, body []byte, st *RoundStats) {
+	msg := appendMessage(nil, h, body)
+	for _, p := range group {
+		if p != r.peers.Self() {
+			if r.peers.Send(ctx, p, msg) == nil {
+				st.BytesSent += int64(len(msg))
+			}
+		}
+	}
+}
+
+// attempt runs reduce-scatter then all-gather once in a fixed group.
+func (r *Ring) attempt(ctx context.Context, round uint64, group []PeerID, suspects map[PeerID]bool, x, out []float32, st *RoundStats) ([][]byte, error) {
+	M, n := len(group), len(x)
+	pos := slices.Index(group, r.peers.Self())
+	gh := groupHash(round, group)
+	chunks := make([][]byte, M)
+	if M == 1 {
+		q, err := r.enc.Append(nil, x, round)
+		if err != nil {
+			return nil, err
+		}
+		chunks[0] = q
+		return chunks, r.decodeAll(chunks, out)
+	}
+	succ, pred := group[(pos+1)%M], group[(pos-1+M)%M]
+	maxChunk := (n + M - 1) / M
+	acc := make([]float32, maxChunk+1)
+	tmp := make([]float32, maxChunk+1)
+	send := func(h header, body []byte) error {
+		h.round, h.group = round, gh
+		msg := appendMessage(nil, h, body)
+		if err := r.peers.Send(ctx, succ, msg); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if errors.Is(err, ErrClosed) {
+				return err // we are the ones gone
+			}
+			return &suspectError{peer: succ, err: err}
+		}
+		st.BytesSent += int64(len(msg))
+		return nil
+	}
+	seed := func(step, chunk int) uint64 { return round*0x9E3779B97F4A7C15 ^ uint64(step)<<32 ^ uint64(chunk) }
+
+	// Reduce-scatter: at step s send chunk pos-s, receive chunk pos-s-1 and
+	// add our own part to it in fp32.
+	for s := 0; s < M-1; s++ {
+		sc := (pos - s + M) % M
+		lo, hi := chunkBounds(n, M, sc)
+		data := x[lo:hi]
+		if s > 0 {
+			data = acc[:hi-lo]
+		}
+		body, err := r.enc.Append(nil, data, seed(s, sc))
+		if err != nil {
+			return nil, err
+		}
+		if err := send(header{kind: kindReduce, step: uint32(s), chunk: uint32(sc)}, body); err != nil {
+			return nil, err
+		}
+		rc := (pos - s - 1 + M) % M
+		env, err := r.wait(ctx, round, gh, group, suspects, kindReduce, s, rc, pred)
+		if err != nil {
+			return nil, err
+		}
+		st.BytesRecv += int64(len(env.body) + headerLen)
+		lo, hi = chunkBounds(n, M, rc)
+		if err := r.decodeChunk(env, tmp[:hi-lo], float32(s+1)); err != nil {
+			return nil, err
+		}
+		for i, v := range tmp[:hi-lo] {
+			acc[i] = v + x[lo+i]
+		}
+	}
+	// We own the full sum of chunk pos+1: average, encode once, and use the
+	// decoded bytes ourselves so that every member decodes the same bytes.
+	own := (pos + 1) % M
+	lo, hi := chunkBounds(n, M, own)
+	inv := 1 / float32(M)
+	for i := range acc[:hi-lo] {
+		acc[i] *= inv
+	}
+	q, err := r.enc.Append(nil, acc[:hi-lo], seed(M, own))
+	if err != nil {
+		return nil, err
+	}
+	chunks[own] = q
+	if _, err := r.dec.DecodeBytes(q, out[lo:hi]); err != nil {
+		return nil, err
+	}
+	// All-gather: forward final chunk bytes unchanged.
+	for s := 0; s < M-1; s++ {
+		sc := (own - s + M) % M
+		if err := send(header{kind: kindGather, step: uint32(s), chunk: uint32(sc)}, chunks[sc]); err != nil {
+			return nil, err
+		}
+		rc := (pos - s + M) % M
+		env, err := r.waitGather(ctx, round, gh, group, suspects, s, rc, pred, st)
+		if err != nil {
+			return nil, err
+		}
+		st.BytesRecv += int64(len(env.body) + headerLen)
+		lo, hi := chunkBounds(n, M, rc)
+		if err := r.decodeChunk(env, out[lo:hi], 1); err != nil {
+			return nil, err
+		}
+		chunks[rc] = append([]byte(nil), env.body...)
+	}
+	return chunks, nil
+}
+
+// decodeChunk decodes and validates a received chunk of contributors
+// members' values; a bad one suspects its sender.
+func (r *Ring) decodeChunk(env envelope, dst []float32, contributors float32) error {
+	got, err := r.dec.DecodeBytes(env.body, dst)
+	if err == nil && len(got) != len(dst) {
+		err = fmt.Errorf("%w: chunk of %d elements, want %d", ErrRejected, len(got), len(dst))
+	}
+	if err == nil {
+		err = checkFinite(dst, r.cfg.MaxAbs*contributors)
+	}
+	if err != nil {
+		r.reject(env.from, err)
+		return &suspectError{peer: env.from, err: err}
+	}
+	return nil
+}
+
+func checkFinite(x []float32, bound float32) error {
+	for i, v := range x {
+		if !(v <= bound && v >= -bound) { // false for NaN too
+			return fmt.Errorf("%w: element %d is %v (bound %v)", ErrRejected, i, v, bound)
+		}
+	}
+	return nil
+}
+
+// decodeAll rebuilds a whole result from every chunk's final bytes.
+func (r *Ring) decodeAll(chunks [][]byte, out []float32) error {
+	M := len(chunks)
+	for c, q := range chunks {
+		lo, hi := chunkBounds(len(out), M, c)
+		got, err := r.dec.DecodeBytes(q, out[lo:hi])
+		if err != nil {
+			return fmt.Errorf("%w: result chunk %d: %v", ErrRejected, c, err)
+		}
+		if len(got) != hi-lo {
+			return fmt.Errorf("%w: result chunk %d has %d elements, want %d", ErrRejected, c, len(got), hi-lo)
+		}
+		if err := checkFinite(out[lo:hi], r.cfg.MaxAbs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// waitGather waits for an all-gather message. Once this member has passed
+// reduce-scatter, another member may already hold the whole result, so a
+// late predecessor is not suspected at the first deadline as in
+// reduce-scatter: while the failure detector still lists it, this member asks
+// the group for a finished result and keeps waiting, up to MaxDeadline. This
+// keeps a slow member that finished from being excluded behind its back,
+// which would leave two different results for one round.
+func (r *Ring) waitGather(ctx context.Context, round, gh uint64, group []PeerID, suspects map[PeerID]bool, step, chunk int, pred PeerID, st *RoundStats) (envelope, error) {
+	give := time.Now().Add(r.cfg.MaxDeadline)
+	for {
+		env, err := r.wait(ctx, round, gh, group, suspects, kindGather, step, chunk, pred)
+		var sus *suspectError
+		if !errors.As(err, &sus) || time.Now().After(give) || !slices.Contains(r.peers.Members(), pred) {
+			return env, err
+		}
+		r.broadcast(ctx, group, header{kind: kindQuery, round: round}, nil, st)
+	}
+}
+
+// wait returns the message (kind, step, chunk) of this attempt from peer
+// from, handling control messages that arrive meanwhile.
+func (r *Ring) wait(ctx context.Context, round, gh uint64, group []PeerID, suspects map[PeerID]bool, k kind, step, chunk int, from PeerID) (envelope, error) {
+	match := func(e envelope) bool {
+		return e.h.round == round && e.h.group == gh && e.h.kind == k && e.h.step == uint32(step) &&
+			e.h.chunk == uint32(chunk) && e.from == from
+	}
+	r.mu.Lock()
+	for i, e := range r.stash {
+		if match(e) {
+			r.stash = append(r.stash[:i], r.stash[i+1:]...)
+			r.mu.Unlock()
+			return e, nil
+		}
+	}
+	est := &r.hop
+	if step == 0 && k == kindReduce {
+		est = &r.first
+	}
+	deadline := est.deadline(r.cfg.InitialDeadline, r.cfg.MinDeadline, r.cfg.MaxDeadline)
+	r.mu.Unlock()
+	began := time.Now()
+	timer := time.NewTimer(deadline)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return envelope{}, ctx.Err()
+		case <-timer.C:
+			return envelope{}, &suspectError{peer: from, err: fmt.Errorf("no %s step %d within %v", k, step, deadline)}
+		case e := <-r.inbox:
+			if match(e) {
+				r.mu.Lock()
+				est.observe(time.Since(began))
+				r.mu.Unlock()
+				return e, nil
+			}
+			if err := r.control(e, round, group, suspects); err != nil {
+				return envelope{}, err
+			}
+		}
+	}
+}
+
+// control handles a message that is not the one awaited.
+func (r *Ring) control(e envelope, round uint64, group []PeerID, suspects map[PeerID]bool) error {
+	if e.h.round < round {
+		return nil // stale
+	}
+	if e.h.round == round {
+		switch e.h.kind {
+		case kindSuspect:
+			p := PeerID(e.body)
+			if p == r.peers.Self() {
+				return errSelfSuspected
+			}
+			if !suspects[p] {
+				suspects[p] = true
+				if slices.Contains(group, p) {
+					return errRegroup
+				}
+			}
+			return nil
+		case kindDone:
+			chunks, err := parseDone(e.body)
+			if err != nil {
+				r.reject(e.from, err)
+				return nil
+			}
+			owned := make([][]byte, len(chunks))
+			for i, c := range chunks {
+				owned[i] = append([]byte(nil), c...)
+			}
+			return adoptedError{chunks: owned}
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.stash) >= maxStash {
+		r.stash = r.stash[1:]
+	}
+	r.stash = append(r.stash, e)
+	return nil
+}
+
+// awaitResult is used by a member the others excluded: it asks the group
+// for the finished result until one arrives.
+func (r *Ring) awaitResult(ctx context.Context, round uint64, group []PeerID, out []float32, st *RoundStats) ([][]byte, error) {
+	r.mu.Lock()
+	wait := r.hop.deadline(r.cfg.InitialDeadline, r.cfg.MinDeadline, r.cfg.MaxDeadline)
+	r.mu.Unlock()
+	give := time.Now().Add(r.cfg.MaxDeadline)
+	for time.Now().Before(give) {
+		r.broadcast(ctx, group, header{kind: kindQuery, round: round}, nil, st)
+		timer := time.NewTimer(wait)
+	loop:
+		for {
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return nil, ctx.Err()
+			case <-timer.C:
+				break loop
+			case e := <-r.inbox:
+				if e.h.round == round && e.h.kind == kindDone {
+					chunks, err := parseDone(e.body)
+					if err != nil {
+						r.reject(e.from, err)
+						continue
+					}
+					owned := make([][]byte, len(chunks))
+					for i, c := range chunks {
+						owned[i] = append([]byte(nil), c...)
+					}
+					timer.Stop()
+					return owned, r.decodeAll(owned, out)
+				}
+				if e.h.round > round {
+					r.mu.Lock()
+					if len(r.stash) < maxStash {
+						r.stash = append(r.stash, e)
+					}
+					r.mu.Unlock()
+				}
+			}
+		}
+	}
+	return nil, fmt.Errorf("%w: round %d", ErrExcluded, round)
+}
+
+// estimator learns how long to wait for a message, like TCP's RTO.
+type estimator struct {
+	mean, dev float64 // seconds
+	n         int
+}
+
+func (e *estimator) observe(d time.Duration) {
+	s := d.Seconds()
+	if e.n == 0 {
+		e.mean, e.dev = s, s/2
+	} else {
+		e.dev = 0.75*e.dev + 0.25*math.Abs(s-e.mean)
+		e.mean = 0.875*e.mean + 0.125*s
+	}
+	e.n++
+}
+
+func (e *estimator) deadline(initial, lo, hi time.Duration) time.Duration {
+	if e.n == 0 {
+		return initial
+	}
+	d := time.Duration(2 * (e.mean + 4*e.dev) * float64(time.Second))
+	return min(max(d, lo), hi)
+}

@@ -1,0 +1,366 @@
+package optimizer
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/skein-ml/skein/compression"
+)
+
+func testRingConfig() RingConfig {
+	c := DefaultRingConfig()
+	if os.Getenv("SKEIN_TEST_LOG") != "" {
+		c.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	c.InitialDeadline, c.MinDeadline, c.MaxDeadline = 1500*time.Millisecond, 100*time.Millisecond, 1500*time.Millisecond
+	return c
+}
+
+type member struct {
+	id   PeerID
+	peer *MemPeer
+	ring *Ring
+}
+
+// swarm builds n members on one MemNetwork, rings started.
+func swarm(t *testing.T, n int, cfg RingConfig) (*MemNetwork, []*member) {
+	t.Helper()
+	net := NewMemNetwork()
+	ctx, cancel := context.WithCancel(context.Background())
+	var ms []*member
+	for i := 0; i < n; i++ {
+		ms = append(ms, addMember(t, ctx, net, PeerID(fmt.Sprintf("peer-%02d", i)), cfg))
+	}
+	t.Cleanup(func() {
+		cancel()
+		for _, m := range ms {
+			m.ring.Close()
+		}
+		net.Close()
+	})
+	return net, ms
+}
+
+func addMember(t *testing.T, ctx context.Context, net *MemNetwork, id PeerID, cfg RingConfig) *member {
+	p := net.Join(id)
+	r, err := NewRing(p, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Start(ctx)
+	return &member{id: id, peer: p, ring: r}
+}
+
+func randomVec(n int, seed uint64, scale float64) []float32 {
+	rng := rand.New(rand.NewPCG(seed, 9))
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(rng.NormFloat64() * scale)
+	}
+	return v
+}
+
+func runAll(ms []*member, f func(i int, m *member) error) []error {
+	errs := make([]error, len(ms))
+	var wg sync.WaitGroup
+	for i, m := range ms {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = f(i, m) }()
+	}
+	wg.Wait()
+	return errs
+}
+
+func sameBits(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func TestRingAllReduceMean(t *testing.T) {
+	tests := []struct {
+		name  string
+		codec compression.Codec
+		n, M  int
+		tol   float64 // relative L2 error of the result vs the exact mean
+	}{
+		{"fp32 exact", compression.FP32, 1001, 5, 1e-6},
+		{"minmax8", compression.MinMax8, 5000, 4, 2e-2},
+		{"int8", compression.Int8, 3000, 3, 2e-2},
+		{"single member", compression.FP32, 10, 1, 0},
+		{"fewer elements than members", compression.FP32, 3, 5, 1e-6},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := testRingConfig()
+			cfg.Codec.Codec = tt.codec
+			_, ms := swarm(t, tt.M, cfg)
+			xs := make([][]float32, tt.M)
+			want := make([]float64, tt.n)
+			for i := range xs {
+				xs[i] = randomVec(tt.n, uint64(i+1), 1)
+				for j, v := range xs[i] {
+					want[j] += float64(v) / float64(tt.M)
+				}
+			}
+			outs := make([][]float32, tt.M)
+			errs := runAll(ms, func(i int, m *member) error {
+				outs[i] = make([]float32, tt.n)
+				_, err := m.ring.AllReduceMean(context.Background(), 0, xs[i], outs[i])
+				return err
+			})
+			for i, err := range errs {
+				if err != nil {
+					t.Fatalf("member %d: %v", i, err)
+				}
+				if !sameBits(outs[i], outs[0]) {
+					t.Fatalf("member %d's result differs from member 0's", i)
+				}
+			}
+			var num, den float64
+			for j, w := range want {
+				d := float64(outs[0][j]) - w
+				num += d * d
+				den += w * w
+			}
+			if rel := math.Sqrt(num / den); rel > tt.tol {
+				t.Errorf("relative error %.2e, want <= %.0e", rel, tt.tol)
+			}
+		})
+	}
+}
+
+func TestNesterovStepByHand(t *testing.T) {
+	// eta 0.5, mu 0.9; round 1 from m = 0: m = d, phi -= eta*(d + mu*d).
+	phi, m := []float32{1, -2}, []float32{0, 0}
+	NesterovStep(phi, m, []float32{0.1, -0.2}, 0.5, 0.9)
+	want := []float32{1 - 0.5*(0.1+0.9*0.1), -2 - 0.5*(-0.2+0.9*-0.2)}
+	for i := range phi {
+		if math.Abs(float64(phi[i]-want[i])) > 1e-6 || math.Abs(float64(m[i]-[]float32{0.1, -0.2}[i])) > 1e-7 {
+			t.Fatalf("round 1: phi %v m %v, want phi %v", phi, m, want)
+		}
+	}
+	// round 2: m = 0.9*0.1 + 0.3 = 0.39; phi -= 0.5*(0.3 + 0.9*0.39)
+	before := phi[0]
+	NesterovStep(phi, m, []float32{0.3, 0}, 0.5, 0.9)
+	if math.Abs(float64(m[0])-0.39) > 1e-6 || math.Abs(float64(before-phi[0])-0.5*(0.3+0.9*0.39)) > 1e-6 {
+		t.Fatalf("round 2: m %v, step %v", m[0], before-phi[0])
+	}
+}
+
+// diloco wraps members in DiLoCo optimizers with a shared initial phi.
+func dilocos(t *testing.T, ms []*member, n int) ([]*DiLoCo, [][]float32) {
+	phi0 := randomVec(n, 77, 1)
+	var ds []*DiLoCo
+	var thetas [][]float32
+	for range ms {
+		d, err := NewDiLoCo(DefaultDiLoCo(), nil, phi0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds = append(ds, d)
+		thetas = append(thetas, append([]float32(nil), phi0...))
+	}
+	for i, m := range ms {
+		ds[i].ring = m.ring
+	}
+	return ds, thetas
+}
+
+// innerPhase stands in for H AdamW steps: a member-specific drift.
+func innerPhase(theta []float32, member int, round uint64) {
+	d := randomVec(len(theta), uint64(member)*1000+round, 0.01)
+	for i := range theta {
+		theta[i] += d[i] - 0.001
+	}
+}
+
+// checkRound runs one DiLoCo round on the live members and requires them to
+// agree on the state hash and the round number.
+func checkRound(t *testing.T, ms []*member, ds []*DiLoCo, thetas [][]float32, live []int, wantRound uint64) {
+	t.Helper()
+	sub := make([]*member, len(live))
+	for k, i := range live {
+		sub[k] = ms[i]
+		innerPhase(thetas[i], i, ds[i].Round)
+	}
+	errs := runAll(sub, func(k int, m *member) error {
+		_, err := ds[live[k]].OuterStep(context.Background(), thetas[live[k]])
+		return err
+	})
+	for k, err := range errs {
+		if err != nil {
+			t.Fatalf("member %d: %v", live[k], err)
+		}
+	}
+	h0 := ds[live[0]].StateHash()
+	for _, i := range live {
+		if ds[i].Round != wantRound {
+			t.Fatalf("member %d at round %d, want %d", i, ds[i].Round, wantRound)
+		}
+		if ds[i].StateHash() != h0 {
+			t.Fatalf("member %d's state hash differs after round %d", i, wantRound)
+		}
+		if !sameBits(thetas[i], ds[i].Phi) {
+			t.Fatalf("member %d's local weights not reset to phi", i)
+		}
+	}
+}
+
+func TestDiLoCoMembersAgreeEveryRound(t *testing.T) {
+	for _, M := range []int{4, 8} {
+		t.Run(fmt.Sprint(M), func(t *testing.T) {
+			_, ms := swarm(t, M, testRingConfig())
+			ds, thetas := dilocos(t, ms, 2000)
+			all := make([]int, M)
+			for i := range all {
+				all[i] = i
+			}
+			for r := uint64(1); r <= 3; r++ {
+				checkRound(t, ms, ds, thetas, all, r)
+			}
+		})
+	}
+}
+
+func TestDiLoCoFaults(t *testing.T) {
+	const M, n = 5, 3000
+	tests := []struct {
+		name   string
+		detect time.Duration // failure detector delay
+		inject func(net *MemNetwork, victim PeerID)
+		killed bool
+	}{
+		{"fails before sending", time.Hour, func(net *MemNetwork, v PeerID) { net.Kill(v) }, true},
+		{"fails while sending", time.Hour, func(net *MemNetwork, v PeerID) { net.FailAfterSends(v, 1) }, true},
+		{"fails while reducing", time.Hour, func(net *MemNetwork, v PeerID) { net.FailAfterSends(v, M) }, true},
+		{"fails, detector notices", 50 * time.Millisecond, func(net *MemNetwork, v PeerID) { net.FailAfterSends(v, 2) }, true},
+		{"is slow", time.Hour, func(net *MemNetwork, v PeerID) { net.SetDelay(v, 400*time.Millisecond, 0) }, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			net, ms := swarm(t, M, testRingConfig())
+			net.DetectAfter = tt.detect
+			ds, thetas := dilocos(t, ms, n)
+			all := []int{0, 1, 2, 3, 4}
+			checkRound(t, ms, ds, thetas, all, 1) // warm the deadline estimators
+			victim := 2
+			tt.inject(net, ms[victim].id)
+			live := all
+			if tt.killed {
+				live = []int{0, 1, 3, 4}
+				// the victim runs too, and fails
+				done := make(chan error, 1)
+				go func() { _, err := ds[victim].OuterStep(context.Background(), thetas[victim]); done <- err }()
+				defer func() { <-done }()
+			}
+			checkRound(t, ms, ds, thetas, live, 2)
+			checkRound(t, ms, ds, thetas, live, 3) // and the next round runs normally
+		})
+	}
+}
+
+func TestDiLoCoCancelledRoundIsRetried(t *testing.T) {
+	const M, n = 4, 1000
+	net, ms := swarm(t, M, testRingConfig())
+	ds, thetas := dilocos(t, ms, n)
+	all := []int{0, 1, 2, 3}
+	checkRound(t, ms, ds, thetas, all, 1)
+	for _, m := range ms {
+		net.SetDelay(m.id, 300*time.Millisecond, 0)
+	}
+	saved := make([][]float32, M)
+	for i := range ms {
+		innerPhase(thetas[i], i, 1)
+		saved[i] = append([]float32(nil), thetas[i]...)
+	}
+	// Cancel before any member's deadline (100ms) so that no member has
+	// suspected another: the round is abandoned by all, cleanly.
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Millisecond)
+	defer cancel()
+	errs := runAll(ms, func(i int, m *member) error { _, err := ds[i].OuterStep(ctx, thetas[i]); return err })
+	for i, err := range errs {
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("member %d: %v, want deadline exceeded", i, err)
+		}
+		if ds[i].Round != 1 || !sameBits(thetas[i], saved[i]) {
+			t.Fatalf("member %d changed state in a cancelled round", i)
+		}
+	}
+	for _, m := range ms {
+		net.SetDelay(m.id, 0, 0)
+	}
+	time.Sleep(700 * time.Millisecond) // let the cancelled round's messages drain
+	errs = runAll(ms, func(i int, m *member) error { _, err := ds[i].OuterStep(context.Background(), thetas[i]); return err })
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("retry, member %d: %v", i, err)
+		}
+		if ds[i].Round != 2 || ds[i].StateHash() != ds[0].StateHash() {
+			t.Fatalf("member %d: round %d, hash agrees %v", i, ds[i].Round, ds[i].StateHash() == ds[0].StateHash())
+		}
+	}
+}
+
+func TestDiLoCoJoinerParticipatesFromNextRound(t *testing.T) {
+	const n = 1500
+	cfg := testRingConfig()
+	net, ms := swarm(t, 3, cfg)
+	ds, thetas := dilocos(t, ms, n)
+	checkRound(t, ms, ds, thetas, []int{0, 1, 2}, 1)
+	checkRound(t, ms, ds, thetas, []int{0, 1, 2}, 2)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	j := addMember(t, ctx, net, "peer-99", cfg)
+	defer j.ring.Close()
+	jd, err := NewDiLoCo(DefaultDiLoCo(), j.ring, make([]float32, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	round, phi, mom := ds[0].State()
+	if err := jd.SetState(round, phi, mom); err != nil {
+		t.Fatal(err)
+	}
+	ms, ds, thetas = append(ms, j), append(ds, jd), append(thetas, append([]float32(nil), phi...))
+	st := checkRoundStats(t, ms, ds, thetas)
+	if len(st.Group) != 4 {
+		t.Fatalf("round 3 group %v, want 4 members", st.Group)
+	}
+}
+
+func checkRoundStats(t *testing.T, ms []*member, ds []*DiLoCo, thetas [][]float32) RoundStats {
+	t.Helper()
+	stats := make([]RoundStats, len(ms))
+	for i := range ms {
+		innerPhase(thetas[i], i, ds[i].Round)
+	}
+	errs := runAll(ms, func(i int, m *member) error {
+		var err error
+		stats[i], err = ds[i].OuterStep(context.Background(), thetas[i])
+		return err
+	})
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("member %d: %v", i, err)
+		}
+		if ds[i].StateHash() != ds[0].StateHash() {
+			t.Fatalf("member %d disagrees", i)
+		}
+	}
+	return stats[0]
+}
