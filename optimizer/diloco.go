@@ -76,6 +76,7 @@ type DiLoCo struct {
 	efEnc      *compression.Encoder
 	efDec      *compression.Decoder
 	efBuf      bytes.Buffer
+	efEncOnly  bool // quantize the contribution without feedback (for comparisons)
 
 	// delayed (overlapped) mode
 	start   []float32
@@ -134,14 +135,22 @@ func (d *DiLoCo) prepare(start, theta []float32) error {
 	if n := l2(d.delta); math.IsNaN(n) || math.IsInf(n, 0) || (d.cfg.MaxDeltaNorm > 0 && n > d.cfg.MaxDeltaNorm) {
 		return fmt.Errorf("%w: own pseudo-gradient norm %v (bound %v)", ErrRejected, n, d.cfg.MaxDeltaNorm)
 	}
-	if d.ef != nil {
+	switch {
+	case d.ef != nil:
 		d.efBuf.Reset()
 		if err := d.ef.Encode(d.efEnc, &d.efBuf, d.delta, d.Round); err != nil {
 			return err
 		}
-		if _, err := d.efDec.DecodeBytes(d.efBuf.Bytes(), d.delta); err != nil {
+	case d.efEncOnly:
+		d.efBuf.Reset()
+		if err := d.efEnc.Encode(&d.efBuf, d.delta, d.Round); err != nil {
 			return err
 		}
+	default:
+		return nil
+	}
+	if _, err := d.efDec.DecodeBytes(d.efBuf.Bytes(), d.delta); err != nil {
+		return err
 	}
 	return nil
 }
@@ -200,11 +209,8 @@ func (d *DiLoCo) OuterStepDelayed(ctx context.Context, theta []float32) (RoundSt
 	if d.start == nil {
 		d.start = append([]float32(nil), d.Phi...)
 	}
-	if err := d.prepare(d.start, theta); err != nil {
-		return RoundStats{}, err
-	}
 	var st RoundStats
-	if d.pending != nil {
+	if d.pending != nil { // the round in flight reads delta and writes avg
 		res := <-d.pending
 		d.pending = nil
 		if res.err != nil {
@@ -214,6 +220,9 @@ func (d *DiLoCo) OuterStepDelayed(ctx context.Context, theta []float32) (RoundSt
 			return res.stats, err
 		}
 		st = res.stats
+	}
+	if err := d.prepare(d.start, theta); err != nil {
+		return st, err
 	}
 	for i := range theta {
 		theta[i] = d.Phi[i] - d.delta[i]

@@ -364,3 +364,95 @@ func checkRoundStats(t *testing.T, ms []*member, ds []*DiLoCo, thetas [][]float3
 	}
 	return stats[0]
 }
+
+// Delayed DiLoCo: every member ends with the same phi after the flush, and
+// no local progress is lost while a round is in flight.
+func TestDiLoCoDelayedAgrees(t *testing.T) {
+	const M, n = 4, 800
+	_, ms := swarm(t, M, testRingConfig())
+	ds, thetas := dilocos(t, ms, n)
+	for phase := 0; phase < 4; phase++ {
+		for i := range ms {
+			innerPhase(thetas[i], i, uint64(phase))
+		}
+		before := make([][]float32, M)
+		for i := range ms {
+			before[i] = append([]float32(nil), thetas[i]...)
+		}
+		errs := runAll(ms, func(i int, m *member) error { _, err := ds[i].OuterStepDelayed(context.Background(), thetas[i]); return err })
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("phase %d member %d: %v", phase, i, err)
+			}
+		}
+		if phase == 0 && !sameBits(before[0], thetas[0]) {
+			t.Fatal("first delayed step changed theta with nothing to apply")
+		}
+	}
+	errs := runAll(ms, func(i int, m *member) error { _, err := ds[i].Flush(thetas[i]); return err })
+	for i, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ds[i].Round != 4 || ds[i].StateHash() != ds[0].StateHash() || !sameBits(thetas[i], ds[i].Phi) {
+			t.Fatalf("member %d: round %d, agrees %v", i, ds[i].Round, ds[i].StateHash() == ds[0].StateHash())
+		}
+	}
+}
+
+// Error feedback on a biased codec: int4 pseudo-gradients with EF move phi
+// closer to the fp32 result than without, over several rounds.
+func TestDiLoCoErrorFeedback(t *testing.T) {
+	const M, n, rounds = 3, 2048, 6
+	run := func(codec compression.Codec, ef bool) []float32 {
+		cfg := testRingConfig()
+		cfg.Codec.Codec = compression.FP32
+		_, ms := swarm(t, M, cfg)
+		ds, thetas := dilocos(t, ms, n)
+		if codec != compression.FP32 {
+			fc := compression.DefaultConfig()
+			fc.Codec, fc.ZstdLevel = codec, 0
+			for i := range ds {
+				var err error
+				dc := DefaultDiLoCo()
+				dc.Feedback = &fc
+				if ds[i], err = NewDiLoCo(dc, ms[i].ring, ds[i].Phi); err != nil {
+					t.Fatal(err)
+				}
+				if !ef {
+					ds[i].ef = nil // quantize without feedback
+					ds[i].efEncOnly = true
+				}
+			}
+		}
+		for r := 0; r < rounds; r++ {
+			for i := range ms {
+				// a small, consistent drift: the kind of signal int4 rounds away
+				for j := range thetas[i] {
+					thetas[i][j] -= 0.002 * float32(1.3+math.Sin(float64(j)*0.37))
+				}
+			}
+			errs := runAll(ms, func(i int, m *member) error { _, err := ds[i].OuterStep(context.Background(), thetas[i]); return err })
+			for _, err := range errs {
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		return ds[0].Phi
+	}
+	exact := run(compression.FP32, false)
+	dist := func(a []float32) float64 {
+		var s float64
+		for i := range a {
+			d := float64(a[i] - exact[i])
+			s += d * d
+		}
+		return math.Sqrt(s)
+	}
+	withEF, without := dist(run(compression.Int4, true)), dist(run(compression.Int4, false))
+	t.Logf("distance to fp32 phi after %d rounds: int4+EF %.4f, int4 %.4f", rounds, withEF, without)
+	if !(withEF < without) {
+		t.Errorf("error feedback did not help: %.4f vs %.4f", withEF, without)
+	}
+}
