@@ -9,7 +9,7 @@
 //   ic  over M in blocks of MC rows        -> A block (MC x KC) packed by each
 //                                             thread into its own buffer (L2)
 //   jr  over the NC block, NR at a time    -> one B micro-panel (KC x NR)
-//                                             stays in L1 across the ir loop
+//                                             is reused across the ir loop
 //   ir  over the MC block, MR at a time    -> micro-kernel: an MR x NR tile of
 //                                             C in registers, KC rank-1 updates
 // Packed panels are k-major: for each k, the MR values of A (broadcast one by
@@ -23,10 +23,16 @@
 // thread count.
 //
 // Micro-kernels and blocking, chosen once at run time (__builtin_cpu_supports),
-// tuned on AMD Zen 5 (48 KiB L1d, 1 MiB L2 per core):
-//   avx512   MR=12 NR=32 (24 zmm accumulators)
-//   avx2     MR=6  NR=16 (12 ymm accumulators)
+// tuned on AMD Zen 5 (48 KiB L1d, 1 MiB L2 per core, 2x512-bit FMA):
+//   avx512   MR=12 NR=32 (24 zmm accumulators)  MC=240 KC=384 NC=4096
+//   avx2     MR=6  NR=16 (12 ymm accumulators)  MC=120 KC=256 NC=4096
 //   portable MR=4  NR=8  (plain C; the compiler vectorizes for the baseline)
+// KC=384 makes the common K = C = 384 one block; K is cut into equal blocks
+// (gemm_kstep) so there is no thin last block. The A panel (240x384 floats,
+// 360 KiB) stays in L2; the B micro-panel (384x32, 48 KiB) is reloaded from
+// L2 as A streams past, which Zen 5's L2 bandwidth absorbs (measured: KC from
+// 192 to 512 and MC from 120 to 960 are within a few percent at 1024^3).
+// Row-major A is packed with an in-register 12x16 transpose (avx512).
 // SKEIN_GEMM_ISA=portable|avx2|avx512 in the environment forces a lower
 // instruction set; skein_gemm_force_isa does the same at run time (tests).
 //
@@ -63,18 +69,30 @@ static float *grow_buffer(float **buf, size_t *cap, size_t n) {
     return *buf;
 }
 
+// gemm_kstep splits K into equal KC blocks (a multiple of 8, at most kc):
+// K = 1024 with kc = 384 gives 344+344+336 rather than 384+384+256. It
+// depends on K only, never on the thread count.
+static int gemm_kstep(int K, int kc) {
+    int nb = (K + kc - 1) / kc;
+    int step = (K + nb - 1) / nb;
+    step = (step + 7) & ~7;
+    return step < kc ? step : kc;
+}
+
 // gemm_thread_buffer is the calling thread's A packing buffer.
 static float *gemm_thread_buffer(size_t n) { return grow_buffer(&tl_abuf, &tl_acap, n); }
 
 // ---------------------------------------------------------------- avx512
 
 #define AVX512_TARGET __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,fma")))
+#ifndef AVX512_MR
 #define AVX512_MR 12
+#endif
 #ifndef AVX512_MC
-#define AVX512_MC 192
+#define AVX512_MC 240
 #endif
 #ifndef AVX512_KC
-#define AVX512_KC 256
+#define AVX512_KC 384
 #endif
 #ifndef AVX512_NC
 #define AVX512_NC 4096
@@ -87,6 +105,14 @@ static AVX512_TARGET void kernel_avx512(int kc, const float *restrict A, const f
     __m512 c0[MR], c1[MR];
 #pragma GCC unroll 16
     for (int i = 0; i < MR; i++) c0[i] = c1[i] = _mm512_setzero_ps();
+    // The C tile is read at the end: start fetching it now.
+    if (beta != 0.0f) {
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) {
+            _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
+            _mm_prefetch((const char *)(C + i * ldc + 31), _MM_HINT_T0);
+        }
+    }
     for (int k = 0; k < kc; k++) {
         __m512 b0 = _mm512_loadu_ps(B), b1 = _mm512_loadu_ps(B + 16);
 #pragma GCC unroll 16
@@ -124,6 +150,34 @@ static AVX512_TARGET void kernel_avx512(int kc, const float *restrict A, const f
     }
 }
 
+#if AVX512_MR == 12
+// Packs 12 rows x 16 columns of a row-major A block (src[i] + k0 is row i)
+// into 16 k-steps of 12 values: two shuffle stages of a 16x16 transpose
+// leave rows 4g..4g+3 of column 4j+m in 128-bit lane j of u[g][m].
+static AVX512_TARGET inline void pack_a_rows16_avx512(const float *const *src, int k0, float *restrict d) {
+    __m512 r[12], t[12];
+    for (int i = 0; i < 12; i++) r[i] = _mm512_loadu_ps(src[i] + k0);
+    for (int i = 0; i < 12; i += 2) {
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int g = 0; g < 3; g++) {
+        __m512 u[4];
+        u[0] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0x44);
+        u[1] = _mm512_shuffle_ps(t[4 * g], t[4 * g + 2], 0xEE);
+        u[2] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0x44);
+        u[3] = _mm512_shuffle_ps(t[4 * g + 1], t[4 * g + 3], 0xEE);
+        for (int m = 0; m < 4; m++) {
+            _mm_storeu_ps(d + (0 + m) * 12 + 4 * g, _mm512_castps512_ps128(u[m]));
+            _mm_storeu_ps(d + (4 + m) * 12 + 4 * g, _mm512_extractf32x4_ps(u[m], 1));
+            _mm_storeu_ps(d + (8 + m) * 12 + 4 * g, _mm512_extractf32x4_ps(u[m], 2));
+            _mm_storeu_ps(d + (12 + m) * 12 + 4 * g, _mm512_extractf32x4_ps(u[m], 3));
+        }
+    }
+}
+#define GEMM_PACK_A_ROWS16 pack_a_rows16_avx512
+#endif
+
 #define GEMM_SFX avx512
 #define GEMM_TARGET AVX512_TARGET
 #define GEMM_MR AVX512_MR
@@ -141,6 +195,7 @@ static AVX512_TARGET void kernel_avx512(int kc, const float *restrict A, const f
 #undef GEMM_KC
 #undef GEMM_NC
 #undef GEMM_KERNEL
+#undef GEMM_PACK_A_ROWS16
 
 // ---------------------------------------------------------------- avx2
 

@@ -26,7 +26,12 @@ static GEMM_TARGET void GEMM_FN(pack_a)(int trans, const float *A, size_t lda, i
             const float *src[MR];
             for (int i = 0; i < MR; i++) src[i] = A + (size_t)(i0 + ir + (i < mr ? i : 0)) * lda + p0;
             if (mr == MR) {
-                for (int k = 0; k < kc; k++)
+                int k = 0;
+#ifdef GEMM_PACK_A_ROWS16
+                // Transpose 16 columns at a time with vector shuffles.
+                for (; k + 16 <= kc; k += 16) GEMM_PACK_A_ROWS16(src, k, d + (size_t)k * MR);
+#endif
+                for (; k < kc; k++)
                     for (int i = 0; i < MR; i++) d[(size_t)k * MR + i] = src[i][k];
             } else {
                 for (int k = 0; k < kc; k++)
@@ -36,8 +41,7 @@ static GEMM_TARGET void GEMM_FN(pack_a)(int trans, const float *A, size_t lda, i
             // A(i,k) = A[k*lda + i]: MR contiguous values per k.
             const float *src = A + (size_t)p0 * lda + i0 + ir;
             if (mr == MR) {
-                for (int k = 0; k < kc; k++)
-                    for (int i = 0; i < MR; i++) d[(size_t)k * MR + i] = src[(size_t)k * lda + i];
+                for (int k = 0; k < kc; k++) memcpy(d + (size_t)k * MR, src + (size_t)k * lda, MR * sizeof(float));
             } else {
                 for (int k = 0; k < kc; k++)
                     for (int i = 0; i < MR; i++)
@@ -103,6 +107,7 @@ static GEMM_TARGET void GEMM_FN(gemm_body)(const gemm_job *j, int tid) {
     int m1 = (int)((long)(tr + 1) * mtiles / j->tm) * MR;
     if (m1 > M) m1 = M;
 
+    const int kstep = gemm_kstep(K, KC);
     float *abuf = gemm_thread_buffer((size_t)MC * KC);
     float *bpack = j->bpack;
     float ctile[MR * NR] __attribute__((aligned(64)));
@@ -113,8 +118,8 @@ static GEMM_TARGET void GEMM_FN(gemm_body)(const gemm_job *j, int tid) {
         const int npanels = (nc + NR - 1) / NR;
         const int cp0 = (int)((long)tc * npanels / j->tn);
         const int cp1 = (int)((long)(tc + 1) * npanels / j->tn);
-        for (int pc = 0; pc < K; pc += KC) {
-            const int kc = K - pc < KC ? K - pc : KC;
+        for (int pc = 0; pc < K; pc += kstep) {
+            const int kc = K - pc < kstep ? K - pc : kstep;
             // The team packs the B block (kc x nc), split by micro-panels.
             {
                 int p0 = (int)((long)tid * npanels / nt), p1 = (int)((long)(tid + 1) * npanels / nt);

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -327,5 +329,23 @@ func TestGemmISA(t *testing.T) {
 	}
 	if GemmISA() != isa {
 		t.Fatalf("a failed force changed the ISA to %q", GemmISA())
+	}
+}
+
+// TestGemmISAEnv runs this test binary again with SKEIN_GEMM_ISA=portable
+// and checks that the child chose the portable path.
+func TestGemmISAEnv(t *testing.T) {
+	if os.Getenv("SKEIN_GEMM_ISA_CHILD") == "1" {
+		fmt.Printf("isa=%s\n", GemmISA())
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestGemmISAEnv$")
+	cmd.Env = append(os.Environ(), "SKEIN_GEMM_ISA_CHILD=1", "SKEIN_GEMM_ISA=portable")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "isa=portable") {
+		t.Fatalf("SKEIN_GEMM_ISA=portable: child reported %q", out)
 	}
 }
