@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 
@@ -14,7 +15,7 @@ func benchCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "bench",
 		Usage: "measure performance (see BENCHMARKS.md)",
-		Subcommands: []*cli.Command{{
+		Subcommands: []*cli.Command{convergenceCommand(), {
 			Name:  "train",
 			Usage: "training tokens/s of a preset on random tokens (the counterpart of bench/torch_gpt.py)",
 			Description: "Times full training steps (forward, backward, gradient clipping, AdamW) at the\n" +
@@ -37,5 +38,47 @@ func benchCommand() *cli.Command {
 				return nil
 			},
 		}},
+	}
+}
+
+func convergenceCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "convergence",
+		Usage: "train one model several ways (sync, single, DiLoCo, NoLoCo, codecs) and compare validation loss",
+		Description: "Every arm trains the same preset on the same corpus with the same token budget per worker and is\n" +
+			"validated on the same held-out batches. Workers run in this process and talk through an in-memory\n" +
+			"network, so the benchmark measures the algorithms, not the network. Writes results.json, results.md\n" +
+			"(the table for BENCHMARKS.md) and curves.svg (validation loss curves) to --out.\n\n" +
+			"Arms: " + strings.Join(node.ArmNames(), ", "),
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "preset", Value: "tiny", Usage: "model preset"},
+			&cli.IntFlag{Name: "workers", Value: 4, Usage: "workers M of the distributed arms"},
+			&cli.IntFlag{Name: "batch", Value: 8, Usage: "sequences per worker step (B); the sync baseline uses M*B"},
+			&cli.IntFlag{Name: "seq-len", Value: 0, Usage: "tokens per sequence (0: the preset's context)"},
+			&cli.IntFlag{Name: "steps", Value: 400, Usage: "inner steps per worker"},
+			&cli.IntFlag{Name: "warm-steps", Value: 200, Usage: "synchronous steps before the warm-start arms (0: skip them)"},
+			&cli.IntFlag{Name: "eval-batches", Value: 8, Usage: "held-out batches per validation"},
+			&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of weights and data order"},
+			&cli.Float64Flag{Name: "lr", Value: 1e-3, Usage: "inner AdamW learning rate"},
+			&cli.StringSliceFlag{Name: "arm", Usage: "run only these arms (repeatable)"},
+			&cli.PathFlag{Name: "out", Value: "runs/convergence", Usage: "output directory"},
+		},
+		Action: func(c *cli.Context) error {
+			log, err := logger(c)
+			if err != nil {
+				return err
+			}
+			res, err := node.RunConvergence(c.Context, node.ConvergenceConfig{
+				Preset: c.String("preset"), Workers: c.Int("workers"), Batch: c.Int("batch"), SeqLen: c.Int("seq-len"),
+				Steps: c.Int("steps"), WarmSteps: c.Int("warm-steps"), EvalBatches: c.Int("eval-batches"),
+				Seed: c.Uint64("seed"), LR: c.Float64("lr"), Arms: c.StringSlice("arm"), Out: c.Path("out"),
+				Logger: log, Progress: os.Stderr,
+			})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "%d arms done; results in %s\n", len(res), c.Path("out"))
+			return nil
+		},
 	}
 }

@@ -1,0 +1,276 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/skein-ml/skein/compression"
+	"github.com/skein-ml/skein/model"
+	"github.com/skein-ml/skein/optimizer"
+)
+
+// ConvergenceConfig configures `skein bench convergence`: the same model,
+// data and token budget trained several ways, validated on one held-out set.
+type ConvergenceConfig struct {
+	Preset      string
+	Workers     int // M
+	Batch       int // per worker
+	SeqLen      int
+	Steps       int // inner steps per worker (and steps of the baselines)
+	WarmSteps   int // synchronous steps that make the warm-start checkpoint; 0 skips the warm arms
+	EvalBatches int
+	Seed        uint64
+	LR          float64
+	Arms        []string // subset of ArmNames(); empty means all
+	Out         string   // directory for results.json, results.md and curves.svg
+	Logger      *slog.Logger
+	Progress    io.Writer
+}
+
+// Arm is one way of training in the convergence benchmark.
+type Arm struct {
+	Name        string
+	Description string
+	Warm        bool
+	configure   func(c *SwarmConfig)
+}
+
+func int8Ring() compression.Config {
+	c := compression.DefaultConfig()
+	c.Codec, c.ZstdLevel = compression.MinMax8, 0
+	return c
+}
+
+func codecConfig(k compression.Codec) compression.Config {
+	c := compression.DefaultConfig()
+	c.Codec, c.ZstdLevel = k, 0
+	return c
+}
+
+// Arms lists the benchmark's arms in report order.
+func Arms() []Arm {
+	return []Arm{
+		{Name: "sync", Description: "synchronous baseline: one model, batch M*B", configure: func(c *SwarmConfig) { c.Algorithm = Sync }},
+		{Name: "single", Description: "one worker alone, batch B", configure: func(c *SwarmConfig) { c.Algorithm = Single }},
+		{Name: "diloco-h50-int8", Description: "DiLoCo H=50, int8 (min-max) ring", configure: func(c *SwarmConfig) {
+			c.Algorithm, c.InnerSteps = DiLoCo, 50
+		}},
+		{Name: "diloco-h25-int8", Description: "DiLoCo H=25, int8 (min-max) ring", configure: func(c *SwarmConfig) {
+			c.Algorithm, c.InnerSteps = DiLoCo, 25
+		}},
+		{Name: "diloco-h50-fp32", Description: "DiLoCo H=50, fp32 ring", configure: func(c *SwarmConfig) {
+			c.Algorithm, c.InnerSteps, c.RingCodec = DiLoCo, 50, codecConfig(compression.FP32)
+		}},
+		{Name: "diloco-h50-int4ef", Description: "DiLoCo H=50, int4 ring + error feedback", configure: func(c *SwarmConfig) {
+			c.Algorithm, c.InnerSteps, c.RingCodec = DiLoCo, 50, codecConfig(compression.Int4)
+			fb := codecConfig(compression.Int4)
+			c.DiLoCo.Feedback = &fb
+		}},
+		{Name: "noloco-h50", Description: "NoLoCo H=50, groups of 2, bf16 weights + int8 outer gradients", configure: func(c *SwarmConfig) {
+			c.Algorithm, c.InnerSteps = NoLoCo, 50
+		}},
+		{Name: "warm-sync", Description: "warm start: synchronous", Warm: true, configure: func(c *SwarmConfig) { c.Algorithm = Sync }},
+		{Name: "warm-single", Description: "warm start: one worker alone", Warm: true, configure: func(c *SwarmConfig) { c.Algorithm = Single }},
+		{Name: "warm-diloco-h50-int8", Description: "warm start: DiLoCo H=50, int8 ring", Warm: true, configure: func(c *SwarmConfig) {
+			c.Algorithm, c.InnerSteps = DiLoCo, 50
+		}},
+	}
+}
+
+// ArmNames lists the arms' names.
+func ArmNames() []string {
+	var out []string
+	for _, a := range Arms() {
+		out = append(out, a.Name)
+	}
+	return out
+}
+
+// ArmResult is one arm's outcome.
+type ArmResult struct {
+	Arm         string      `json:"arm"`
+	Description string      `json:"description"`
+	Curve       []EvalPoint `json:"curve"`
+	Final       float32     `json:"final_val_loss"`
+	BytesPerTok float64     `json:"bytes_per_token"`
+	Seconds     float64     `json:"seconds"`
+}
+
+// RunConvergence runs the selected arms and writes the report files.
+func RunConvergence(ctx context.Context, cfg ConvergenceConfig) ([]ArmResult, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	want := map[string]bool{}
+	for _, a := range cfg.Arms {
+		want[a] = true
+	}
+	known := map[string]bool{}
+	for _, n := range ArmNames() {
+		known[n] = true
+	}
+	for a := range want {
+		if !known[a] {
+			return nil, fmt.Errorf("%w: unknown arm %q (known: %s)", ErrConfig, a, strings.Join(ArmNames(), ", "))
+		}
+	}
+	base := func() SwarmConfig {
+		a := optimizer.DefaultAdamW()
+		a.LR, a.Warmup = cfg.LR, max(cfg.Steps/20, 1)
+		return SwarmConfig{Preset: cfg.Preset, Workers: cfg.Workers, Batch: cfg.Batch, SeqLen: cfg.SeqLen,
+			InnerSteps: 50, Seed: cfg.Seed, Threads: 1, AdamW: a, DiLoCo: optimizer.DefaultDiLoCo(),
+			NoLoCo: optimizer.DefaultNoLoCo(), RingCodec: int8Ring(), Corpus: nil, EvalBatches: cfg.EvalBatches, Logger: log}
+	}
+	var warm *model.Checkpoint
+	var results []ArmResult
+	for _, arm := range Arms() {
+		if len(want) > 0 && !want[arm.Name] {
+			continue
+		}
+		if arm.Warm && cfg.WarmSteps == 0 {
+			continue
+		}
+		if arm.Warm && warm == nil {
+			c := base()
+			c.Algorithm, c.InnerSteps, c.Rounds = Sync, cfg.WarmSteps, 1
+			c.AdamW.TotalSteps = cfg.WarmSteps
+			say(cfg.Progress, "warm start: %d synchronous steps", cfg.WarmSteps)
+			r, err := RunSwarm(ctx, c)
+			if err != nil {
+				return results, fmt.Errorf("warm start: %w", err)
+			}
+			mc, _ := model.Preset(cfg.Preset)
+			warm = &model.Checkpoint{Config: mc, Spec: model.FullSpec(mc), Params: r.Final}
+		}
+		c := base()
+		arm.configure(&c)
+		if c.Algorithm == Sync || c.Algorithm == Single {
+			c.InnerSteps = 50
+			c.Threads = 2
+		}
+		c.Rounds = max(cfg.Steps/c.InnerSteps, 1)
+		if arm.Warm {
+			c.Init = warm
+		}
+		say(cfg.Progress, "arm %s: %s, %d steps", arm.Name, arm.Description, c.Rounds*c.InnerSteps)
+		c.OnEval = func(step int, vl float32) { say(cfg.Progress, "  %s step %d: val loss %.4f", arm.Name, step, vl) }
+		r, err := RunSwarm(ctx, c)
+		if err != nil {
+			return results, fmt.Errorf("arm %s: %w", arm.Name, err)
+		}
+		results = append(results, ArmResult{Arm: arm.Name, Description: arm.Description, Curve: r.Curve,
+			Final: r.FinalValLoss, BytesPerTok: r.BytesPerToken, Seconds: r.Seconds})
+	}
+	if cfg.Out != "" {
+		if err := writeConvergence(cfg, results); err != nil {
+			return results, err
+		}
+	}
+	return results, nil
+}
+
+func say(w io.Writer, format string, args ...any) {
+	if w != nil {
+		fmt.Fprintf(w, format+"\n", args...)
+	}
+}
+
+func writeConvergence(cfg ConvergenceConfig, results []ArmResult) error {
+	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
+		return fmt.Errorf("node: creating %s: %w", cfg.Out, err)
+	}
+	js, _ := json.MarshalIndent(map[string]any{"config": cfg, "arms": results}, "", "  ")
+	if err := os.WriteFile(filepath.Join(cfg.Out, "results.json"), js, 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(cfg.Out, "results.md"), []byte(ConvergenceTable(cfg, results)), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(cfg.Out, "curves.svg"), []byte(CurvesSVG(results)), 0o644)
+}
+
+// ConvergenceTable renders the results as a markdown table.
+func ConvergenceTable(cfg ConvergenceConfig, results []ArmResult) string {
+	mc, _ := model.Preset(cfg.Preset)
+	T := cfg.SeqLen
+	if T == 0 {
+		T = mc.MaxT
+	}
+	M := float64(cfg.Workers)
+	dp := 2 * (M - 1) / M * float64(mc.NumParams()) * 4 / float64(cfg.Batch*T)
+	var sync float32
+	for _, r := range results {
+		if r.Arm == "sync" {
+			sync = r.Final
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "| arm | final val loss | vs sync | bytes/token | fp32 DP bytes/token ÷ ours | seconds |\n|---|---|---|---|---|---|\n")
+	for _, r := range results {
+		vs, ratio := "", ""
+		if sync > 0 && !strings.HasPrefix(r.Arm, "warm") {
+			vs = fmt.Sprintf("%+.2f%%", 100*float64(r.Final-sync)/float64(sync))
+		}
+		if r.BytesPerTok > 0 {
+			ratio = fmt.Sprintf("%.0fx", dp/r.BytesPerTok)
+		}
+		fmt.Fprintf(&b, "| %s | %.4f | %s | %.2f | %s | %.0f |\n", r.Arm, r.Final, vs, r.BytesPerTok, ratio, r.Seconds)
+	}
+	fmt.Fprintf(&b, "\nfp32 data-parallel reference: %.0f bytes/token per worker (ring all-reduce of %d fp32 gradients every step, M=%d, %d tokens per worker-step).\n",
+		dp, mc.NumParams(), cfg.Workers, cfg.Batch*T)
+	return b.String()
+}
+
+// CurvesSVG plots validation loss against inner steps per worker.
+func CurvesSVG(results []ArmResult) string {
+	const W, H, L, R, Tp, Bm = 860, 480, 60, 230, 20, 40
+	minY, maxY, maxX := math.Inf(1), math.Inf(-1), 1.0
+	for _, r := range results {
+		for _, p := range r.Curve {
+			minY, maxY = math.Min(minY, float64(p.ValLoss)), math.Max(maxY, float64(p.ValLoss))
+			maxX = math.Max(maxX, float64(p.Step))
+		}
+	}
+	if math.IsInf(minY, 0) {
+		minY, maxY = 0, 1
+	}
+	if maxY-minY < 1e-6 {
+		maxY = minY + 1
+	}
+	px := func(x float64) float64 { return L + x/maxX*(W-L-R) }
+	py := func(y float64) float64 { return Tp + (maxY-y)/(maxY-minY)*(H-Tp-Bm) }
+	colors := []string{"#000000", "#888888", "#1f77b4", "#17becf", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#ff7f0e"}
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", W, H)
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/><line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>`+"\n",
+		L, H-Bm, W-R, H-Bm, L, Tp, L, H-Bm)
+	for i := 0; i <= 5; i++ {
+		y := minY + (maxY-minY)*float64(i)/5
+		x := maxX * float64(i) / 5
+		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%.2f</text>`+"\n", L-5, py(y)+4, y)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%.0f</text>`+"\n", px(x), H-Bm+16, x)
+	}
+	fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="middle">inner steps per worker</text>`+"\n", (W-R+L)/2, H-6)
+	fmt.Fprintf(&b, `<text x="14" y="%d" transform="rotate(-90 14 %d)" text-anchor="middle">validation loss</text>`+"\n", H/2, H/2)
+	for i, r := range results {
+		c := colors[i%len(colors)]
+		var pts []string
+		for _, p := range r.Curve {
+			pts = append(pts, fmt.Sprintf("%.1f,%.1f", px(float64(p.Step)), py(float64(p.ValLoss))))
+		}
+		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="1.5" points="%s"/>`+"\n", c, strings.Join(pts, " "))
+		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2"/><text x="%d" y="%d">%s</text>`+"\n",
+			W-R+10, Tp+10+i*18, W-R+30, Tp+10+i*18, c, W-R+35, Tp+14+i*18, r.Arm)
+	}
+	b.WriteString("</svg>\n")
+	return b.String()
+}

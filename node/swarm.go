@@ -1,0 +1,311 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/skein-ml/skein/compression"
+	"github.com/skein-ml/skein/data"
+	"github.com/skein-ml/skein/kernels"
+	"github.com/skein-ml/skein/model"
+	"github.com/skein-ml/skein/optimizer"
+)
+
+// Algorithm names a way of training with several workers.
+type Algorithm string
+
+// The algorithms RunSwarm knows.
+const (
+	// Sync is the synchronous baseline: one model, batch Workers*Batch.
+	Sync Algorithm = "sync"
+	// Single is one worker alone with batch Batch.
+	Single Algorithm = "single"
+	// DiLoCo averages pseudo-gradients with a ring all-reduce every H steps.
+	DiLoCo Algorithm = "diloco"
+	// NoLoCo averages with a random group every H steps, no all-reduce.
+	NoLoCo Algorithm = "noloco"
+)
+
+// SwarmConfig configures an in-process multi-worker run on one machine:
+// the workers talk through optimizer.MemNetwork, so the run measures the
+// algorithm, not the network.
+type SwarmConfig struct {
+	Algorithm  Algorithm
+	Preset     string
+	Workers    int // M
+	Batch      int // per worker
+	SeqLen     int // 0: the preset's context
+	InnerSteps int // H
+	Rounds     int // outer steps; each worker runs Rounds*InnerSteps inner steps
+	Seed       uint64
+	Threads    int // per worker
+
+	AdamW  optimizer.AdamWConfig // TotalSteps is set to Rounds*InnerSteps
+	DiLoCo optimizer.DiLoCoConfig
+	NoLoCo optimizer.NoLoCoConfig
+	// RingCodec encodes the all-reduce's partial sums and results.
+	RingCodec compression.Config
+
+	Corpus      []string
+	EvalBatches int
+	// Init, if set, is the starting checkpoint (warm start); its parameters
+	// are used, not its optimizer state.
+	Init   *model.Checkpoint
+	Logger *slog.Logger
+	// OnEval is called after each evaluation (every InnerSteps steps).
+	OnEval func(step int, valLoss float32)
+}
+
+// EvalPoint is one validation of a swarm run.
+type EvalPoint struct {
+	Step    int     `json:"step"`   // inner steps per worker so far
+	Tokens  int64   `json:"tokens"` // training tokens consumed by all workers
+	ValLoss float32 `json:"val_loss"`
+}
+
+// SwarmResult summarizes a run.
+type SwarmResult struct {
+	Config        SwarmConfig `json:"-"`
+	Curve         []EvalPoint `json:"curve"`
+	FinalValLoss  float32     `json:"final_val_loss"`
+	BytesSent     int64       `json:"bytes_sent"` // by all workers, all rounds
+	BytesPerToken float64     `json:"bytes_per_token"`
+	Seconds       float64     `json:"seconds"`
+	Params        int         `json:"params"`
+	Final         []float32   `json:"-"` // the evaluated model's parameters at the end
+}
+
+type swarmWorker struct {
+	stage  *model.Stage
+	loader *data.Loader
+	opt    *optimizer.AdamW
+	in, tg []int32
+	theta  []float32
+}
+
+func (w *swarmWorker) step(step int) error {
+	if err := w.loader.Batch(step, w.in, w.tg); err != nil {
+		return err
+	}
+	if _, err := w.stage.Forward(w.in, nil, w.tg); err != nil {
+		return err
+	}
+	w.stage.ZeroGrad()
+	if err := w.stage.Backward(nil); err != nil {
+		return err
+	}
+	_, _, err := w.opt.Step(w.stage, step)
+	return err
+}
+
+// RunSwarm trains with cfg.Algorithm and evaluates the validation loss every
+// InnerSteps steps on a fixed held-out set.
+func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	mc, err := model.Preset(cfg.Preset)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Workers <= 0 || cfg.Batch <= 0 || cfg.InnerSteps <= 0 || cfg.Rounds <= 0 || cfg.EvalBatches <= 0 {
+		return nil, fmt.Errorf("%w: workers %d, batch %d, inner steps %d, rounds %d, eval batches %d must be positive",
+			ErrConfig, cfg.Workers, cfg.Batch, cfg.InnerSteps, cfg.Rounds, cfg.EvalBatches)
+	}
+	T := cfg.SeqLen
+	if T == 0 {
+		T = mc.MaxT
+	}
+	corpus, err := openCorpus(cfg.Corpus)
+	if err != nil {
+		return nil, err
+	}
+	defer corpus.Close()
+	dev := kernels.NewCPU(max(cfg.Threads, 1))
+	totalSteps := cfg.Rounds * cfg.InnerSteps
+	acfg := cfg.AdamW
+	acfg.TotalSteps = totalSteps
+
+	// Workers: Sync is one worker with M times the batch; Single is one
+	// worker with the base batch; the distributed algorithms have M.
+	nw, batch, workersForData := cfg.Workers, cfg.Batch, cfg.Workers
+	switch cfg.Algorithm {
+	case Sync:
+		nw, batch, workersForData = 1, cfg.Batch*cfg.Workers, 1
+	case Single:
+		nw, workersForData = 1, 1
+	case DiLoCo, NoLoCo:
+	default:
+		return nil, fmt.Errorf("%w: unknown algorithm %q", ErrConfig, cfg.Algorithm)
+	}
+	workers := make([]*swarmWorker, nw)
+	for i := range workers {
+		st, err := model.NewStage(dev, mc, model.FullSpec(mc), batch, T, cfg.Seed)
+		if err != nil {
+			return nil, err
+		}
+		if cfg.Init != nil {
+			init := *cfg.Init
+			init.M, init.V = nil, nil
+			if err := st.Restore(&init); err != nil {
+				return nil, err
+			}
+		}
+		ld, err := data.NewLoader(corpus, data.Train, data.LoaderConfig{Seed: cfg.Seed, Worker: i, Workers: workersForData, B: batch, T: T})
+		if err != nil {
+			return nil, err
+		}
+		opt, err := optimizer.NewAdamW(acfg)
+		if err != nil {
+			return nil, err
+		}
+		w := &swarmWorker{stage: st, loader: ld, opt: opt, in: make([]int32, batch*T), tg: make([]int32, batch*T),
+			theta: make([]float32, st.NumParams())}
+		dev.CopyOut(w.theta, st.Params)
+		workers[i] = w
+	}
+
+	// Evaluation model: a separate stage at the eval batch size.
+	evalB := cfg.Batch
+	evalStage, err := model.NewStage(dev, mc, model.FullSpec(mc), evalB, T, cfg.Seed)
+	if err != nil {
+		return nil, err
+	}
+	val, err := data.NewValidationLoader(corpus, evalB, T)
+	if err != nil {
+		return nil, err
+	}
+	ein, etg := make([]int32, evalB*T), make([]int32, evalB*T)
+	evaluate := func(params []float32) (float32, error) {
+		dev.CopyIn(evalStage.Params, params)
+		var sum float64
+		for i := 0; i < cfg.EvalBatches; i++ {
+			if err := val.Batch(i, ein, etg); err != nil {
+				return 0, err
+			}
+			l, err := evalStage.Forward(ein, nil, etg)
+			if err != nil {
+				return 0, err
+			}
+			sum += float64(l)
+		}
+		return float32(sum / float64(cfg.EvalBatches)), nil
+	}
+
+	res := &SwarmResult{Config: cfg, Params: evalStage.NumParams()}
+	tokensPerStep := int64(cfg.Batch * T * cfg.Workers)
+	if cfg.Algorithm == Single {
+		tokensPerStep = int64(cfg.Batch * T)
+	}
+	record := func(step int, params []float32) error {
+		vl, err := evaluate(params)
+		if err != nil {
+			return err
+		}
+		res.Curve = append(res.Curve, EvalPoint{Step: step, Tokens: int64(step) * tokensPerStep, ValLoss: vl})
+		if cfg.OnEval != nil {
+			cfg.OnEval(step, vl)
+		}
+		log.Info("eval", "algorithm", cfg.Algorithm, "step", step, "val_loss", vl)
+		return nil
+	}
+	began := time.Now()
+	if err := record(0, workers[0].theta); err != nil {
+		return nil, err
+	}
+
+	// Outer machinery for the distributed algorithms.
+	var net *optimizer.MemNetwork
+	var dilocos []*optimizer.DiLoCo
+	var nolocos []*optimizer.NoLoCo
+	var rings []*optimizer.Ring
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if nw > 1 {
+		net = optimizer.NewMemNetwork()
+		defer net.Close()
+		for i, w := range workers {
+			p := net.Join(optimizer.PeerID(fmt.Sprintf("worker-%02d", i)))
+			switch cfg.Algorithm {
+			case DiLoCo:
+				rc := optimizer.DefaultRingConfig()
+				rc.Codec = cfg.RingCodec
+				r, err := optimizer.NewRing(p, rc)
+				if err != nil {
+					return nil, err
+				}
+				r.Start(rctx)
+				defer r.Close()
+				rings = append(rings, r)
+				d, err := optimizer.NewDiLoCo(cfg.DiLoCo, r, w.theta)
+				if err != nil {
+					return nil, err
+				}
+				dilocos = append(dilocos, d)
+			case NoLoCo:
+				n, err := optimizer.NewNoLoCo(rctx, cfg.NoLoCo, p, w.theta)
+				if err != nil {
+					return nil, err
+				}
+				defer n.Close()
+				nolocos = append(nolocos, n)
+			}
+		}
+	}
+
+	for round := 0; round < cfg.Rounds; round++ {
+		errs := make([]error, nw)
+		var wg sync.WaitGroup
+		for i, w := range workers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for s := 0; s < cfg.InnerSteps; s++ {
+					if err := ctx.Err(); err != nil {
+						errs[i] = err
+						return
+					}
+					if err := w.step(round*cfg.InnerSteps + s); err != nil {
+						errs[i] = err
+						return
+					}
+				}
+				dev.CopyOut(w.theta, w.stage.Params)
+				var err error
+				switch cfg.Algorithm {
+				case DiLoCo:
+					_, err = dilocos[i].OuterStep(ctx, w.theta)
+				case NoLoCo:
+					_, err = nolocos[i].OuterStep(ctx, w.theta)
+				}
+				if err == nil && nw > 1 {
+					dev.CopyIn(w.stage.Params, w.theta)
+				}
+				errs[i] = err
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			return res, err
+		}
+		if err := record((round+1)*cfg.InnerSteps, workers[0].theta); err != nil {
+			return res, err
+		}
+	}
+	if net != nil {
+		for i := range workers {
+			res.BytesSent += net.BytesSent(optimizer.PeerID(fmt.Sprintf("worker-%02d", i)))
+		}
+	}
+	res.Seconds = time.Since(began).Seconds()
+	res.FinalValLoss = res.Curve[len(res.Curve)-1].ValLoss
+	res.BytesPerToken = float64(res.BytesSent) / float64(int64(totalSteps)*tokensPerStep)
+	res.Final = append([]float32(nil), workers[0].theta...)
+	return res, nil
+}

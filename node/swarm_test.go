@@ -1,0 +1,56 @@
+package node
+
+import (
+	"context"
+	"testing"
+
+	"github.com/skein-ml/skein/compression"
+	"github.com/skein-ml/skein/optimizer"
+)
+
+func smallSwarm(alg Algorithm) SwarmConfig {
+	rc := compression.DefaultConfig()
+	rc.Codec, rc.ZstdLevel = compression.MinMax8, 0
+	a := optimizer.DefaultAdamW()
+	a.LR, a.Warmup = 1e-3, 2
+	nl := optimizer.DefaultNoLoCo()
+	return SwarmConfig{Algorithm: alg, Preset: "tiny", Workers: 3, Batch: 2, SeqLen: 32, InnerSteps: 3, Rounds: 2,
+		Seed: 1, Threads: 1, AdamW: a, DiLoCo: optimizer.DefaultDiLoCo(), NoLoCo: nl, RingCodec: rc, EvalBatches: 1}
+}
+
+func TestRunSwarmAlgorithms(t *testing.T) {
+	for _, alg := range []Algorithm{Sync, Single, DiLoCo, NoLoCo} {
+		t.Run(string(alg), func(t *testing.T) {
+			res, err := RunSwarm(context.Background(), smallSwarm(alg))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.Curve) != 3 || res.Curve[2].Step != 6 {
+				t.Fatalf("curve %+v", res.Curve)
+			}
+			if !(res.FinalValLoss < res.Curve[0].ValLoss) {
+				t.Errorf("validation loss %v -> %v did not fall", res.Curve[0].ValLoss, res.FinalValLoss)
+			}
+			distributed := alg == DiLoCo || alg == NoLoCo
+			if distributed != (res.BytesSent > 0) {
+				t.Errorf("%s sent %d bytes", alg, res.BytesSent)
+			}
+		})
+	}
+}
+
+func TestRunSwarmDeterministic(t *testing.T) {
+	a, err := RunSwarm(context.Background(), smallSwarm(DiLoCo))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := RunSwarm(context.Background(), smallSwarm(DiLoCo))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range a.Curve {
+		if a.Curve[i] != b.Curve[i] {
+			t.Fatalf("eval %d: %+v vs %+v", i, a.Curve[i], b.Curve[i])
+		}
+	}
+}
