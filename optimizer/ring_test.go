@@ -2,12 +2,12 @@ package optimizer
 
 import (
 	"context"
-	"log/slog"
-	"os"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"testing"
 	"time"
@@ -379,7 +379,10 @@ func TestDiLoCoDelayedAgrees(t *testing.T) {
 		for i := range ms {
 			before[i] = append([]float32(nil), thetas[i]...)
 		}
-		errs := runAll(ms, func(i int, m *member) error { _, err := ds[i].OuterStepDelayed(context.Background(), thetas[i]); return err })
+		errs := runAll(ms, func(i int, m *member) error {
+			_, err := ds[i].OuterStepDelayed(context.Background(), thetas[i])
+			return err
+		})
 		for i, err := range errs {
 			if err != nil {
 				t.Fatalf("phase %d member %d: %v", phase, i, err)
