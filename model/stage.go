@@ -188,13 +188,8 @@ func (s *Stage) Forward(tokens []int32, in kernels.Buffer, targets []int32) (flo
 	c, B, T := s.Config, s.B, s.T
 	C, N := c.C, B*T
 	if s.Spec.Embedding {
-		if len(tokens) != N {
-			return 0, fmt.Errorf("model: %d tokens for a %dx%d batch", len(tokens), B, T)
-		}
-		for i, tok := range tokens {
-			if tok < 0 || int(tok) >= c.Vocab {
-				return 0, fmt.Errorf("model: token %d at %d outside vocabulary [0, %d)", tok, i, c.Vocab)
-			}
+		if err := s.checkTokens("tokens", tokens); err != nil {
+			return 0, err
 		}
 		s.tokens = tokens
 		s.dev.EncoderForward(s.input, tokens, s.wte, s.wpe, B, T, C)
@@ -205,13 +200,8 @@ func (s *Stage) Forward(tokens []int32, in kernels.Buffer, targets []int32) (flo
 		s.input = in
 	}
 	if s.Spec.Head {
-		if len(targets) != N {
-			return 0, fmt.Errorf("model: %d targets for a %dx%d batch", len(targets), B, T)
-		}
-		for i, tok := range targets {
-			if tok < 0 || int(tok) >= c.Vocab {
-				return 0, fmt.Errorf("model: target %d at %d outside vocabulary [0, %d)", tok, i, c.Vocab)
-			}
+		if err := s.checkTokens("targets", targets); err != nil {
+			return 0, err
 		}
 		s.targets = targets
 	}
@@ -247,6 +237,20 @@ func (s *Stage) Forward(tokens []int32, in kernels.Buffer, targets []int32) (flo
 		return loss, fmt.Errorf("model: loss is %v", loss)
 	}
 	return loss, nil
+}
+
+// checkTokens rejects a batch of the wrong size or with ids outside the
+// vocabulary before any kernel indexes with them.
+func (s *Stage) checkTokens(what string, toks []int32) error {
+	if len(toks) != s.B*s.T {
+		return fmt.Errorf("model: %d %s for a %dx%d batch", len(toks), what, s.B, s.T)
+	}
+	for i, tok := range toks {
+		if tok < 0 || int(tok) >= s.Config.Vocab {
+			return fmt.Errorf("model: %s[%d] = %d outside vocabulary [0, %d)", what, i, tok, s.Config.Vocab)
+		}
+	}
+	return nil
 }
 
 // Output is the (B,T,C) output of the last layer after Forward (for stages
