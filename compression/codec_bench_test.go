@@ -6,6 +6,7 @@ import (
 	"math"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/klauspost/compress/zstd"
 )
@@ -31,24 +32,24 @@ var zstdRef = sync.OnceValues(func() (float64, float64) {
 	zdec, _ := zstd.NewReader(nil, zstd.WithDecoderConcurrency(1))
 	comp := zenc.EncodeAll(raw, nil)
 	out := make([]byte, 0, len(raw))
-	enc := testing.Benchmark(func(b *testing.B) {
-		b.SetBytes(int64(len(raw)))
-		var c []byte
-		for b.Loop() {
-			c = zenc.EncodeAll(raw, c[:0])
-		}
-	})
-	dec := testing.Benchmark(func(b *testing.B) {
-		b.SetBytes(int64(len(raw)))
-		for b.Loop() {
-			out, _ = zdec.DecodeAll(comp, out[:0])
-		}
-	})
-	gbps := func(r testing.BenchmarkResult) float64 {
-		return float64(r.Bytes) * float64(r.N) / float64(r.T.Nanoseconds())
-	}
-	return gbps(enc), gbps(dec)
+	var c []byte
+	enc := timeRate(len(raw), func() { c = zenc.EncodeAll(raw, c[:0]) })
+	dec := timeRate(len(raw), func() { out, _ = zdec.DecodeAll(comp, out[:0]) })
+	return enc, dec
 })
+
+// timeRate returns f's throughput in GB/s over at least 300 ms (testing.Benchmark
+// cannot run inside a benchmark).
+func timeRate(bytes int, f func()) float64 {
+	f()
+	n := 0
+	start := time.Now()
+	for time.Since(start) < 300*time.Millisecond || n < 3 {
+		f()
+		n++
+	}
+	return float64(bytes) * float64(n) / float64(time.Since(start).Nanoseconds())
+}
 
 func benchConfigs() []Config {
 	var cfgs []Config
