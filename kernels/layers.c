@@ -18,6 +18,7 @@
 
 #include <math.h>
 #include <omp.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define INLINE static inline __attribute__((always_inline))
@@ -331,6 +332,316 @@ INLINE double k_sumsq(const float *x, long n) {
     return s;
 }
 
+// --- attention, small-head path ---
+//
+// For T and hs multiples of 16 (AVX-512 variant only, see DEFINE_ISA below),
+// attention runs per (b,h) without packing or the GEMM driver: register-tiled
+// micro-kernels read q/k/v straight from inp (k, and v in the backward,
+// transposed once per head into a thread-local buffer), MR query rows at a
+// time. For a row tile [i0, i0+MR) the forward
+// computes the scores only up to column i0+MR (rounded up to 16), runs the
+// causal softmax of those rows and multiplies by v while the rows are in L1.
+// The backward computes datt, the softmax backward and dq the same way per
+// row tile, then dv and dk per tile of MR key rows (columns of att/dpreatt)
+// from that key row down. Every element is computed by one thread in a
+// fixed order, so results depend neither on runs nor on thread counts.
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef float v16u __attribute__((vector_size(64), aligned(4), may_alias));
+
+INLINE v16 ld16(const float *p) { return *(const v16u *)p; }
+INLINE void st16(float *p, v16 x) { *(v16u *)p = x; }
+
+enum { ATT_MAXR = 8, ATT_MAXV = 4 };
+
+// C[i, 0..16NV) (+)= alpha * sum_k A[i*sai + k*sak] * B[k*ldb + 0..16NV),
+// for i < MR. MR and NV are compile-time constants after inlining.
+INLINE void att_mk(const int MR, const int NV, int kn, const float *A, long sai, long sak,
+                   const float *B, long ldb, float *C, long ldc, float alpha, int acc) {
+    v16 c[ATT_MAXR][ATT_MAXV];
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) c[i][v] = (v16){0};
+    for (int k = 0; k < kn; k++) {
+        v16 b[ATT_MAXV];
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) b[v] = ld16(B + (size_t)k * ldb + 16 * v);
+        const float *a = A + (size_t)k * sak;
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++) {
+            float ai = a[i * sai];
+#pragma GCC unroll 4
+            for (int v = 0; v < NV; v++) c[i][v] += ai * b[v];
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+        for (int v = 0; v < NV; v++) {
+            float *p = C + (size_t)i * ldc + 16 * v;
+            v16 r = alpha * c[i][v];
+            if (acc) r += ld16(p);
+            st16(p, r);
+        }
+}
+
+// att_mk over W columns (a multiple of 16): NV vectors at a time, then single
+// vectors.
+INLINE void att_tile(const int MR, const int NV, int W, int kn, const float *A, long sai,
+                     long sak, const float *B, long ldb, float *C, long ldc, float alpha,
+                     int acc) {
+    int j = 0;
+    for (; j + 16 * NV <= W; j += 16 * NV)
+        att_mk(MR, NV, kn, A, sai, sak, B + j, ldb, C + j, ldc, alpha, acc);
+    for (; j < W; j += 16) att_mk(MR, 1, kn, A, sai, sak, B + j, ldb, C + j, ldc, alpha, acc);
+}
+
+typedef int v16i __attribute__((vector_size(64)));
+
+INLINE v16 vsplat(float x) { return (v16){0} + x; }
+INLINE v16 vsel(v16i m, v16 a, v16 b) { return (v16)((m & (v16i)a) | (~m & (v16i)b)); }
+INLINE v16 vmax(v16 a, v16 b) { return vsel(a > b, a, b); }
+
+// fast_expf on 16 lanes (same formula).
+INLINE v16 vexp(v16 x) {
+    v16 xc = vsel(x > 88.0f, vsplat(88.0f), x);
+    xc = vsel(xc < -87.0f, vsplat(-87.0f), xc);
+    const float magic = 12582912.0f;
+    v16 t = xc * 1.44269504088896341f + magic;
+    v16 n = t - magic;
+    v16i ni = __builtin_convertvector(n, v16i);
+    v16 r = xc - n * 0.693359375f;
+    r = r - n * -2.12194440e-4f;
+    v16 p = vsplat(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    v16 y = p * r * r + r + 1.0f;
+    y = y * (v16)((ni + 127) << 23);
+    return vsel(x < -87.0f, vsplat(0.0f), y);
+}
+
+// Tree reductions of the 16 lanes, in a fixed order.
+#define SHUF_HI8 ((v16i){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7})
+#define SHUF_HI4 ((v16i){4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11})
+#define SHUF_HI2 ((v16i){2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13})
+#define SHUF_HI1 ((v16i){1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14})
+
+INLINE float vhsum(v16 v) {
+    v += __builtin_shuffle(v, SHUF_HI8);
+    v += __builtin_shuffle(v, SHUF_HI4);
+    v += __builtin_shuffle(v, SHUF_HI2);
+    v += __builtin_shuffle(v, SHUF_HI1);
+    return v[0];
+}
+
+INLINE float vhmax(v16 v) {
+    v = vmax(v, __builtin_shuffle(v, SHUF_HI8));
+    v = vmax(v, __builtin_shuffle(v, SHUF_HI4));
+    v = vmax(v, __builtin_shuffle(v, SHUF_HI2));
+    v = vmax(v, __builtin_shuffle(v, SHUF_HI1));
+    return v[0];
+}
+
+#define LANES ((v16i){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15})
+
+// Causal softmax of row t (T a multiple of 16): pre[0..t] -> a; the
+// entries after t are set to 0 in both.
+INLINE void att_softmax_row(float *pre, float *a, int t, int T) {
+    int nb = t / 16, jd = 16 * nb; // full blocks, then the diagonal block at jd
+    v16i in = LANES <= t - jd;
+    v16 xd = vsel(in, ld16(pre + jd), vsplat(-INFINITY));
+    v16 m = xd;
+    for (int j = 0; j < jd; j += 16) m = vmax(m, ld16(pre + j));
+    float mx = vhmax(m);
+    v16 s = {0};
+    for (int j = 0; j < jd; j += 16) {
+        v16 e = vexp(ld16(pre + j) - mx);
+        st16(a + j, e);
+        s += e;
+    }
+    v16 ed = vsel(in, vexp(xd - mx), vsplat(0.0f));
+    s += ed;
+    st16(pre + jd, vsel(in, xd, vsplat(0.0f)));
+    float inv = 1.0f / vhsum(s);
+    for (int j = 0; j < jd; j += 16) st16(a + j, ld16(a + j) * inv);
+    st16(a + jd, ed * inv);
+    for (int j = jd + 16; j < T; j += 16) {
+        st16(a + j, vsplat(0.0f));
+        st16(pre + j, vsplat(0.0f));
+    }
+}
+
+// dp[j] = a[j] (da[j] - sum_k a[k] da[k]) for j <= t, 0 for the rest of the
+// diagonal block; dp after that block is left as is (scratch).
+INLINE void att_softmax_bwd_row(float *dp, const float *a, const float *da, int t) {
+    int nb = t / 16, jd = 16 * nb;
+    v16i in = LANES <= t - jd;
+    v16 ad = vsel(in, ld16(a + jd), vsplat(0.0f)), dd = vsel(in, ld16(da + jd), vsplat(0.0f));
+    v16 s = ad * dd;
+    for (int j = 0; j < jd; j += 16) s += ld16(a + j) * ld16(da + j);
+    float dot = vhsum(s);
+    for (int j = 0; j < jd; j += 16) st16(dp + j, ld16(a + j) * (ld16(da + j) - dot));
+    st16(dp + jd, ad * (dd - dot));
+}
+
+// One stage of a 16x16 transpose: swaps bit b of the row and column indices.
+#define TR_STAGE(r, b, MA, MB)                                                                 \
+    for (int i = 0; i < 16; i++)                                                               \
+        if (!(i & (b))) {                                                                      \
+            v16 x = r[i], y = r[i + (b)];                                                      \
+            r[i] = __builtin_shuffle(x, y, MA);                                                \
+            r[i + (b)] = __builtin_shuffle(x, y, MB);                                          \
+        }
+
+// dst (hs, T) = src (T rows of hs, leading dimension ld) transposed, in
+// 16x16 blocks (T and hs multiples of 16).
+INLINE void att_transpose(float *restrict dst, const float *restrict src, int T, int hs,
+                          long ld) {
+    for (int j0 = 0; j0 < T; j0 += 16)
+        for (int d0 = 0; d0 < hs; d0 += 16) {
+            v16 r[16];
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++) r[i] = ld16(src + (size_t)(j0 + i) * ld + d0);
+#pragma GCC unroll 16
+            TR_STAGE(r, 8, ((v16i){0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}),
+                     ((v16i){8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31}))
+#pragma GCC unroll 16
+            TR_STAGE(r, 4, ((v16i){0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27}),
+                     ((v16i){4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31}))
+#pragma GCC unroll 16
+            TR_STAGE(r, 2, ((v16i){0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29}),
+                     ((v16i){2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31}))
+#pragma GCC unroll 16
+            TR_STAGE(r, 1, ((v16i){0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}),
+                     ((v16i){1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}))
+#pragma GCC unroll 16
+            for (int c = 0; c < 16; c++) st16(dst + (size_t)(d0 + c) * T + j0, r[c]);
+        }
+}
+
+// st16nt stores with a non-temporal hint when NT (a compile-time constant,
+// set for the AVX-512 variant) and the caller found p's rows 64-byte aligned.
+INLINE void st16nt(const int NT, int aligned, float *p, v16 x) {
+#if defined(__x86_64__)
+    if (NT && aligned) {
+        __asm__("vmovntps %1, %0" : "=m"(*(v16u *)p) : "v"(x));
+        return;
+    }
+#endif
+    st16(p, x);
+}
+
+// The forward's softmax row: scores s[0..t] (scaled; in thread scratch) ->
+// pre (the masked scores) and a (the probabilities), both written to the
+// end of the row with zeros, and al (scratch) gets a's first 16*ceil((t+1)/16).
+INLINE void att_softmax_out(const int NT, int aligned, const float *s, float *pre, float *al,
+                            float *a, int t, int T) {
+    int jd = t / 16 * 16;
+    v16i in = LANES <= t - jd;
+    v16 xd = vsel(in, ld16(s + jd), vsplat(-INFINITY));
+    v16 m = xd;
+    for (int j = 0; j < jd; j += 16) m = vmax(m, ld16(s + j));
+    float mx = vhmax(m);
+    v16 sum = {0};
+    for (int j = 0; j < jd; j += 16) {
+        v16 x = ld16(s + j), e = vexp(x - mx);
+        st16nt(NT, aligned, pre + j, x);
+        st16(al + j, e);
+        sum += e;
+    }
+    v16 ed = vsel(in, vexp(xd - mx), vsplat(0.0f));
+    sum += ed;
+    st16nt(NT, aligned, pre + jd, vsel(in, xd, vsplat(0.0f)));
+    float inv = 1.0f / vhsum(sum);
+    for (int j = 0; j < jd; j += 16) {
+        v16 e = ld16(al + j) * inv;
+        st16(al + j, e);
+        st16nt(NT, aligned, a + j, e);
+    }
+    ed *= inv;
+    st16(al + jd, ed);
+    st16nt(NT, aligned, a + jd, ed);
+    for (int j = jd + 16; j < T; j += 16) {
+        st16nt(NT, aligned, a + j, vsplat(0.0f));
+        st16nt(NT, aligned, pre + j, vsplat(0.0f));
+    }
+}
+
+// Forward of one head. Scores and probabilities of the current row tile live
+// in thread scratch (s, al: MR x T each, after kt); pre and att are only
+// written, with non-temporal stores on AVX-512 (they are read again only by
+// the backward, long after they would have left the cache).
+INLINE void k_att_fwd_head(const int MR, const int NV, const int NT, float *o, float *pre,
+                           float *a, const float *q, const float *kk, const float *v, int T,
+                           int hs, int C, float scale, float *scratch) {
+    long C3 = 3L * C;
+    float *kt = scratch, *s = kt + (size_t)hs * T, *al = s + (size_t)MR * T;
+    int aligned = (((uintptr_t)pre | (uintptr_t)a) & 63) == 0;
+    att_transpose(kt, kk, T, hs, C3);
+    for (int i0 = 0; i0 < T; i0 += MR) {
+        int r1 = i0 + MR, W = (r1 + 15) & ~15;
+        att_tile(MR, NV, W, hs, q + (size_t)i0 * C3, C3, 1, kt, T, s, T, scale, 0);
+        for (int t = i0; t < r1; t++) {
+            size_t ro = (size_t)t * T, rl = (size_t)(t - i0) * T;
+            att_softmax_out(NT, aligned, s + rl, pre + ro, al + rl, a + ro, t, T);
+        }
+        att_tile(MR, NV, hs, r1, al, T, 1, v, C3, o + (size_t)i0 * C, C, 1.0f, 0);
+    }
+#if defined(__x86_64__)
+    if (NT && aligned) __asm__ volatile("sfence" ::: "memory");
+#endif
+}
+
+// Floats of thread scratch the forward needs.
+static size_t att_fwd_scratch(int T, int hs) {
+    return (size_t)hs * T + 2 * (size_t)ATT_MAXR * T;
+}
+
+// The backward keeps datt (one row tile) and dpreatt (the head's T x T) in
+// the thread's scratch after vt rather than in the caller's buffers, which
+// are scratch too: the working set stays in L2 instead of streaming
+// 2 T^2 floats per head through memory.
+INLINE void k_att_bwd_head(const int MR, const int NV, float *dq, const float *dO,
+                           const float *q, const float *kk, const float *v, const float *a,
+                           int T, int hs, int C, float scale, float *scratch) {
+    long C3 = 3L * C;
+    float *dk = dq + C, *dv = dq + 2 * C;
+    float *vt = scratch, *dp = vt + (size_t)hs * T, *da = dp + (size_t)T * T;
+    att_transpose(vt, v, T, hs, C3);
+    for (int i0 = 0; i0 < T; i0 += MR) {
+        int r1 = i0 + MR, W = (r1 + 15) & ~15;
+        // att of the next row tile (read once, from memory): fetch it now.
+        if (r1 < T)
+            for (int t = r1; t < r1 + MR; t++)
+                for (int j = 0; j <= t; j += 16) __builtin_prefetch(a + (size_t)t * T + j);
+        // datt[t, j<W] = dout[t] . v[j]
+        att_tile(MR, NV, W, hs, dO + (size_t)i0 * C, C, 1, vt, T, da, T, 1.0f, 0);
+        for (int t = i0; t < r1; t++)
+            att_softmax_bwd_row(dp + (size_t)t * T, a + (size_t)t * T, da + (size_t)(t - i0) * T,
+                                t);
+        // dq[t] += scale * sum_{j<r1} dpre[t,j] k[j]
+        att_tile(MR, NV, hs, r1, dp + (size_t)i0 * T, T, 1, kk, C3, dq + (size_t)i0 * C3, C3,
+                 scale, 1);
+    }
+    for (int j0 = 0; j0 < T; j0 += MR) {
+        size_t o = (size_t)j0 * T + j0;
+        // dv[j] += sum_{t>=j0} att[t,j] dout[t]; dk[j] += scale sum dpre[t,j] q[t]
+        att_tile(MR, NV, hs, T - j0, a + o, 1, T, dO + (size_t)j0 * C, C, dv + (size_t)j0 * C3,
+                 C3, 1.0f, 1);
+        att_tile(MR, NV, hs, T - j0, dp + o, 1, T, q + (size_t)j0 * C3, C3,
+                 dk + (size_t)j0 * C3, C3, scale, 1);
+    }
+}
+
+// Floats of thread scratch the backward needs (the forward needs hs*T).
+static size_t att_bwd_scratch(int T, int hs) {
+    return (size_t)hs * T + (size_t)T * T + (size_t)ATT_MAXR * T;
+}
+
 // --- ISA variants ---
 
 struct isa {
@@ -355,9 +666,13 @@ struct isa {
     void (*adamw)(float *, const float *, float *, float *, long, float, float, float, float,
                   float, float, float);
     double (*sumsq)(const float *, long);
+    void (*att_fwd_head)(float *, float *, float *, const float *, const float *, const float *,
+                         int, int, int, float, float *);
+    void (*att_bwd_head)(float *, const float *, const float *, const float *, const float *,
+                         const float *, int, int, int, float, float *);
 };
 
-#define DEFINE_ISA(SUF, NAME, TGT)                                                              \
+#define DEFINE_ISA(SUF, NAME, TGT, AMR, ANV, ANT)                                               \
     TGT static void add_##SUF(float *o, const float *a, const float *b, long n) {             \
         k_add(o, a, b, n);                                                                     \
     }                                                                                          \
@@ -408,19 +723,35 @@ struct isa {
         k_adamw(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2);                                 \
     }                                                                                          \
     TGT static double sumsq_##SUF(const float *x, long n) { return k_sumsq(x, n); }            \
+    TGT static void att_fwd_head_##SUF(float *o, float *p, float *a, const float *q,           \
+                                       const float *k, const float *v, int T, int hs, int C,   \
+                                       float sc, float *kt) {                                  \
+        k_att_fwd_head(AMR, ANV, ANT, o, p, a, q, k, v, T, hs, C, sc, kt);                   \
+    }                                                                                          \
+    TGT static void att_bwd_head_##SUF(float *dq, const float *dO, const float *q,             \
+                                       const float *k, const float *v, const float *a, int T,  \
+                                       int hs, int C, float sc, float *scr) {                  \
+        k_att_bwd_head(AMR, ANV, dq, dO, q, k, v, a, T, hs, C, sc, scr);                       \
+    }                                                                                          \
     static const struct isa isa_##SUF = {                                                      \
         NAME,           add_##SUF,           acc_##SUF,          scale_##SUF,                  \
         gelu_fwd_##SUF, gelu_bwd_##SUF,      ln_fwd_row_##SUF,   ln_bwd_row_##SUF,             \
         ln_dwdb_block_##SUF, colsum_block_##SUF, enc_bwd_block_##SUF,                          \
         softmax_causal_row_##SUF, softmax_bwd_row_##SUF, smce_fwd_row_##SUF,                   \
-        smce_bwd_row_##SUF, adamw_##SUF, sumsq_##SUF,                                          \
+        smce_bwd_row_##SUF, adamw_##SUF, sumsq_##SUF, AMR ? att_fwd_head_##SUF : NULL,         \
+        AMR ? att_bwd_head_##SUF : NULL,                                                       \
     };
 
+// The last three arguments parameterize the small-head attention path: rows
+// per micro-tile (0: the variant does not use the path), 16-float vectors per
+// micro-tile row, non-temporal stores. Only AVX-512 uses it: with 16-lane
+// generic vectors split into halves or quarters, AVX2 and baseline code was
+// slower than their GEMM-based path.
 #if defined(__x86_64__)
-DEFINE_ISA(v4, "avx512", __attribute__((target("arch=x86-64-v4,prefer-vector-width=512"))))
-DEFINE_ISA(v3, "avx2", __attribute__((target("arch=x86-64-v3"))))
+DEFINE_ISA(v4, "avx512", __attribute__((target("arch=x86-64-v4,prefer-vector-width=512"))), 8, 2, 1)
+DEFINE_ISA(v3, "avx2", __attribute__((target("arch=x86-64-v3"))), 0, 1, 0)
 #endif
-DEFINE_ISA(v0, "portable", )
+DEFINE_ISA(v0, "portable", , 0, 1, 0)
 
 static const struct isa *K = &isa_v0;
 
@@ -456,6 +787,24 @@ int skein_layers_set_isa(const char *name) {
 }
 
 // --- drivers ---
+
+// att_scratch is the calling thread's buffer of n floats for the attention
+// transposes, grown on demand and reused (steady state: no allocation).
+static __thread float *tl_att;
+static __thread size_t tl_att_cap;
+
+static float *att_scratch(size_t n) {
+    if (n > tl_att_cap) {
+        free(tl_att);
+        tl_att = aligned_alloc(64, (n * sizeof(float) + 63) & ~(size_t)63);
+        if (tl_att == NULL) abort();
+        tl_att_cap = n;
+    }
+    return tl_att;
+}
+
+// att_small says whether the small-head path handles this shape.
+static int att_small(int T, int hs) { return T % 16 == 0 && hs % 16 == 0 && T > 0 && hs > 0; }
 
 static inline long nchunks(long n) { return (n + CHUNK - 1) / CHUNK; }
 static inline long mn(long a, long b) { return a < b ? a : b; }
@@ -543,8 +892,9 @@ void skein_matmul_backward(float *dinp, float *dweight, float *dbias, const floa
     }
 }
 
-// Attention works per (b,h) on one thread, with single-threaded GEMMs over
-// row blocks of ATT_RB that stop at the causal diagonal.
+// Attention works per (b,h) on one thread: the small-head path above when T
+// and hs are multiples of 16, otherwise single-threaded GEMMs over row blocks
+// of ATT_RB that stop at the causal diagonal.
 void skein_attention_forward(float *out, float *preatt, float *att, const float *inp, int B,
                              int T, int C, int NH, int nthreads) {
     const struct isa *k = K;
@@ -552,6 +902,17 @@ void skein_attention_forward(float *out, float *preatt, float *att, const float 
     int C3 = 3 * C;
     float scale = 1.0f / sqrtf((float)hs);
     int BH = B * NH;
+    if (k->att_fwd_head != NULL && att_small(T, hs)) {
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+        for (int bh = 0; bh < BH; bh++) {
+            int b = bh / NH, h = bh % NH;
+            const float *q = inp + (size_t)b * T * C3 + (size_t)h * hs;
+            k->att_fwd_head(out + (size_t)b * T * C + (size_t)h * hs, preatt + (size_t)bh * T * T,
+                            att + (size_t)bh * T * T, q, q + C, q + 2 * C, T, hs, C, scale,
+                            att_scratch(att_fwd_scratch(T, hs)));
+        }
+        return;
+    }
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
     for (int bh = 0; bh < BH; bh++) {
         int b = bh / NH, h = bh % NH;
@@ -581,6 +942,18 @@ void skein_attention_backward(float *dinp, float *dpreatt, float *datt, const fl
     int C3 = 3 * C;
     float scale = 1.0f / sqrtf((float)hs);
     int BH = B * NH;
+    if (k->att_bwd_head != NULL && att_small(T, hs)) {
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+        for (int bh = 0; bh < BH; bh++) {
+            int b = bh / NH, h = bh % NH;
+            size_t qo = (size_t)b * T * C3 + (size_t)h * hs, ao = (size_t)bh * T * T;
+            const float *q = inp + qo;
+            k->att_bwd_head(dinp + qo, dout + (size_t)b * T * C + (size_t)h * hs, q, q + C,
+                            q + 2 * C, att + ao, T, hs, C, scale,
+                            att_scratch(att_bwd_scratch(T, hs)));
+        }
+        return;
+    }
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
     for (int bh = 0; bh < BH; bh++) {
         int b = bh / NH, h = bh % NH;
