@@ -14,31 +14,28 @@ import (
 
 func trainCommand() *cli.Command {
 	d := node.DefaultTrainConfig()
-	env := func(name string) []string {
-		return []string{"SKEIN_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))}
-	}
 	flags := []cli.Flag{
-		&cli.StringFlag{Name: "config", EnvVars: env("config"), Usage: "TOML file of settings (keys are flag names, e.g. steps = 500)"},
-		altsrc.NewStringFlag(&cli.StringFlag{Name: "preset", Value: d.Preset, EnvVars: env("preset"),
+		&cli.StringFlag{Name: "config", EnvVars: envVars("config"), Usage: "TOML file of settings (keys are flag names, e.g. steps = 500)"},
+		altsrc.NewStringFlag(&cli.StringFlag{Name: "preset", Value: d.Preset, EnvVars: envVars("preset"),
 			Usage: "model size: " + strings.Join(model.PresetNames(), ", ")}),
-		altsrc.NewIntFlag(&cli.IntFlag{Name: "steps", Value: d.Steps, EnvVars: env("steps"), Usage: "optimizer steps to reach (a resumed run continues to this step)"}),
-		altsrc.NewIntFlag(&cli.IntFlag{Name: "batch", Value: d.Batch, EnvVars: env("batch"), Usage: "sequences per step"}),
-		altsrc.NewIntFlag(&cli.IntFlag{Name: "seq-len", Value: 0, EnvVars: env("seq_len"), Usage: "tokens per sequence (0: the preset's context length)"}),
-		altsrc.NewFloat64Flag(&cli.Float64Flag{Name: "lr", Value: d.AdamW.LR, EnvVars: env("lr"), Usage: "peak AdamW learning rate"}),
-		altsrc.NewIntFlag(&cli.IntFlag{Name: "warmup", Value: d.AdamW.Warmup, EnvVars: env("warmup"), Usage: "linear warmup steps, then cosine decay"}),
-		altsrc.NewFloat64Flag(&cli.Float64Flag{Name: "min-lr-frac", Value: d.AdamW.MinLRFrac, EnvVars: env("min-lr-frac"), Usage: "final learning rate as a fraction of --lr"}),
-		altsrc.NewFloat64Flag(&cli.Float64Flag{Name: "weight-decay", Value: d.AdamW.WeightDecay, EnvVars: env("weight-decay"), Usage: "decoupled AdamW weight decay (matrices and embeddings only)"}),
-		altsrc.NewFloat64Flag(&cli.Float64Flag{Name: "clip", Value: d.AdamW.Clip, EnvVars: env("clip"), Usage: "global gradient-norm clip (0 disables)"}),
-		altsrc.NewUint64Flag(&cli.Uint64Flag{Name: "seed", Value: d.Seed, EnvVars: env("seed"), Usage: "seed of the initial weights and the data order"}),
-		altsrc.NewIntFlag(&cli.IntFlag{Name: "threads", Value: 0, EnvVars: env("threads"), Usage: "CPU threads (0: all cores)"}),
-		altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "corpus", EnvVars: env("corpus"),
+		altsrc.NewIntFlag(&cli.IntFlag{Name: "steps", Value: d.Steps, EnvVars: envVars("steps"), Usage: "optimizer steps to reach (a resumed run continues to this step)"}),
+		altsrc.NewIntFlag(&cli.IntFlag{Name: "batch", Value: d.Batch, EnvVars: envVars("batch"), Usage: "sequences per step"}),
+		altsrc.NewIntFlag(&cli.IntFlag{Name: "seq-len", Value: 0, EnvVars: envVars("seq_len"), Usage: "tokens per sequence (0: the preset's context length)"}),
+		altsrc.NewFloat64Flag(&cli.Float64Flag{Name: "lr", Value: d.AdamW.LR, EnvVars: envVars("lr"), Usage: "peak AdamW learning rate"}),
+		altsrc.NewIntFlag(&cli.IntFlag{Name: "warmup", Value: d.AdamW.Warmup, EnvVars: envVars("warmup"), Usage: "linear warmup steps, then cosine decay"}),
+		altsrc.NewFloat64Flag(&cli.Float64Flag{Name: "min-lr-frac", Value: d.AdamW.MinLRFrac, EnvVars: envVars("min-lr-frac"), Usage: "final learning rate as a fraction of --lr"}),
+		altsrc.NewFloat64Flag(&cli.Float64Flag{Name: "weight-decay", Value: d.AdamW.WeightDecay, EnvVars: envVars("weight-decay"), Usage: "decoupled AdamW weight decay (matrices and embeddings only)"}),
+		altsrc.NewFloat64Flag(&cli.Float64Flag{Name: "clip", Value: d.AdamW.Clip, EnvVars: envVars("clip"), Usage: "global gradient-norm clip (0 disables)"}),
+		altsrc.NewUint64Flag(&cli.Uint64Flag{Name: "seed", Value: d.Seed, EnvVars: envVars("seed"), Usage: "seed of the initial weights and the data order"}),
+		altsrc.NewIntFlag(&cli.IntFlag{Name: "threads", Value: 0, EnvVars: envVars("threads"), Usage: "CPU threads (0: all cores)"}),
+		altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "corpus", EnvVars: envVars("corpus"),
 			Usage: "files or directories to train on (repeatable; default: the Go standard library sources of this Go installation)"}),
-		altsrc.NewPathFlag(&cli.PathFlag{Name: "out", Value: d.Out, EnvVars: env("out"), Usage: "run directory for checkpoint.safetensors and metrics.jsonl"}),
-		altsrc.NewBoolFlag(&cli.BoolFlag{Name: "resume", EnvVars: env("resume"), Usage: "continue from <out>/checkpoint.safetensors if it exists"}),
-		altsrc.NewIntFlag(&cli.IntFlag{Name: "eval-every", Value: d.EvalEvery, EnvVars: env("eval-every"), Usage: "steps between validation losses (0 disables)"}),
-		altsrc.NewIntFlag(&cli.IntFlag{Name: "eval-batches", Value: d.EvalBatches, EnvVars: env("eval-batches"), Usage: "held-out batches per validation"}),
-		altsrc.NewIntFlag(&cli.IntFlag{Name: "checkpoint-every", Value: d.CheckpointEvery, EnvVars: env("checkpoint-every"), Usage: "steps between checkpoints (0: only at exit)"}),
-		altsrc.NewBoolFlag(&cli.BoolFlag{Name: "quiet", EnvVars: env("quiet"), Usage: "no progress bar"}),
+		altsrc.NewPathFlag(&cli.PathFlag{Name: "out", Value: d.Out, EnvVars: envVars("out"), Usage: "run directory for checkpoint.safetensors and metrics.jsonl"}),
+		altsrc.NewBoolFlag(&cli.BoolFlag{Name: "resume", EnvVars: envVars("resume"), Usage: "continue from <out>/checkpoint.safetensors if it exists"}),
+		altsrc.NewIntFlag(&cli.IntFlag{Name: "eval-every", Value: d.EvalEvery, EnvVars: envVars("eval-every"), Usage: "steps between validation losses (0 disables)"}),
+		altsrc.NewIntFlag(&cli.IntFlag{Name: "eval-batches", Value: d.EvalBatches, EnvVars: envVars("eval-batches"), Usage: "held-out batches per validation"}),
+		altsrc.NewIntFlag(&cli.IntFlag{Name: "checkpoint-every", Value: d.CheckpointEvery, EnvVars: envVars("checkpoint-every"), Usage: "steps between checkpoints (0: only at exit)"}),
+		altsrc.NewBoolFlag(&cli.BoolFlag{Name: "quiet", EnvVars: envVars("quiet"), Usage: "no progress bar"}),
 	}
 	return &cli.Command{
 		Name:  "train",

@@ -1,0 +1,97 @@
+package node
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"math"
+)
+
+// The shared DiLoCo state that a joiner downloads from a member (protocol
+// bulk key "diloco-state"), little-endian:
+//
+//	0   4  magic "SKST"
+//	4   4  version (1)
+//	8   8  round: the next round to run
+//	16  8  n: parameters
+//	24  4n phi (fp32)
+//	..  4n outer momentum (fp32)
+//	..  4  CRC-32C of everything before it
+const (
+	stateMagic   = "SKST"
+	stateVersion = 1
+	stateHeader  = 24
+	stateKey     = "diloco-state"
+)
+
+// ErrBadState is returned (wrapped) for a state blob that does not decode.
+var ErrBadState = errors.New("node: malformed state")
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// stateSize is the encoded size of a state of n parameters.
+func stateSize(n int) int64 { return stateHeader + 8*int64(n) + 4 }
+
+func encodeState(round uint64, phi, mom []float32) []byte {
+	b := make([]byte, 0, stateSize(len(phi)))
+	b = append(b, stateMagic...)
+	b = binary.LittleEndian.AppendUint32(b, stateVersion)
+	b = binary.LittleEndian.AppendUint64(b, round)
+	b = binary.LittleEndian.AppendUint64(b, uint64(len(phi)))
+	for _, v := range phi {
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
+	}
+	for _, v := range mom {
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
+	}
+	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+}
+
+// decodeState checks and decodes a state of exactly n parameters (the
+// caller's model), so nothing is allocated from a size the sender claims.
+func decodeState(b []byte, n int) (round uint64, phi, mom []float32, err error) {
+	if int64(len(b)) != stateSize(n) {
+		return 0, nil, nil, fmt.Errorf("%w: %d bytes, a state of %d parameters has %d", ErrBadState, len(b), n, stateSize(n))
+	}
+	if string(b[:4]) != stateMagic {
+		return 0, nil, nil, fmt.Errorf("%w: bad magic %q", ErrBadState, b[:4])
+	}
+	if v := binary.LittleEndian.Uint32(b[4:]); v != stateVersion {
+		return 0, nil, nil, fmt.Errorf("%w: version %d, want %d", ErrBadState, v, stateVersion)
+	}
+	if got := binary.LittleEndian.Uint64(b[16:]); got != uint64(n) {
+		return 0, nil, nil, fmt.Errorf("%w: %d parameters, want %d", ErrBadState, got, n)
+	}
+	body := b[:len(b)-4]
+	if crc := binary.LittleEndian.Uint32(b[len(b)-4:]); crc != crc32.Checksum(body, castagnoli) {
+		return 0, nil, nil, fmt.Errorf("%w: checksum mismatch", ErrBadState)
+	}
+	round = binary.LittleEndian.Uint64(b[8:])
+	phi, mom = make([]float32, n), make([]float32, n)
+	off := stateHeader
+	for i := range phi {
+		phi[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[off:]))
+		off += 4
+	}
+	for i := range mom {
+		mom[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[off:]))
+		off += 4
+	}
+	for i := range phi {
+		if f := float64(phi[i]) + float64(mom[i]); math.IsNaN(f) || math.IsInf(f, 0) {
+			return 0, nil, nil, fmt.Errorf("%w: non-finite value at %d", ErrBadState, i)
+		}
+	}
+	return round, phi, mom, nil
+}
+
+// memWriterAt is a fixed-size io.WriterAt for downloads of a known size.
+type memWriterAt []byte
+
+func (m memWriterAt) WriteAt(p []byte, off int64) (int, error) {
+	if off < 0 || off+int64(len(p)) > int64(len(m)) {
+		return 0, fmt.Errorf("%w: write of %d bytes at %d beyond %d", ErrBadState, len(p), off, len(m))
+	}
+	return copy(m[off:], p), nil
+}

@@ -1,0 +1,352 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/skein-ml/skein/data"
+	"github.com/skein-ml/skein/kernels"
+	"github.com/skein-ml/skein/model"
+	"github.com/skein-ml/skein/optimizer"
+	"github.com/skein-ml/skein/p2p"
+)
+
+// VolunteerConfig configures `skein node join`: a volunteer that joins a run
+// through its bootstrap (or any known member) and trains with DiLoCo.
+type VolunteerConfig struct {
+	RunID     string
+	DataDir   string // identity, known peers and the local checkpoint
+	Bootstrap []string
+	Listen    []string // default: QUIC and TCP on all interfaces, any port
+	Timing    p2p.Timing
+
+	Preset     string
+	Batch      int
+	SeqLen     int
+	InnerSteps int // H
+	Rounds     int // stop after this many rounds (0: until interrupted)
+	Seed       uint64
+	Threads    int
+	AdamW      optimizer.AdamWConfig // TotalSteps: the schedule's length in inner steps
+	DiLoCo     optimizer.DiLoCoConfig
+	Ring       optimizer.RingConfig
+	Corpus     []string
+	MinPeers   int // volunteers (self included) to wait for before the first round
+
+	Logger   *slog.Logger
+	Progress io.Writer
+	// OnRound is told about every finished round.
+	OnRound func(RoundReport)
+}
+
+// RoundReport describes one finished outer round of a volunteer.
+type RoundReport struct {
+	Round     uint64
+	Loss      float32 // mean training loss of the inner steps
+	Members   int
+	Stats     optimizer.RoundStats
+	StateHash uint64
+}
+
+// DefaultVolunteerConfig returns settings for the tiny preset.
+func DefaultVolunteerConfig(runID string) VolunteerConfig {
+	a := optimizer.DefaultAdamW()
+	a.LR, a.Warmup, a.TotalSteps = 1e-3, 20, 10000
+	rc := optimizer.DefaultRingConfig()
+	return VolunteerConfig{RunID: runID, Timing: p2p.WANTiming(), Preset: "tiny", Batch: 8, InnerSteps: 50, Seed: 1,
+		AdamW: a, DiLoCo: optimizer.DefaultDiLoCo(), Ring: rc, MinPeers: 1}
+}
+
+const volunteerCheckpoint = "volunteer.safetensors"
+
+// Volunteer runs until ctx ends or Rounds are done, then saves its state and
+// leaves the run gracefully.
+func Volunteer(ctx context.Context, cfg VolunteerConfig) error {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	mc, err := model.Preset(cfg.Preset)
+	if err != nil {
+		return err
+	}
+	if cfg.Batch <= 0 || cfg.InnerSteps <= 0 || cfg.Rounds < 0 || cfg.MinPeers < 1 {
+		return fmt.Errorf("%w: batch %d, inner steps %d, rounds %d, min peers %d", ErrConfig, cfg.Batch, cfg.InnerSteps, cfg.Rounds, cfg.MinPeers)
+	}
+	T := cfg.SeqLen
+	if T == 0 {
+		T = mc.MaxT
+	}
+	ncfg := p2p.DefaultNodeConfig(cfg.RunID)
+	ncfg.DataDir, ncfg.Bootstrap, ncfg.Timing, ncfg.Logger = cfg.DataDir, cfg.Bootstrap, cfg.Timing, log
+	if len(cfg.Listen) > 0 {
+		ncfg.ListenAddrs = cfg.Listen
+	}
+	ncfg.Meta.Role, ncfg.Meta.Device = p2p.RoleVolunteer, "cpu"
+	pn, err := p2p.NewNode(ctx, ncfg)
+	if err != nil {
+		return err
+	}
+	defer pn.Close() // graceful leave
+	say(cfg.Progress, "joined run %q as %s; %d members", cfg.RunID, pn.ID(), pn.NumMembers())
+
+	corpus, err := openCorpus(cfg.Corpus)
+	if err != nil {
+		return err
+	}
+	defer corpus.Close()
+	// Volunteers are not numbered: each draws its stream by a hash of its
+	// peer ID among 2^16 slots, disjoint from the others' unless two collide.
+	h := fnv.New64a()
+	h.Write([]byte(pn.ID()))
+	const slots = 1 << 16
+	loader, err := data.NewLoader(corpus, data.Train, data.LoaderConfig{Seed: cfg.Seed, Worker: int(h.Sum64() % slots), Workers: slots, B: cfg.Batch, T: T})
+	if err != nil {
+		return err
+	}
+	dev := kernels.NewCPU(cfg.Threads)
+	stage, err := model.NewStage(dev, mc, model.FullSpec(mc), cfg.Batch, T, cfg.Seed)
+	if err != nil {
+		return err
+	}
+	opt, err := optimizer.NewAdamW(cfg.AdamW)
+	if err != nil {
+		return err
+	}
+	n := stage.NumParams()
+	maxMsg := uint32(min(stateSize(n)+1<<20, 1<<30))
+	peers, err := NewP2PPeers(pn, "reduce", maxMsg, 60*time.Second)
+	if err != nil {
+		return err
+	}
+	defer peers.Close()
+	rctx, cancel := context.WithCancel(context.Background()) // the ring outlives ctx long enough to finish cleanly
+	defer cancel()
+	ring, err := optimizer.NewRing(peers, cfg.Ring)
+	if err != nil {
+		return err
+	}
+	ring.Start(rctx)
+	defer ring.Close()
+	theta := make([]float32, n)
+	dev.CopyOut(theta, stage.Params)
+	dl, err := optimizer.NewDiLoCo(cfg.DiLoCo, ring, theta)
+	if err != nil {
+		return err
+	}
+
+	// Local checkpoint: parameters, AdamW moments, the round and phi/momentum.
+	ckPath := ""
+	innerStep := 0
+	if cfg.DataDir != "" {
+		ckPath = filepath.Join(cfg.DataDir, volunteerCheckpoint)
+		if step, err := resumeVolunteer(ckPath, stage, dl); err == nil {
+			innerStep = step
+			copy(theta, dl.Phi)
+			dev.CopyIn(stage.Params, theta)
+			say(cfg.Progress, "resumed local checkpoint at round %d", dl.Round)
+		} else if !errors.Is(err, os.ErrNotExist) {
+			log.Warn("ignoring unusable local checkpoint", "path", ckPath, "err", err)
+		}
+	}
+
+	// Serve the shared state to joiners; refreshed after every round.
+	var mu sync.Mutex
+	latest := encodeState(dl.State())
+	if err := pn.ServeBulk(func(_ context.Context, _ peer.ID, key string) (io.ReaderAt, int64, error) {
+		if key != stateKey {
+			return nil, 0, fmt.Errorf("node: no bulk key %q", key)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return bytes.NewReader(latest), int64(len(latest)), nil
+	}, 0); err != nil {
+		return err
+	}
+
+	// Wait for enough volunteers, then catch up with the furthest one.
+	for len(peers.Members()) < cfg.MinPeers {
+		say(cfg.Progress, "waiting for volunteers: %d of %d", len(peers.Members()), cfg.MinPeers)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+	if err := catchUp(ctx, pn, peers, dl, n, log); err != nil {
+		log.Warn("could not fetch the run's state; starting from the local one", "err", err)
+	} else {
+		copy(theta, dl.Phi)
+		dev.CopyIn(stage.Params, theta)
+	}
+
+	in, tg := make([]int32, cfg.Batch*T), make([]int32, cfg.Batch*T)
+	save := func() {
+		if ckPath == "" {
+			return
+		}
+		if err := saveVolunteer(ckPath, stage, innerStep, dl); err != nil {
+			log.Error("saving checkpoint", "err", err)
+		}
+	}
+	defer save()
+	for done := 0; cfg.Rounds == 0 || done < cfg.Rounds; done++ {
+		began := time.Now()
+		var lossSum float64
+		for s := 0; s < cfg.InnerSteps; s++ {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if err := loader.Batch(innerStep, in, tg); err != nil {
+				return err
+			}
+			loss, err := stage.Forward(in, nil, tg)
+			if err != nil {
+				return err
+			}
+			stage.ZeroGrad()
+			if err := stage.Backward(nil); err != nil {
+				return err
+			}
+			if _, _, err := opt.Step(stage, innerStep); err != nil {
+				return err
+			}
+			innerStep++
+			lossSum += float64(loss)
+		}
+		dev.CopyOut(theta, stage.Params)
+		st, err := dl.OuterStep(ctx, theta)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			// Excluded or the round failed: take the run's state and go on.
+			log.Warn("round failed; re-syncing", "round", dl.Round, "err", err)
+			if cerr := catchUp(ctx, pn, peers, dl, n, log); cerr != nil {
+				return fmt.Errorf("round %d: %w (re-sync: %v)", dl.Round, err, cerr)
+			}
+			copy(theta, dl.Phi)
+		}
+		dev.CopyIn(stage.Params, theta)
+		mu.Lock()
+		latest = encodeState(dl.State())
+		mu.Unlock()
+		rep := RoundReport{Round: dl.Round, Loss: float32(lossSum / float64(cfg.InnerSteps)), Members: len(peers.Members()),
+			Stats: st, StateHash: dl.StateHash()}
+		say(cfg.Progress, "round %d: loss %.4f, %d in group, %.1f kB sent, %.1fs (state %016x)", rep.Round, rep.Loss,
+			len(st.Group), float64(st.BytesSent)/1e3, time.Since(began).Seconds(), rep.StateHash)
+		if cfg.OnRound != nil {
+			cfg.OnRound(rep)
+		}
+		save()
+	}
+	return nil
+}
+
+// catchUp downloads the shared state from the other volunteers and adopts
+// the most advanced one if it is ahead of ours.
+func catchUp(ctx context.Context, pn *p2p.Node, peers *P2PPeers, dl *optimizer.DiLoCo, n int, log *slog.Logger) error {
+	var lastErr error
+	fetched := false
+	best := dl.Round
+	for _, m := range peers.Members() {
+		if m == peers.Self() {
+			continue
+		}
+		id, err := peer.Decode(string(m))
+		if err != nil {
+			continue
+		}
+		buf := make(memWriterAt, stateSize(n))
+		fctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		_, err = pn.Fetch(fctx, id, stateKey, buf, p2p.FetchOptions{Length: int64(len(buf))})
+		cancel()
+		if err == nil {
+			var round uint64
+			var phi, mom []float32
+			if round, phi, mom, err = decodeState(buf, n); err == nil {
+				fetched = true
+			}
+			if err == nil && round > best {
+				if err = dl.SetState(round, phi, mom); err == nil {
+					best = round
+					log.Info("adopted the run's state", "from", m, "round", round)
+				}
+			}
+		}
+		if err != nil {
+			lastErr = err
+			log.Debug("state fetch", "peer", m, "err", err)
+		}
+	}
+	if fetched {
+		return nil
+	}
+	return lastErr
+}
+
+// The local checkpoint of a volunteer is two files written atomically one
+// after the other: the stage (weights and AdamW moments) in safetensors, and
+// the shared DiLoCo state beside it. On resume the weights are reset to the
+// shared phi, so a crash between the two writes loses at most one round of
+// local progress, never consistency.
+func saveVolunteer(path string, stage *model.Stage, step int, dl *optimizer.DiLoCo) error {
+	if err := model.SaveCheckpoint(path, stage.Snapshot(step, nil)); err != nil {
+		return err
+	}
+	return writeFileAtomic(path+".state", encodeState(dl.State()))
+}
+
+// resumeVolunteer loads both files and returns the inner step reached.
+func resumeVolunteer(path string, stage *model.Stage, dl *optimizer.DiLoCo) (int, error) {
+	raw, err := os.ReadFile(path + ".state")
+	if err != nil {
+		return 0, err
+	}
+	round, phi, mom, err := decodeState(raw, stage.NumParams())
+	if err != nil {
+		return 0, err
+	}
+	ck, err := model.LoadCheckpoint(path)
+	if err != nil {
+		return 0, err
+	}
+	if err := stage.Restore(ck); err != nil {
+		return 0, err
+	}
+	return ck.Step, dl.SetState(round, phi, mom)
+}
+
+func writeFileAtomic(path string, b []byte) error {
+	f, err := os.CreateTemp(filepath.Dir(path), ".state-*.tmp")
+	if err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	defer os.Remove(f.Name())
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return fmt.Errorf("node: writing %s: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("node: syncing %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("node: closing %s: %w", path, err)
+	}
+	if err := os.Rename(f.Name(), path); err != nil {
+		return fmt.Errorf("node: installing %s: %w", path, err)
+	}
+	return nil
+}

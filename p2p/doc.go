@@ -1,0 +1,54 @@
+// Package p2p is Skein's network layer for volunteers on the open internet: one
+// identity, one UDP port, NAT traversal and gossip membership. It knows bytes
+// and peers, not tensors.
+//
+// # What it owns
+//
+//   - the libp2p host (QUIC-v1 plus TCP fallback, relay v2, hole punching,
+//     AutoNAT, resource and connection managers) and its ed25519 identity, kept in
+//     the node's data directory (host.go, identity.go);
+//   - membership: hashicorp/memberlist carried on libp2p streams, node names are
+//     peer IDs (transport.go, membership.go), node metadata (meta.go), the
+//     persisted peer book used to rejoin without the bootstrap (peerbook.go);
+//   - protocol IDs /skein/<run-id>/<name>/<version> (protocol.go), typed
+//     length-prefixed frames (frame.go, stream.go) and bulk transfers of large
+//     byte ranges, striped over streams and connections and resumable (bulk.go,
+//     lanes.go);
+//   - per-peer and per-protocol byte accounting (accounting.go);
+//   - the bootstrap seed (seed.go) and a volunteer node (node.go).
+//
+// WAN emulation (latency, jitter, bandwidth, loss) lives in p2p/wan; an in-process
+// swarm for tests of other packages lives in p2p/p2ptest.
+//
+// It must not know about tensors, models or optimizers: payloads are []byte and
+// io.ReaderAt/io.WriterAt.
+//
+// # Contract for callers
+//
+//  1. Create one Seed per run (NewSeed) and print Seed.FullAddr for volunteers.
+//  2. Each volunteer calls NewNode with the seed's address; NewNode returns once
+//     the node has joined (or fails with ErrWrongRun, ErrNoSeed ...).
+//  3. Subscribe to membership events with Node.Subscribe; events arrive in order.
+//  4. Register protocols with Node.Handle before peers use them; open them with
+//     Node.Open. Every frame has a size limit and every read/write a deadline.
+//  5. Call Node.Close (graceful leave) on shutdown.
+//
+// # Timing
+//
+// WANTiming (the default, for production) is memberlist's WAN profile: probe
+// every 5 s with a 3 s timeout, suspicion multiplier 6 (max x6), gossip every
+// 500 ms to 4 members, push/pull every 60 s, 30 s stream timeout, dead-node
+// reclaim after 10 s. A killed node is declared failed after roughly 40 s; a
+// graceful leave propagates in about a second. LANTiming (1 s probes) declares
+// failure in ~6-8 s. FastTiming (tests on loopback: 300 ms probes, 250 ms
+// timeout, suspicion x3 max x2, 50 ms gossip, push/pull 3 s) declares failure
+// in 1-3 s; Timing.FailureWindow(n) states the bound the tests check.
+//
+// # Relayed connections
+//
+// A seed relays with explicit limits (Limits.RelayDuration, RelayData: 10 min
+// and 4 MiB per direction by default): enough for membership and control
+// traffic of nodes that cannot hole punch. Streams over relayed (limited)
+// connections need network.WithAllowLimitedConn in ctx; membership uses it,
+// Open and Fetch only when the caller asks. Bulk data should go direct.
+package p2p

@@ -1,0 +1,74 @@
+package p2p
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/libp2p/go-libp2p/core/peer"
+)
+
+func TestIdentityPersistsAndIsPrivate(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	k1, err := LoadOrCreateIdentity(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(filepath.Join(dir, IdentityFile))
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("key file mode %v, err %v; want 0600", st.Mode().Perm(), err)
+	}
+	k2, err := LoadOrCreateIdentity(dir)
+	if err != nil || !k1.Equals(k2) {
+		t.Fatalf("second load: equal=%v err=%v", k1.Equals(k2), err)
+	}
+	if err := os.Chmod(filepath.Join(dir, IdentityFile), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := LoadOrCreateIdentity(dir); !errors.Is(err, ErrInsecureKey) {
+		t.Fatalf("world-readable key: err %v, want ErrInsecureKey", err)
+	}
+}
+
+// TestDelegateRefusesOtherRun: even a peer speaking this run's protocols is
+// refused by memberlist if its metadata names another run.
+func TestDelegateRefusesOtherRun(t *testing.T) {
+	ev := newEvents("run-a", "", nil)
+	good, _ := Meta{RunID: "run-a"}.MarshalBinary()
+	bad, _ := Meta{RunID: "run-b"}.MarshalBinary()
+	id := "12D3KooWHGr3gLQADoFvneeDwLbcdTzShdqRFdw8hUypthwHXD1Y"
+	if _, err := peer.Decode(id); err != nil {
+		t.Fatal(err)
+	}
+	if err := ev.NotifyAlive(&memberlist.Node{Name: id, Meta: good}); err != nil {
+		t.Fatalf("same run refused: %v", err)
+	}
+	if err := ev.NotifyAlive(&memberlist.Node{Name: id, Meta: bad}); !errors.Is(err, ErrWrongRun) {
+		t.Fatalf("other run: %v, want ErrWrongRun", err)
+	}
+	if err := ev.NotifyMerge([]*memberlist.Node{{Name: id, Meta: good}, {Name: id, Meta: bad}}); !errors.Is(err, ErrWrongRun) {
+		t.Fatalf("merge with other run: %v, want ErrWrongRun", err)
+	}
+	if err := ev.NotifyAlive(&memberlist.Node{Name: id, Meta: []byte{1}}); !errors.Is(err, ErrBadMeta) {
+		t.Fatalf("garbage meta: %v, want ErrBadMeta", err)
+	}
+}
+
+func TestConfigValidateNamesValue(t *testing.T) {
+	c := DefaultNodeConfig("run")
+	c.Timing.ProbeTimeout = 10 * c.Timing.ProbeInterval
+	if err := c.Validate(); err == nil {
+		t.Fatal("bad timing accepted")
+	}
+	c = DefaultNodeConfig("bad run!")
+	if err := c.Validate(); err == nil {
+		t.Fatal("bad run id accepted")
+	}
+	c = DefaultNodeConfig("run")
+	c.Bootstrap = []string{"/ip4/1.2.3.4/udp/1/quic-v1"}
+	if err := c.Validate(); err == nil {
+		t.Fatal("bootstrap without /p2p accepted")
+	}
+}

@@ -1,0 +1,427 @@
+package p2p
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/libp2p/go-libp2p/core/peer"
+)
+
+// Timing holds memberlist's failure-detection and gossip timers.
+type Timing struct {
+	ProbeInterval           time.Duration // one probe per interval, round robin over members
+	ProbeTimeout            time.Duration // ack deadline of a probe
+	SuspicionMult           int           // suspicion timeout = mult * log10(n) * ProbeInterval
+	SuspicionMaxTimeoutMult int           // upper bound of the suspicion timeout, times the minimum
+	GossipInterval          time.Duration
+	GossipNodes             int
+	RetransmitMult          int
+	PushPullInterval        time.Duration // full state sync with one random member
+	StreamTimeout           time.Duration // memberlist's TCPTimeout: push/pull streams
+	DeadNodeReclaimTime     time.Duration // a restarted peer may come back this soon
+	GossipToTheDeadTime     time.Duration
+}
+
+// WANTiming is the production profile: memberlist's DefaultWANConfig (5 s
+// probes, 3 s probe timeout, suspicion x6, push/pull every 60 s). A silent
+// node is declared failed after about 40 s; a leave propagates in < 1 s.
+func WANTiming() Timing {
+	c := memberlist.DefaultWANConfig()
+	t := fromConfig(c)
+	t.DeadNodeReclaimTime = 10 * time.Second
+	return t
+}
+
+// LANTiming is memberlist's DefaultLANConfig (1 s probes): failure in ~6-8 s.
+func LANTiming() Timing {
+	t := fromConfig(memberlist.DefaultLANConfig())
+	t.DeadNodeReclaimTime = 5 * time.Second
+	return t
+}
+
+// FastTiming is for in-process tests on loopback: failure in a few seconds.
+func FastTiming() Timing {
+	return Timing{
+		ProbeInterval: 300 * time.Millisecond, ProbeTimeout: 250 * time.Millisecond,
+		SuspicionMult: 3, SuspicionMaxTimeoutMult: 2,
+		GossipInterval: 50 * time.Millisecond, GossipNodes: 4, RetransmitMult: 4,
+		PushPullInterval: 3 * time.Second, StreamTimeout: 3 * time.Second,
+		DeadNodeReclaimTime: time.Second, GossipToTheDeadTime: 5 * time.Second,
+	}
+}
+
+func fromConfig(c *memberlist.Config) Timing {
+	return Timing{
+		ProbeInterval: c.ProbeInterval, ProbeTimeout: c.ProbeTimeout,
+		SuspicionMult: c.SuspicionMult, SuspicionMaxTimeoutMult: c.SuspicionMaxTimeoutMult,
+		GossipInterval: c.GossipInterval, GossipNodes: c.GossipNodes, RetransmitMult: c.RetransmitMult,
+		PushPullInterval: c.PushPullInterval, StreamTimeout: c.TCPTimeout,
+		DeadNodeReclaimTime: c.DeadNodeReclaimTime, GossipToTheDeadTime: c.GossipToTheDeadTime,
+	}
+}
+
+// Validate names the offending value.
+func (t Timing) Validate() error {
+	switch {
+	case t.ProbeInterval <= 0 || t.ProbeTimeout <= 0 || t.ProbeTimeout > t.ProbeInterval:
+		return fmt.Errorf("p2p: Timing.ProbeTimeout %v / ProbeInterval %v: want 0 < timeout <= interval", t.ProbeTimeout, t.ProbeInterval)
+	case t.SuspicionMult < 1 || t.SuspicionMaxTimeoutMult < 1:
+		return fmt.Errorf("p2p: Timing.SuspicionMult %d / SuspicionMaxTimeoutMult %d must be >= 1", t.SuspicionMult, t.SuspicionMaxTimeoutMult)
+	case t.GossipInterval <= 0 || t.GossipNodes < 1 || t.RetransmitMult < 1:
+		return fmt.Errorf("p2p: Timing gossip interval %v nodes %d retransmit %d must be positive", t.GossipInterval, t.GossipNodes, t.RetransmitMult)
+	case t.PushPullInterval <= 0 || t.StreamTimeout <= 0:
+		return fmt.Errorf("p2p: Timing.PushPullInterval %v / StreamTimeout %v must be positive", t.PushPullInterval, t.StreamTimeout)
+	}
+	return nil
+}
+
+// SuspicionTimeout is the longest a member stays suspect in a cluster of n
+// before it is declared dead (memberlist shortens it as confirmations arrive).
+func (t Timing) SuspicionTimeout(n int) time.Duration {
+	scale := math.Max(1, math.Log10(math.Max(1, float64(n))))
+	min := time.Duration(float64(t.SuspicionMult) * scale * float64(t.ProbeInterval))
+	return time.Duration(t.SuspicionMaxTimeoutMult) * min
+}
+
+// FailureWindow bounds the time from a node going silent to every member of a
+// cluster of n marking it failed: a probe cycle to notice, the probe timeout,
+// the longest suspicion timeout and the gossip of the verdict.
+func (t Timing) FailureWindow(n int) time.Duration {
+	return 2*t.ProbeInterval + t.ProbeTimeout + t.SuspicionTimeout(n) + 10*t.GossipInterval
+}
+
+func (t Timing) apply(c *memberlist.Config) {
+	c.ProbeInterval, c.ProbeTimeout = t.ProbeInterval, t.ProbeTimeout
+	c.SuspicionMult, c.SuspicionMaxTimeoutMult = t.SuspicionMult, t.SuspicionMaxTimeoutMult
+	c.GossipInterval, c.GossipNodes, c.RetransmitMult = t.GossipInterval, t.GossipNodes, t.RetransmitMult
+	c.PushPullInterval, c.TCPTimeout = t.PushPullInterval, t.StreamTimeout
+	c.DeadNodeReclaimTime, c.GossipToTheDeadTime = t.DeadNodeReclaimTime, t.GossipToTheDeadTime
+}
+
+// EventKind says what happened to a member.
+type EventKind int
+
+// Membership events.
+const (
+	EventJoin   EventKind = iota + 1 // a member appeared (or this subscriber's initial view)
+	EventUpdate                      // a member's metadata changed
+	EventLeave                       // a member left gracefully
+	EventFail                        // a member was declared dead without leaving
+)
+
+func (k EventKind) String() string {
+	switch k {
+	case EventJoin:
+		return "join"
+	case EventUpdate:
+		return "update"
+	case EventLeave:
+		return "leave"
+	case EventFail:
+		return "fail"
+	}
+	return fmt.Sprintf("event(%d)", int(k))
+}
+
+// Member is one node of the run as this node sees it.
+type Member struct {
+	ID   peer.ID
+	Addr string // memberlist address: the member's QUIC ip:port
+	Meta Meta
+}
+
+// Event is a membership change.
+type Event struct {
+	Kind   EventKind
+	Member Member
+	Time   time.Time
+}
+
+// Subscription delivers events in order on C. A slow subscriber never blocks
+// membership or other subscribers: its events queue up until read.
+type Subscription struct {
+	C <-chan Event
+
+	ev     *events
+	c      chan Event
+	mu     sync.Mutex
+	queue  []Event
+	wake   chan struct{}
+	done   chan struct{}
+	closed bool
+}
+
+// Close stops delivery and closes C.
+func (s *Subscription) Close() {
+	s.ev.mu.Lock()
+	delete(s.ev.subs, s)
+	s.ev.mu.Unlock()
+	s.mu.Lock()
+	if !s.closed {
+		s.closed = true
+		close(s.done)
+	}
+	s.mu.Unlock()
+}
+
+func (s *Subscription) push(e Event) {
+	s.mu.Lock()
+	s.queue = append(s.queue, e)
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (s *Subscription) pump() {
+	defer close(s.c)
+	for {
+		s.mu.Lock()
+		q := s.queue
+		s.queue = nil
+		s.mu.Unlock()
+		for _, e := range q {
+			select {
+			case s.c <- e:
+			case <-s.done:
+				return
+			}
+		}
+		select {
+		case <-s.wake:
+		case <-s.done:
+			return
+		}
+	}
+}
+
+// events is memberlist's EventDelegate, AliveDelegate and MergeDelegate: it
+// keeps the member table, refuses other runs and fans events out.
+type events struct {
+	runID string
+	self  peer.ID
+	log   *slog.Logger
+	hooks func(kind EventKind, m Member) // node bookkeeping, called under mu
+
+	mu      sync.Mutex
+	members map[peer.ID]Member
+	subs    map[*Subscription]struct{}
+	leftAt  map[peer.ID]time.Time // peers that said goodbye
+	closed  bool
+}
+
+func newEvents(runID string, self peer.ID, log *slog.Logger) *events {
+	return &events{runID: runID, self: self, log: log,
+		members: make(map[peer.ID]Member), subs: make(map[*Subscription]struct{}), leftAt: make(map[peer.ID]time.Time)}
+}
+
+func (e *events) subscribe() *Subscription {
+	c := make(chan Event)
+	s := &Subscription{C: c, c: c, ev: e, wake: make(chan struct{}, 1), done: make(chan struct{})}
+	e.mu.Lock()
+	now := time.Now()
+	for _, m := range e.members {
+		s.queue = append(s.queue, Event{Kind: EventJoin, Member: m, Time: now})
+	}
+	if e.closed {
+		s.closed = true
+		close(s.done)
+	} else {
+		e.subs[s] = struct{}{}
+	}
+	e.mu.Unlock()
+	go s.pump()
+	return s
+}
+
+func (e *events) close() {
+	e.mu.Lock()
+	e.closed = true
+	subs := e.subs
+	e.subs = map[*Subscription]struct{}{}
+	e.mu.Unlock()
+	for s := range subs {
+		s.mu.Lock()
+		if !s.closed {
+			s.closed = true
+			close(s.done)
+		}
+		s.mu.Unlock()
+	}
+}
+
+func (e *events) list() []Member {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	out := make([]Member, 0, len(e.members))
+	for _, m := range e.members {
+		out = append(out, m)
+	}
+	return out
+}
+
+func (e *events) count() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.members)
+}
+
+func (e *events) get(id peer.ID) (Member, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	m, ok := e.members[id]
+	return m, ok
+}
+
+func (e *events) markLeft(id peer.ID) {
+	e.mu.Lock()
+	e.leftAt[id] = time.Now()
+	e.mu.Unlock()
+}
+
+func (e *events) member(n *memberlist.Node) (Member, error) {
+	id, err := peer.Decode(n.Name)
+	if err != nil {
+		return Member{}, fmt.Errorf("p2p: member name %q: %w", n.Name, err)
+	}
+	var meta Meta
+	if err := meta.UnmarshalBinary(n.Meta); err != nil {
+		return Member{}, fmt.Errorf("p2p: member %s: %w", id, err)
+	}
+	if meta.RunID != e.runID {
+		return Member{}, fmt.Errorf("%w: member %s has run %q, this node %q", ErrWrongRun, id, meta.RunID, e.runID)
+	}
+	return Member{ID: id, Addr: n.Address(), Meta: meta}, nil
+}
+
+func (e *events) emit(kind EventKind, m Member) {
+	ev := Event{Kind: kind, Member: m, Time: time.Now()}
+	e.mu.Lock()
+	switch kind {
+	case EventJoin, EventUpdate:
+		e.members[m.ID] = m
+	case EventLeave, EventFail:
+		delete(e.members, m.ID)
+	}
+	if e.hooks != nil {
+		e.hooks(kind, m)
+	}
+	for s := range e.subs {
+		s.push(ev)
+	}
+	e.mu.Unlock()
+}
+
+// NotifyJoin is memberlist's EventDelegate.
+func (e *events) NotifyJoin(n *memberlist.Node) {
+	m, err := e.member(n)
+	if err != nil {
+		e.log.Warn("member ignored", "node", n.Name, "err", err)
+		return
+	}
+	e.emit(EventJoin, m)
+}
+
+// NotifyUpdate is memberlist's EventDelegate.
+func (e *events) NotifyUpdate(n *memberlist.Node) {
+	m, err := e.member(n)
+	if err != nil {
+		e.log.Warn("member update ignored", "node", n.Name, "err", err)
+		return
+	}
+	e.emit(EventUpdate, m)
+}
+
+// NotifyLeave is memberlist's EventDelegate. memberlist v0.7.0 does not tell
+// left from dead here, so a leave is recognised by the goodbye the leaving
+// node sends just before (protocol members-bye).
+func (e *events) NotifyLeave(n *memberlist.Node) {
+	id, err := peer.Decode(n.Name)
+	if err != nil {
+		return
+	}
+	e.mu.Lock()
+	m, known := e.members[id]
+	at, left := e.leftAt[id]
+	delete(e.leftAt, id)
+	e.mu.Unlock()
+	if !known {
+		return
+	}
+	kind := EventFail
+	if left && time.Since(at) < time.Minute {
+		kind = EventLeave
+	}
+	e.emit(kind, m)
+}
+
+// NotifyAlive is memberlist's AliveDelegate: members of other runs and
+// undecodable metadata are refused.
+func (e *events) NotifyAlive(n *memberlist.Node) error {
+	_, err := e.member(n)
+	return err
+}
+
+// NotifyMerge is memberlist's MergeDelegate: a push/pull that would bring in a
+// member of another run is refused as a whole.
+func (e *events) NotifyMerge(nodes []*memberlist.Node) error {
+	for _, n := range nodes {
+		if _, err := e.member(n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// metaDelegate is memberlist's Delegate: it only supplies node metadata.
+type metaDelegate struct {
+	mu   sync.Mutex
+	meta []byte
+}
+
+func (d *metaDelegate) set(b []byte) { d.mu.Lock(); d.meta = b; d.mu.Unlock() }
+
+func (d *metaDelegate) NodeMeta(limit int) []byte {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.meta) > limit {
+		return nil
+	}
+	return d.meta
+}
+func (d *metaDelegate) NotifyMsg([]byte)                           {}
+func (d *metaDelegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+func (d *metaDelegate) LocalState(join bool) []byte                { return nil }
+func (d *metaDelegate) MergeRemoteState(buf []byte, join bool)     {}
+
+// slogWriter maps memberlist's "[LEVEL] memberlist: ..." lines onto slog.
+type slogWriter struct{ log *slog.Logger }
+
+func (w slogWriter) Write(p []byte) (int, error) {
+	line := bytes.TrimSpace(p)
+	lvl := slog.LevelInfo
+	if i := bytes.IndexByte(line, '['); i >= 0 {
+		rest := line[i:]
+		switch {
+		case bytes.HasPrefix(rest, []byte("[DEBUG]")):
+			lvl = slog.LevelDebug
+		case bytes.HasPrefix(rest, []byte("[WARN]")):
+			lvl = slog.LevelWarn
+		case bytes.HasPrefix(rest, []byte("[ERR]")):
+			lvl = slog.LevelError
+		}
+		line = rest
+	}
+	w.log.Log(context.Background(), lvl, string(line), "component", "memberlist")
+	return len(p), nil
+}
+
+var _ io.Writer = slogWriter{}

@@ -1,0 +1,202 @@
+package p2p_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/skein-ml/skein/p2p"
+	"github.com/skein-ml/skein/p2p/p2ptest"
+)
+
+// joinBudget is the stated time for 16 nodes to see 16 members on loopback.
+const joinBudget = 10 * time.Second
+
+func TestSwarm16Join(t *testing.T) {
+	start := time.Now()
+	s := p2ptest.NewSwarm(t, 16, p2ptest.Options{})
+	took := time.Since(start)
+	t.Logf("16 nodes started and see 16 members in %v", took)
+	if took > p2ptest.Slowdown*joinBudget {
+		t.Errorf("join took %v, budget %v", took, joinBudget)
+	}
+	// Every member carries valid metadata of this run.
+	for _, m := range s.Nodes[3].Members() {
+		if m.Meta.RunID != "test" {
+			t.Errorf("member %s has run %q", m.ID, m.Meta.RunID)
+		}
+	}
+	// A metadata update propagates to everyone.
+	sub := s.Nodes[1].Subscribe()
+	defer sub.Close()
+	target := s.Nodes[5]
+	if err := target.UpdateMeta(context.Background(), func(m *p2p.Meta) {
+		m.Stage = 3
+		m.Device = "cuda:H100"
+		m.ComputeTFLOPS = 400
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	if err := s.Eventually(5*time.Second, func() error {
+		for i, n := range s.Nodes {
+			m, ok := n.Member(target.ID())
+			if !ok || m.Meta.Stage != 3 || m.Meta.Device != "cuda:H100" {
+				return errors.New("node " + string(rune('0'+i)) + " has not seen the update")
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("metadata update seen by all in %v", time.Since(t0))
+	// The subscriber saw 16 initial joins, then the update.
+	joins := 0
+	for ev := range sub.C {
+		if ev.Kind == p2p.EventJoin {
+			joins++
+			continue
+		}
+		if ev.Kind != p2p.EventUpdate || ev.Member.ID != target.ID() || joins != 16 {
+			t.Fatalf("event %v of %s after %d joins; want update of %s after 16", ev.Kind, ev.Member.ID, joins, target.ID())
+		}
+		break
+	}
+}
+
+// waitGone waits until every node in nodes stops seeing id and returns the
+// latest time any of them took, or fails after timeout.
+func waitGone(t *testing.T, s *p2ptest.Swarm, id peer.ID, timeout time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	if err := s.Eventually(timeout, func() error {
+		for i, n := range s.Live() {
+			if p2ptest.Sees(n, id) {
+				return fmt.Errorf("node %d still sees %s", i, id)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return time.Since(start)
+}
+
+func TestFailureAndLeave(t *testing.T) {
+	const n = 8
+	timing := p2ptest.Timing()
+	s := p2ptest.NewSwarm(t, n, p2ptest.Options{Timing: timing})
+	sub := s.Nodes[1].Subscribe()
+	defer sub.Close()
+
+	// A node that vanishes without leaving is declared failed by everyone
+	// within the failure window.
+	victim := s.Nodes[n-1]
+	s.Remove(victim)
+	victim.Shutdown()
+	window := timing.FailureWindow(n)
+	took := waitGone(t, s, victim.ID(), 3*window)
+	t.Logf("silent node marked failed by all in %v (window %v)", took, window)
+	if took > window+(p2ptest.Slowdown-1)*time.Second {
+		t.Errorf("failure detection took %v, window %v", took, window)
+	}
+	expectEvent(t, sub, victim.ID(), p2p.EventFail)
+
+	// A graceful leave propagates faster and is reported as a leave.
+	leaver := s.Nodes[n-2]
+	s.Remove(leaver)
+	t0 := time.Now()
+	if err := leaver.Close(); err != nil {
+		t.Fatal(err)
+	}
+	leaveTook := waitGone(t, s, leaver.ID(), window)
+	t.Logf("graceful leave seen by all in %v (Close took %v)", leaveTook, time.Since(t0)-leaveTook)
+	if leaveTook >= took {
+		t.Errorf("leave took %v, not faster than failure %v", leaveTook, took)
+	}
+	expectEvent(t, sub, leaver.ID(), p2p.EventLeave)
+}
+
+// expectEvent reads sub until an event about id arrives and checks its kind.
+func expectEvent(t *testing.T, sub *p2p.Subscription, id peer.ID, want p2p.EventKind) {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case ev := <-sub.C:
+			if ev.Member.ID != id || ev.Kind == p2p.EventJoin || ev.Kind == p2p.EventUpdate {
+				continue
+			}
+			if ev.Kind != want {
+				t.Fatalf("event %v for %s, want %v", ev.Kind, id, want)
+			}
+			return
+		case <-timeout:
+			t.Fatalf("no %v event for %s", want, id)
+		}
+	}
+}
+
+func TestWrongRunRefused(t *testing.T) {
+	s := p2ptest.NewSwarm(t, 3, p2ptest.Options{})
+	cfg := s.NodeConfig(9)
+	cfg.RunID = "other-run"
+	n, err := p2p.NewNode(context.Background(), cfg)
+	if err == nil {
+		n.Shutdown()
+		t.Fatal("node of another run joined")
+	}
+	if !errors.Is(err, p2p.ErrWrongRun) {
+		t.Fatalf("err = %v, want ErrWrongRun", err)
+	}
+	t.Logf("refused: %v", err)
+	for i, n := range s.Nodes {
+		if n.NumMembers() != 3 {
+			t.Errorf("node %d sees %d members, want 3", i, n.NumMembers())
+		}
+	}
+}
+
+func TestBootstrapRestart(t *testing.T) {
+	s := p2ptest.NewSwarm(t, 5, p2ptest.Options{Persist: true})
+	seed := s.Seed
+	seedID := seed.ID()
+	seedAddr := seed.FullAddr().String()
+	// Let every node save its peer book.
+	time.Sleep(1500 * time.Millisecond)
+
+	// The bootstrap goes away: members keep their view of each other.
+	s.Remove(seed.Node)
+	seed.Shutdown()
+	waitGone(t, s, seedID, 3*s.Opts.Timing.FailureWindow(5))
+	for i, n := range s.Live() {
+		if n.NumMembers() != 4 {
+			t.Fatalf("node %d sees %d members, want 4", i, n.NumMembers())
+		}
+	}
+
+	// A new node joins through a member's address (the dead seed listed first).
+	cfg := s.NodeConfig(5)
+	cfg.Bootstrap = []string{seedAddr, s.Live()[0].Addrs()[0].String()}
+	nn, err := s.Add(cfg)
+	if err != nil {
+		t.Fatalf("join through a member: %v", err)
+	}
+	s.WaitMembers(5, 10*time.Second)
+	_ = nn
+
+	// The seed restarts with the same identity (same data dir, new port) and
+	// rejoins through its peer book; everyone sees it again.
+	seed2, err := p2p.NewSeed(context.Background(), s.SeedConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Adopt(seed2.Node)
+	if seed2.ID() != seedID {
+		t.Fatalf("restarted seed has ID %s, want %s", seed2.ID(), seedID)
+	}
+	s.WaitMembers(6, 15*time.Second)
+}

@@ -1,0 +1,689 @@
+package p2p
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/peerstore"
+	"github.com/libp2p/go-libp2p/core/protocol"
+	ma "github.com/multiformats/go-multiaddr"
+	manet "github.com/multiformats/go-multiaddr/net"
+)
+
+// NodeConfig configures a node (volunteer, observer or seed).
+type NodeConfig struct {
+	RunID   string // required; protocol IDs and metadata carry it
+	DataDir string // identity.key and peers.json; "" = ephemeral identity, nothing persisted
+
+	// Identity overrides the key in DataDir (tests).
+	Identity crypto.PrivKey
+
+	// ListenAddrs defaults to QUIC-v1 and TCP on all IPv4 interfaces, port 0.
+	ListenAddrs []string
+	// AdvertiseAddr ("ip:port") is the QUIC address gossiped in membership;
+	// default: the first non-loopback QUIC listen address (loopback if none).
+	AdvertiseAddr string
+
+	// Bootstrap lists full multiaddrs (with /p2p/<id>) of seeds. Known peers
+	// from the peer book are tried after them.
+	Bootstrap []string
+
+	Meta   Meta // RunID and TCPPort are filled in by the node
+	Timing Timing
+	Limits Limits
+
+	Reachability Reachability
+	RelayService bool // act as a relay v2 (seeds)
+	HolePunching bool // DCUtR; on by default in DefaultNodeConfig
+
+	// ListenUDP replaces the UDP socket under QUIC (WAN emulation, tests).
+	ListenUDP func(network string, laddr *net.UDPAddr) (net.PacketConn, error)
+
+	JoinTimeout    time.Duration // per join attempt
+	RejoinInterval time.Duration // how often to re-contact missing seeds or known peers
+	// JoinAlone lets NewNode succeed with no reachable peer (seeds).
+	JoinAlone bool
+
+	Logger *slog.Logger
+}
+
+// DefaultNodeConfig returns a volunteer configuration with WAN timing.
+func DefaultNodeConfig(runID string) NodeConfig {
+	return NodeConfig{
+		RunID:        runID,
+		ListenAddrs:  []string{"/ip4/0.0.0.0/udp/0/quic-v1", "/ip4/0.0.0.0/tcp/0"},
+		Meta:         Meta{Role: RoleVolunteer, Stage: -1},
+		Timing:       WANTiming(),
+		Limits:       DefaultLimits(),
+		HolePunching: true,
+		JoinTimeout:  10 * time.Second, RejoinInterval: 30 * time.Second,
+	}
+}
+
+// Validate names the offending value.
+func (c NodeConfig) Validate() error {
+	if err := ValidateRunID(c.RunID); err != nil {
+		return err
+	}
+	if len(c.ListenAddrs) == 0 {
+		return errors.New("p2p: NodeConfig.ListenAddrs is empty")
+	}
+	for _, a := range c.ListenAddrs {
+		if _, err := ma.NewMultiaddr(a); err != nil {
+			return fmt.Errorf("p2p: listen address %q: %w", a, err)
+		}
+	}
+	for _, a := range c.Bootstrap {
+		if _, err := peer.AddrInfoFromString(a); err != nil {
+			return fmt.Errorf("p2p: bootstrap address %q (want a multiaddr ending in /p2p/<id>): %w", a, err)
+		}
+	}
+	if c.AdvertiseAddr != "" {
+		if _, err := quicAddr(c.AdvertiseAddr); err != nil {
+			return fmt.Errorf("p2p: AdvertiseAddr %q: %w", c.AdvertiseAddr, err)
+		}
+	}
+	if err := c.Timing.Validate(); err != nil {
+		return err
+	}
+	if err := c.Limits.Validate(); err != nil {
+		return err
+	}
+	if c.JoinTimeout <= 0 || c.RejoinInterval <= 0 {
+		return fmt.Errorf("p2p: JoinTimeout %v / RejoinInterval %v must be positive", c.JoinTimeout, c.RejoinInterval)
+	}
+	return nil
+}
+
+// Node is one member of a run: a libp2p host plus memberlist membership.
+type Node struct {
+	cfg   NodeConfig
+	log   *slog.Logger
+	h     host.Host
+	bw    *accounting
+	tr    *transport
+	ml    *memberlist.Memberlist
+	ev    *events
+	md    *metaDelegate
+	book  *peerBook
+	seeds []peer.AddrInfo
+	byeID protocol.ID
+
+	metaMu sync.Mutex
+	meta   Meta
+
+	handlersMu sync.Mutex
+	handlers   map[protocol.ID]network.StreamHandler
+	lanes      []host.Host // extra connections for striping (lanes.go)
+	key        crypto.PrivKey
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+}
+
+// NewNode starts a node and joins the run through its bootstrap addresses or
+// known peers. It fails with ErrWrongRun when the peers reached belong to
+// another run and ErrNoSeed when none is reachable (unless JoinAlone).
+func NewNode(ctx context.Context, cfg NodeConfig) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	key := cfg.Identity
+	if key == nil && cfg.DataDir != "" {
+		k, err := LoadOrCreateIdentity(cfg.DataDir)
+		if err != nil {
+			return nil, err
+		}
+		key = k
+	}
+	if key == nil {
+		k, _, err := crypto.GenerateEd25519Key(rand.Reader)
+		if err != nil {
+			return nil, err
+		}
+		key = k
+	}
+	book, err := loadPeerBook(cfg.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	var seeds []peer.AddrInfo
+	for _, a := range cfg.Bootstrap {
+		ai, _ := peer.AddrInfoFromString(a)
+		seeds = append(seeds, *ai)
+	}
+	n := &Node{cfg: cfg, log: log, bw: newAccounting(), book: book, seeds: seeds, key: key,
+		handlers: make(map[protocol.ID]network.StreamHandler),
+		byeID:    ProtocolID(cfg.RunID, protoMembersBye, 1)}
+	var relays []peer.AddrInfo
+	if !cfg.RelayService {
+		relays = seeds
+		for _, r := range book.list() {
+			if r.Role == RoleBootstrap && len(relays) < 4 && !containsPeer(relays, r.ID) {
+				relays = append(relays, peer.AddrInfo{ID: r.ID, Addrs: r.Addrs})
+			}
+		}
+	}
+	n.h, err = newHost(hostParams{key: key, listen: cfg.ListenAddrs, limits: cfg.Limits, reachability: cfg.Reachability,
+		relayService: cfg.RelayService, relays: relays, holePunching: cfg.HolePunching, listenUDP: cfg.ListenUDP, bw: n.bw})
+	if err != nil {
+		return nil, err
+	}
+	n.log = log.With("peer", shortID(n.h.ID()))
+	if err := n.start(ctx); err != nil {
+		n.h.Close()
+		return nil, err
+	}
+	return n, nil
+}
+
+func containsPeer(l []peer.AddrInfo, id peer.ID) bool {
+	for _, a := range l {
+		if a.ID == id {
+			return true
+		}
+	}
+	return false
+}
+
+func shortID(id peer.ID) string {
+	s := id.String()
+	if len(s) > 8 {
+		return s[len(s)-8:]
+	}
+	return s
+}
+
+func (n *Node) start(ctx context.Context) error {
+	cfg := n.cfg
+	advIP, advPort, tcpPort, err := n.advertise()
+	if err != nil {
+		return err
+	}
+	meta := cfg.Meta
+	meta.RunID = cfg.RunID
+	meta.TCPPort = uint16(tcpPort)
+	mb, err := meta.MarshalBinary()
+	if err != nil {
+		return err
+	}
+	n.meta = meta
+	n.md = &metaDelegate{meta: mb}
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	n.ev = newEvents(cfg.RunID, n.h.ID(), n.log)
+	n.ev.hooks = n.onEvent
+	n.tr = newTransport(n.h, n.setHandler, cfg.RunID, advIP, advPort, cfg.Timing.StreamTimeout, n.log)
+	n.setHandler(n.byeID, n.handleBye)
+
+	mc := memberlist.DefaultLANConfig()
+	cfg.Timing.apply(mc)
+	mc.Name = n.h.ID().String()
+	mc.Transport = n.tr
+	mc.Delegate = n.md
+	mc.Events = n.ev
+	mc.Alive = n.ev
+	mc.Merge = n.ev
+	mc.RequireNodeNames = true
+	mc.BindPort, mc.AdvertisePort = 0, 0
+	mc.DisableTcpPings = true
+	mc.UDPBufferSize = 16 << 10
+	mc.LogOutput = slogWriter{n.log}
+	n.ml, err = memberlist.Create(mc)
+	if err != nil {
+		n.tr.Shutdown()
+		return fmt.Errorf("p2p: memberlist: %w", err)
+	}
+
+	cands := n.candidates()
+	if len(cands) > 0 {
+		joined, err := n.join(ctx, cands)
+		if joined == 0 && !cfg.JoinAlone {
+			n.shutdown()
+			if err == nil {
+				err = ErrNoSeed
+			}
+			return err
+		}
+		if joined == 0 {
+			n.log.Warn("started alone: no seed or known peer reachable", "err", err)
+		}
+	} else if !cfg.JoinAlone {
+		n.shutdown()
+		return fmt.Errorf("%w: no bootstrap address and an empty peer book", ErrNoSeed)
+	}
+	n.wg.Add(1)
+	go n.maintain()
+	n.log.Info("node started", "addrs", n.Addrs(), "members", n.ml.NumMembers())
+	return nil
+}
+
+// advertise picks the memberlist address (QUIC ip:port) and the TCP port.
+func (n *Node) advertise() (net.IP, int, int, error) {
+	var quic, tcp []ma.Multiaddr
+	for _, a := range n.h.Network().ListenAddresses() {
+		if _, err := a.ValueForProtocol(ma.P_QUIC_V1); err == nil {
+			quic = append(quic, a)
+		} else if _, err := a.ValueForProtocol(ma.P_TCP); err == nil {
+			tcp = append(tcp, a)
+		}
+	}
+	tcpPort := 0
+	for _, a := range tcp {
+		if p, err := a.ValueForProtocol(ma.P_TCP); err == nil {
+			tcpPort, _ = strconv.Atoi(p)
+			break
+		}
+	}
+	if n.cfg.AdvertiseAddr != "" {
+		h, p, _ := net.SplitHostPort(n.cfg.AdvertiseAddr)
+		port, _ := strconv.Atoi(p)
+		return net.ParseIP(h), port, tcpPort, nil
+	}
+	if len(quic) == 0 {
+		return nil, 0, 0, errors.New("p2p: no QUIC listen address; membership needs one")
+	}
+	var best net.IP
+	port := 0
+	for _, a := range quic {
+		ip, err := manet.ToIP(a)
+		if err != nil {
+			continue
+		}
+		p, _ := a.ValueForProtocol(ma.P_UDP)
+		pp, _ := strconv.Atoi(p)
+		if ip.IsUnspecified() {
+			// Resolve the wildcard against interface addresses.
+			for _, ha := range n.h.Addrs() {
+				if hp, _ := ha.ValueForProtocol(ma.P_UDP); hp != p {
+					continue
+				}
+				if hip, err := manet.ToIP(ha); err == nil && (best == nil || best.IsLoopback() && !hip.IsLoopback()) {
+					best, port = hip, pp
+				}
+			}
+			continue
+		}
+		if best == nil || best.IsLoopback() && !ip.IsLoopback() {
+			best, port = ip, pp
+		}
+	}
+	if best == nil {
+		return nil, 0, 0, errors.New("p2p: no usable QUIC address to advertise")
+	}
+	return best, port, tcpPort, nil
+}
+
+// candidates are the seeds, then known peers, most recent first.
+func (n *Node) candidates() []peer.AddrInfo {
+	out := append([]peer.AddrInfo(nil), n.seeds...)
+	for _, r := range n.book.list() {
+		if r.ID != n.h.ID() && !containsPeer(out, r.ID) && len(r.Addrs) > 0 {
+			out = append(out, peer.AddrInfo{ID: r.ID, Addrs: r.Addrs})
+		}
+	}
+	return out
+}
+
+// Join contacts the given peers (full multiaddrs) and merges their view of
+// the run. It returns how many were joined.
+func (n *Node) Join(ctx context.Context, addrs []string) (int, error) {
+	var cands []peer.AddrInfo
+	for _, a := range addrs {
+		ai, err := peer.AddrInfoFromString(a)
+		if err != nil {
+			return 0, fmt.Errorf("p2p: join address %q: %w", a, err)
+		}
+		cands = append(cands, *ai)
+	}
+	return n.join(ctx, cands)
+}
+
+// join connects to candidates concurrently, checks they serve this run, then
+// runs memberlist's push/pull join with those reached.
+func (n *Node) join(ctx context.Context, cands []peer.AddrInfo) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.JoinTimeout)
+	defer cancel()
+	type res struct {
+		ai  peer.AddrInfo
+		err error
+	}
+	ch := make(chan res, len(cands))
+	for _, ai := range cands {
+		go func() {
+			if ai.ID == n.h.ID() {
+				ch <- res{ai, errors.New("self")}
+				return
+			}
+			err := n.h.Connect(network.WithAllowLimitedConn(ctx, "join"), ai)
+			if err == nil {
+				err = n.checkRun(ai.ID)
+			}
+			ch <- res{ai, err}
+		}()
+	}
+	var joins []string
+	var errs []error
+	for range cands {
+		r := <-ch
+		if r.err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", r.ai.ID, r.err))
+			continue
+		}
+		joins = append(joins, n.joinString(r.ai.ID))
+	}
+	if len(joins) > 0 {
+		n.awaitHolePunching(ctx)
+	}
+	err := errors.Join(errs...)
+	if len(joins) == 0 {
+		if err != nil && !errors.Is(err, ErrWrongRun) {
+			err = fmt.Errorf("%w: %w", ErrNoSeed, err)
+		}
+		return 0, err
+	}
+	k, jerr := n.ml.Join(joins)
+	if k == 0 {
+		return 0, fmt.Errorf("%w: memberlist join: %w", ErrNoSeed, errors.Join(jerr, err))
+	}
+	return k, nil
+}
+
+// holePunchProto is DCUtR's protocol; a host serves it once hole punching is
+// ready (it knows a public observed address).
+const holePunchProto = "/libp2p/dcutr"
+
+// awaitHolePunching waits (at most 3 s) until a node behind NAT can hole
+// punch: a relayed connection made before that is never upgraded to a direct
+// one, and joining makes connections to every member.
+func (n *Node) awaitHolePunching(ctx context.Context) {
+	if !n.cfg.HolePunching || n.cfg.Reachability != ReachabilityPrivate || len(n.seeds) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	for {
+		for _, p := range n.h.Mux().Protocols() {
+			if p == holePunchProto {
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			n.log.Warn("hole punching not ready; joining anyway")
+			return
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// checkRun refuses a peer that speaks membership for another run only.
+func (n *Node) checkRun(id peer.ID) error {
+	protos, err := n.h.Peerstore().GetProtocols(id)
+	if err != nil {
+		return err
+	}
+	other := ""
+	for _, p := range protos {
+		if p == n.tr.streamID {
+			return nil
+		}
+		if r := runOfProtocol(p); r != "" && strings.HasSuffix(string(p), "/"+protoMembersStream+"/1") {
+			other = r
+		}
+	}
+	if other != "" {
+		return fmt.Errorf("%w: peer %s serves run %q, this node %q", ErrWrongRun, id, other, n.cfg.RunID)
+	}
+	return fmt.Errorf("%w: peer %s does not serve membership for run %q", ErrNoSeed, id, n.cfg.RunID)
+}
+
+// joinString is memberlist's "name/ip:port" for a connected peer.
+func (n *Node) joinString(id peer.ID) string {
+	hp := "0.0.0.0:1"
+	addrs := n.h.Peerstore().Addrs(id)
+	for _, c := range n.h.Network().ConnsToPeer(id) {
+		addrs = append([]ma.Multiaddr{c.RemoteMultiaddr()}, addrs...)
+	}
+	for _, a := range addrs {
+		if _, err := a.ValueForProtocol(ma.P_QUIC_V1); err != nil {
+			continue
+		}
+		if na, err := manet.ToNetAddr(a); err == nil {
+			hp = na.String()
+			break
+		}
+	}
+	return id.String() + "/" + hp
+}
+
+// onEvent runs under the event lock: keep libp2p's view in step.
+func (n *Node) onEvent(kind EventKind, m Member) {
+	switch kind {
+	case EventJoin, EventUpdate:
+		n.tr.learn(m.ID, m.Addr)
+		if m.Meta.TCPPort != 0 {
+			if h, _, err := net.SplitHostPort(m.Addr); err == nil {
+				if ip := net.ParseIP(h); ip != nil && !ip.IsUnspecified() {
+					if a, err := manet.FromNetAddr(&net.TCPAddr{IP: ip, Port: int(m.Meta.TCPPort)}); err == nil {
+						n.h.Peerstore().AddAddr(m.ID, a, peerstore.RecentlyConnectedAddrTTL)
+					}
+				}
+			}
+		}
+		// Reach members behind NAT through the seeds' relays.
+		for _, s := range n.seeds {
+			if s.ID == m.ID {
+				continue
+			}
+			if c, err := ma.NewMultiaddr("/p2p/" + s.ID.String() + "/p2p-circuit"); err == nil {
+				for _, sa := range s.Addrs {
+					n.h.Peerstore().AddAddr(m.ID, sa.Encapsulate(c), peerstore.RecentlyConnectedAddrTTL)
+				}
+			}
+		}
+		n.h.ConnManager().Protect(m.ID, "members")
+		if kind == EventJoin && m.ID != n.h.ID() && n.h.Network().Connectedness(m.ID) != network.Connected {
+			// Connect now, so the first probe does not pay for the dial.
+			go func() { // ends with the node's context or the host
+				ctx, cancel := context.WithTimeout(n.ctx, n.cfg.JoinTimeout)
+				defer cancel()
+				_ = n.h.Connect(network.WithAllowLimitedConn(ctx, "members"), peer.AddrInfo{ID: m.ID})
+			}()
+		}
+		var addrs []ma.Multiaddr
+		for _, a := range n.h.Peerstore().Addrs(m.ID) {
+			if _, err := a.ValueForProtocol(ma.P_CIRCUIT); err != nil && len(addrs) < maxPeerAddrs {
+				addrs = append(addrs, a)
+			}
+		}
+		n.book.put(PeerRecord{ID: m.ID, Addrs: addrs, Role: m.Meta.Role, LastSeen: time.Now()})
+	case EventLeave, EventFail:
+		n.h.ConnManager().Unprotect(m.ID, "members")
+	}
+}
+
+func (n *Node) handleBye(s network.Stream) {
+	n.ev.markLeft(s.Conn().RemotePeer())
+	s.Close()
+}
+
+// maintain re-contacts missing seeds or known peers and saves the peer book.
+func (n *Node) maintain() {
+	defer n.wg.Done()
+	t := time.NewTicker(n.cfg.RejoinInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-t.C:
+		}
+		var missing []peer.AddrInfo
+		for _, s := range n.seeds {
+			if _, ok := n.ev.get(s.ID); !ok && s.ID != n.h.ID() {
+				missing = append(missing, s)
+			}
+		}
+		if n.ev.count() <= 1 {
+			missing = n.candidates()
+		}
+		if len(missing) > 0 {
+			if k, err := n.join(n.ctx, missing); err != nil && n.ctx.Err() == nil {
+				n.log.Debug("rejoin failed", "tried", len(missing), "err", err)
+			} else if k > 0 {
+				n.log.Info("rejoined", "via", k)
+			}
+		}
+		if err := n.book.save(); err != nil {
+			n.log.Warn("peer book not saved", "err", err)
+		}
+	}
+}
+
+// ID is the node's peer ID (its memberlist name).
+func (n *Node) ID() peer.ID { return n.h.ID() }
+
+// Host is the underlying libp2p host.
+func (n *Node) Host() host.Host { return n.h }
+
+// RunID is the run this node belongs to.
+func (n *Node) RunID() string { return n.cfg.RunID }
+
+// Addrs returns the node's full multiaddrs (ending in /p2p/<id>), usable as
+// another node's Bootstrap entries.
+func (n *Node) Addrs() []ma.Multiaddr {
+	out, _ := peer.AddrInfoToP2pAddrs(&peer.AddrInfo{ID: n.h.ID(), Addrs: n.h.Addrs()})
+	return out
+}
+
+// Members returns the current members, this node included.
+func (n *Node) Members() []Member { return n.ev.list() }
+
+// NumMembers counts the current members, this node included.
+func (n *Node) NumMembers() int { return n.ev.count() }
+
+// Member returns one member's view.
+func (n *Node) Member(id peer.ID) (Member, bool) { return n.ev.get(id) }
+
+// Subscribe returns a subscription that first replays the current members as
+// EventJoin, then delivers every change in order.
+func (n *Node) Subscribe() *Subscription { return n.ev.subscribe() }
+
+// Meta returns this node's metadata.
+func (n *Node) Meta() Meta {
+	n.metaMu.Lock()
+	defer n.metaMu.Unlock()
+	return n.meta
+}
+
+// UpdateMeta changes this node's metadata and gossips it. RunID and TCPPort
+// cannot be changed.
+func (n *Node) UpdateMeta(ctx context.Context, f func(*Meta)) error {
+	n.metaMu.Lock()
+	m := n.meta
+	f(&m)
+	m.RunID, m.TCPPort = n.meta.RunID, n.meta.TCPPort
+	b, err := m.MarshalBinary()
+	if err != nil {
+		n.metaMu.Unlock()
+		return err
+	}
+	n.meta = m
+	n.md.set(b)
+	n.metaMu.Unlock()
+	timeout := 5 * time.Second
+	if d, ok := ctx.Deadline(); ok {
+		timeout = time.Until(d)
+	}
+	return n.ml.UpdateNode(timeout)
+}
+
+// Close leaves the run gracefully (others see EventLeave, usually before Close
+// returns), saves the peer book and stops the host. It usually takes tens of
+// milliseconds; at most about 4 s: a goodbye to every member (<= 1 s),
+// memberlist's leave broadcast (<= 2 s) and a drain of packets queued to
+// connected peers (<= 1 s).
+func (n *Node) Close() error {
+	var err error
+	n.once.Do(func() {
+		n.sayGoodbye()
+		if e := n.ml.Leave(2 * time.Second); e != nil {
+			err = e
+		}
+		n.tr.drain(time.Second)
+		n.stop()
+	})
+	return err
+}
+
+// Shutdown stops the node without leaving, as if the process were killed:
+// others declare it failed after the suspicion timeout.
+func (n *Node) Shutdown() error {
+	n.once.Do(n.stop)
+	return nil
+}
+
+func (n *Node) stop() {
+	n.shutdown()
+	if err := n.book.save(); err != nil {
+		n.log.Warn("peer book not saved", "err", err)
+	}
+	n.closeLanes()
+	n.h.Close()
+}
+
+func (n *Node) shutdown() {
+	if n.cancel != nil {
+		n.cancel()
+	}
+	n.wg.Wait()
+	n.ml.Shutdown()
+	n.tr.Shutdown()
+	n.ev.close()
+}
+
+// sayGoodbye tells every member, in parallel and for at most a second, that
+// this node is leaving, so they report EventLeave rather than EventFail.
+func (n *Node) sayGoodbye() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, m := range n.ev.list() {
+		if m.ID == n.h.ID() {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s, err := n.h.NewStream(network.WithAllowLimitedConn(ctx, "bye"), m.ID, n.byeID)
+			if err != nil {
+				return
+			}
+			s.CloseWrite()
+			_ = s.SetReadDeadline(time.Now().Add(time.Second))
+			var b [1]byte
+			s.Read(b[:]) // wait for the remote to close: it has recorded the goodbye
+			s.Close()
+		}()
+	}
+	wg.Wait()
+}

@@ -1,0 +1,86 @@
+package p2p
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
+)
+
+// Stream is a framed libp2p stream of one protocol.
+type Stream struct {
+	*FrameStream
+	s network.Stream
+}
+
+// Peer is the remote peer.
+func (s *Stream) Peer() peer.ID { return s.s.Conn().RemotePeer() }
+
+// Protocol is the stream's protocol ID.
+func (s *Stream) Protocol() protocol.ID { return s.s.Protocol() }
+
+// CloseWrite half-closes: the remote reads EOF after the last frame.
+func (s *Stream) CloseWrite() error { return s.s.CloseWrite() }
+
+// Close closes the stream gracefully.
+func (s *Stream) Close() error { return s.s.Close() }
+
+// Reset aborts the stream in both directions; use it on any error.
+func (s *Stream) Reset() error { return s.s.Reset() }
+
+// Raw is the underlying libp2p stream (for raw bulk bytes after a header).
+func (s *Stream) Raw() network.Stream { return s.s }
+
+// Handler serves one inbound stream. Returning an error resets the stream;
+// returning nil closes it. ctx ends when the node closes.
+type Handler func(ctx context.Context, s *Stream) error
+
+// Handle serves protocol /skein/<run>/<name>/<version> with framed streams
+// bounded by cfg. Like go-libp2p's ping: the stream is attached to a service
+// scope, every frame has a deadline, and any error resets the stream, so a
+// malformed, oversized or slow peer costs one stream and nothing else.
+func (n *Node) Handle(name string, version int, cfg FrameConfig, h Handler) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	pid := ProtocolID(n.cfg.RunID, name, version)
+	svc := "skein." + name
+	n.setHandler(pid, func(s network.Stream) {
+		if err := s.Scope().SetService(svc); err != nil {
+			n.log.Debug("stream refused by resource manager", "protocol", pid, "err", err)
+			s.Reset()
+			return
+		}
+		if err := h(n.ctx, &Stream{FrameStream: NewFrameStream(s, cfg), s: s}); err != nil {
+			n.log.Debug("stream reset", "protocol", pid, "peer", s.Conn().RemotePeer(), "err", err)
+			s.Reset()
+			return
+		}
+		s.Close()
+	})
+	return nil
+}
+
+// Unhandle removes a protocol handler.
+func (n *Node) Unhandle(name string, version int) {
+	n.removeHandler(ProtocolID(n.cfg.RunID, name, version))
+}
+
+// Open opens a framed stream of protocol name/version to p. Relayed
+// (limited) connections are used only if ctx allows them
+// (network.WithAllowLimitedConn).
+func (n *Node) Open(ctx context.Context, p peer.ID, name string, version int, cfg FrameConfig) (*Stream, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if n.ctx.Err() != nil {
+		return nil, ErrClosed
+	}
+	s, err := n.h.NewStream(ctx, p, ProtocolID(n.cfg.RunID, name, version))
+	if err != nil {
+		return nil, fmt.Errorf("p2p: open %s to %s: %w", name, p, err)
+	}
+	return &Stream{FrameStream: NewFrameStream(s, cfg), s: s}, nil
+}

@@ -1,0 +1,331 @@
+package p2p
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/libp2p/go-libp2p/core/host"
+	"github.com/libp2p/go-libp2p/core/network"
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/peerstore"
+	"github.com/libp2p/go-libp2p/core/protocol"
+	ma "github.com/multiformats/go-multiaddr"
+	manet "github.com/multiformats/go-multiaddr/net"
+)
+
+// maxPacket bounds a memberlist packet carried on a libp2p stream.
+const maxPacket = 64 << 10
+
+// maxPacketSends bounds packet sends in flight; more are dropped (memberlist
+// treats packets as unreliable and retries by itself).
+const maxPacketSends = 256
+
+// transport is a memberlist.NodeAwareTransport on libp2p streams: one short
+// stream per packet (protocol members-packet), one stream per memberlist
+// stream (members-stream). Node names are peer IDs; addresses are only hints
+// added to the peerstore.
+type transport struct {
+	h          host.Host
+	log        *slog.Logger
+	packetID   protocol.ID
+	streamID   protocol.ID
+	advIP      net.IP
+	advPort    int
+	sendTO     time.Duration
+	packetCh   chan *memberlist.Packet
+	streamCh   chan net.Conn
+	ctx        context.Context
+	cancel     context.CancelFunc
+	inflight   atomic.Int64
+	connected  atomic.Int64 // in-flight sends to peers already connected
+	wg         sync.WaitGroup
+	shutdownMu sync.Once
+
+	mu     sync.Mutex
+	byAddr map[string]peer.ID // memberlist "ip:port" -> peer, for WriteTo without a name
+}
+
+var _ memberlist.NodeAwareTransport = (*transport)(nil)
+
+func newTransport(h host.Host, register func(protocol.ID, network.StreamHandler), runID string, advIP net.IP, advPort int, sendTO time.Duration, log *slog.Logger) *transport {
+	ctx, cancel := context.WithCancel(context.Background())
+	t := &transport{
+		h: h, log: log,
+		packetID: ProtocolID(runID, protoMembersPacket, 1),
+		streamID: ProtocolID(runID, protoMembersStream, 1),
+		advIP:    advIP, advPort: advPort, sendTO: sendTO,
+		packetCh: make(chan *memberlist.Packet, 1024),
+		streamCh: make(chan net.Conn, 64),
+		ctx:      ctx, cancel: cancel,
+		byAddr: make(map[string]peer.ID),
+	}
+	register(t.packetID, t.handlePacket)
+	register(t.streamID, t.handleStream)
+	return t
+}
+
+func (t *transport) FinalAdvertiseAddr(string, int) (net.IP, int, error) {
+	return t.advIP, t.advPort, nil
+}
+
+func (t *transport) PacketCh() <-chan *memberlist.Packet { return t.packetCh }
+func (t *transport) StreamCh() <-chan net.Conn           { return t.streamCh }
+
+// WriteTo is used by memberlist only for addresses without a node name; with
+// RequireNodeNames that is rare, so route through the address map.
+func (t *transport) WriteTo(b []byte, addr string) (time.Time, error) {
+	return t.WriteToAddress(b, memberlist.Address{Addr: addr})
+}
+
+func (t *transport) DialTimeout(addr string, timeout time.Duration) (net.Conn, error) {
+	return t.DialAddressTimeout(memberlist.Address{Addr: addr}, timeout)
+}
+
+// resolve returns the peer for a memberlist address and records its address hint.
+func (t *transport) resolve(a memberlist.Address) (peer.ID, error) {
+	if a.Name == "" {
+		t.mu.Lock()
+		id, ok := t.byAddr[a.Addr]
+		t.mu.Unlock()
+		if !ok {
+			return "", fmt.Errorf("p2p: memberlist address %q has no node name", a.Addr)
+		}
+		return id, nil
+	}
+	id, err := peer.Decode(a.Name)
+	if err != nil {
+		return "", fmt.Errorf("p2p: memberlist node name %q: %w", a.Name, err)
+	}
+	t.learn(id, a.Addr)
+	return id, nil
+}
+
+// learn records that memberlist address addr ("ip:port", the peer's QUIC
+// address) belongs to id and adds it to the peerstore.
+func (t *transport) learn(id peer.ID, addr string) {
+	if id == t.h.ID() || addr == "" {
+		return
+	}
+	t.mu.Lock()
+	old, ok := t.byAddr[addr]
+	t.byAddr[addr] = id
+	t.mu.Unlock()
+	if ok && old == id {
+		return
+	}
+	if m, err := quicAddr(addr); err == nil {
+		t.h.Peerstore().AddAddr(id, m, peerstore.RecentlyConnectedAddrTTL)
+	}
+}
+
+// quicAddr turns "ip:port" into /ip4|ip6/ip/udp/port/quic-v1.
+func quicAddr(addr string) (ma.Multiaddr, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	ip := net.ParseIP(host)
+	if ip == nil {
+		return nil, fmt.Errorf("p2p: %q is not an IP", host)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return nil, err
+	}
+	fam := "ip4"
+	if ip.To4() == nil {
+		fam = "ip6"
+	}
+	return ma.NewMultiaddr(fmt.Sprintf("/%s/%s/udp/%s/quic-v1", fam, ip, port))
+}
+
+// WriteToAddress queues the packet and returns at once: memberlist calls it
+// inline from its probe and gossip loops, and opening a stream to a dead peer
+// can take the whole dial timeout.
+func (t *transport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, error) {
+	now := time.Now()
+	id, err := t.resolve(a)
+	if err != nil {
+		return now, err
+	}
+	if len(b) > maxPacket {
+		return now, fmt.Errorf("%w: memberlist packet of %d bytes, limit %d", ErrFrameTooLarge, len(b), maxPacket)
+	}
+	if t.ctx.Err() != nil {
+		return now, ErrClosed
+	}
+	if t.inflight.Add(1) > maxPacketSends {
+		t.inflight.Add(-1)
+		return now, nil // dropped, like a full UDP socket buffer
+	}
+	buf := make([]byte, 4+len(b))
+	binary.BigEndian.PutUint32(buf, uint32(len(b)))
+	copy(buf[4:], b)
+	live := t.h.Network().Connectedness(id) == network.Connected
+	if live {
+		t.connected.Add(1)
+	}
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		defer t.inflight.Add(-1)
+		if live {
+			defer t.connected.Add(-1)
+		}
+		if err := t.sendPacket(id, buf); err != nil && t.ctx.Err() == nil {
+			t.log.Debug("memberlist packet not sent", "peer", id, "err", err)
+		}
+	}()
+	return now, nil
+}
+
+func (t *transport) sendPacket(id peer.ID, buf []byte) error {
+	ctx, cancel := context.WithTimeout(t.ctx, t.sendTO)
+	defer cancel()
+	s, err := t.h.NewStream(network.WithAllowLimitedConn(ctx, "members"), id, t.packetID)
+	if err != nil {
+		return err
+	}
+	_ = s.SetDeadline(time.Now().Add(t.sendTO))
+	if _, err := s.Write(buf); err != nil {
+		s.Reset()
+		return err
+	}
+	if err := s.CloseWrite(); err != nil {
+		s.Reset()
+		return err
+	}
+	// Wait for the receiver's close: it has the whole packet, so closing the
+	// host right after (a graceful leave) cannot cut it off.
+	var b [1]byte
+	if _, err := s.Read(b[:]); err != io.EOF {
+		s.Reset()
+		return fmt.Errorf("p2p: memberlist packet not acknowledged: %v", err)
+	}
+	return s.Close()
+}
+
+func (t *transport) handlePacket(s network.Stream) {
+	defer s.Close()
+	_ = s.SetReadDeadline(time.Now().Add(t.sendTO))
+	var hdr [4]byte
+	if _, err := io.ReadFull(s, hdr[:]); err != nil {
+		s.Reset()
+		return
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n == 0 || n > maxPacket {
+		t.log.Debug("memberlist packet size out of range", "peer", s.Conn().RemotePeer(), "size", n)
+		s.Reset()
+		return
+	}
+	buf := make([]byte, n+1)
+	if _, err := io.ReadFull(s, buf[:n]); err != nil {
+		s.Reset()
+		return
+	}
+	// Read the sender's FIN, so its Close completes cleanly.
+	if k, err := s.Read(buf[n:]); k != 0 || err != io.EOF {
+		s.Reset()
+		return
+	}
+	buf = buf[:n]
+	p := &memberlist.Packet{Buf: buf, From: t.remoteAddr(s), Timestamp: time.Now()}
+	select {
+	case t.packetCh <- p:
+	case <-t.ctx.Done():
+	}
+}
+
+// remoteAddr returns the remote's transport address as a net.Addr, or a
+// placeholder for relayed connections.
+func (t *transport) remoteAddr(s network.Stream) net.Addr {
+	m := s.Conn().RemoteMultiaddr()
+	if ip, err := manet.ToIP(m); err == nil {
+		if p, err := m.ValueForProtocol(ma.P_UDP); err == nil {
+			port, _ := strconv.Atoi(p)
+			return &net.UDPAddr{IP: ip, Port: port}
+		}
+		if p, err := m.ValueForProtocol(ma.P_TCP); err == nil {
+			port, _ := strconv.Atoi(p)
+			return &net.TCPAddr{IP: ip, Port: port}
+		}
+	}
+	return peerAddr(s.Conn().RemotePeer())
+}
+
+func (t *transport) handleStream(s network.Stream) {
+	c := &streamConn{Stream: s, local: &net.UDPAddr{IP: t.advIP, Port: t.advPort}, remote: t.remoteAddr(s)}
+	select {
+	case t.streamCh <- c:
+	case <-t.ctx.Done():
+		s.Reset()
+	}
+}
+
+func (t *transport) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
+	id, err := t.resolve(a)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(t.ctx, timeout)
+	defer cancel()
+	s, err := t.h.NewStream(network.WithAllowLimitedConn(ctx, "members"), id, t.streamID)
+	if err != nil {
+		return nil, err
+	}
+	return &streamConn{Stream: s, local: &net.UDPAddr{IP: t.advIP, Port: t.advPort}, remote: t.remoteAddr(s)}, nil
+}
+
+// drain waits up to timeout for packets queued to connected peers to go out
+// (a graceful leave's dead message is still queued when memberlist.Leave
+// returns); sends still dialing unreachable peers are abandoned.
+func (t *transport) drain(timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for t.connected.Load() > 0 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func (t *transport) Shutdown() error {
+	t.shutdownMu.Do(func() {
+		t.h.RemoveStreamHandler(t.packetID)
+		t.h.RemoveStreamHandler(t.streamID)
+		t.cancel()
+		t.wg.Wait()
+	})
+	return nil
+}
+
+// streamConn presents a libp2p stream as the net.Conn memberlist expects.
+type streamConn struct {
+	network.Stream
+	local, remote net.Addr
+}
+
+func (c *streamConn) LocalAddr() net.Addr  { return c.local }
+func (c *streamConn) RemoteAddr() net.Addr { return c.remote }
+
+// Close closes both directions; memberlist is done with the stream.
+func (c *streamConn) Close() error {
+	err := c.Stream.Close()
+	if errors.Is(err, network.ErrReset) {
+		return nil
+	}
+	return err
+}
+
+// peerAddr is the net.Addr of a peer reached without an IP (relayed).
+type peerAddr peer.ID
+
+func (p peerAddr) Network() string { return "libp2p" }
+func (p peerAddr) String() string  { return "0.0.0.0:0" }
