@@ -12,6 +12,13 @@ if ! command -v gcc >/dev/null; then
   echo "== installing gcc (cgo kernels)"
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq gcc libc6-dev >/dev/null
 fi
+# The NAT-traversal test builds network namespaces with iproute2 and nftables;
+# it skips itself without them (or without root), so this install is best effort.
+if [ "$(id -u)" = 0 ] && { ! command -v nft >/dev/null || ! command -v ip >/dev/null; }; then
+  echo "== installing iproute2 and nftables (NAT test)"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 nftables >/dev/null) ||
+    echo "   could not install them; the NAT test will skip"
+fi
 command -v go >/dev/null || { echo "Go 1.26 is required: https://go.dev/dl/" >&2; exit 1; }
 export CGO_ENABLED=1
 
