@@ -89,17 +89,7 @@ type swarmWorker struct {
 }
 
 func (w *swarmWorker) step(step int) error {
-	if err := w.loader.Batch(step, w.in, w.tg); err != nil {
-		return err
-	}
-	if _, err := w.stage.Forward(w.in, nil, w.tg); err != nil {
-		return err
-	}
-	w.stage.ZeroGrad()
-	if err := w.stage.Backward(nil); err != nil {
-		return err
-	}
-	_, _, err := w.opt.Step(w.stage, step)
+	_, err := trainStep(w.stage, w.opt, w.loader, step, w.in, w.tg)
 	return err
 }
 
@@ -184,18 +174,7 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 	ein, etg := make([]int32, evalB*T), make([]int32, evalB*T)
 	evaluate := func(params []float32) (float32, error) {
 		dev.CopyIn(evalStage.Params, params)
-		var sum float64
-		for i := 0; i < cfg.EvalBatches; i++ {
-			if err := val.Batch(i, ein, etg); err != nil {
-				return 0, err
-			}
-			l, err := evalStage.Forward(ein, nil, etg)
-			if err != nil {
-				return 0, err
-			}
-			sum += float64(l)
-		}
-		return float32(sum / float64(cfg.EvalBatches)), nil
+		return evalLoss(evalStage, val, cfg.EvalBatches, ein, etg)
 	}
 
 	res := &SwarmResult{Config: cfg, Params: evalStage.NumParams()}

@@ -229,20 +229,7 @@ func Train(ctx context.Context, cfg TrainConfig) (*TrainResult, error) {
 	}
 	in, tg := make([]int32, cfg.Batch*T), make([]int32, cfg.Batch*T)
 	// evaluate reuses the step's batch buffers; it runs after a step is done.
-	evaluate := func() (float32, error) {
-		var sum float64
-		for i := 0; i < cfg.EvalBatches; i++ {
-			if err := val.Batch(i, in, tg); err != nil {
-				return 0, err
-			}
-			loss, err := stage.Forward(in, nil, tg)
-			if err != nil {
-				return 0, err
-			}
-			sum += float64(loss)
-		}
-		return float32(sum / float64(cfg.EvalBatches)), nil
-	}
+	evaluate := func() (float32, error) { return evalLoss(stage, val, cfg.EvalBatches, in, tg) }
 
 	bar := newProgress(cfg.Progress, start, cfg.Steps, cfg.Batch*T)
 	began := time.Now()
@@ -251,24 +238,14 @@ func Train(ctx context.Context, cfg TrainConfig) (*TrainResult, error) {
 			res.Interrupted = true
 			break
 		}
-		if err := loader.Batch(step, in, tg); err != nil {
-			return res, err
-		}
-		loss, err := stage.Forward(in, nil, tg)
-		if err != nil {
-			return res, fmt.Errorf("node: step %d: %w", step, err)
-		}
-		stage.ZeroGrad()
-		if err := stage.Backward(nil); err != nil {
-			return res, err
-		}
-		norm, lr, err := opt.Step(stage, step)
+		r, err := trainStep(stage, opt, loader, step, in, tg)
 		if err != nil {
 			return res, err
 		}
+		loss := r.loss
 		res.Losses = append(res.Losses, loss)
 		res.EndStep = step + 1
-		rec := map[string]any{"step": step, "loss": loss, "lr": lr, "grad_norm": norm}
+		rec := map[string]any{"step": step, "loss": loss, "lr": r.lr, "grad_norm": r.gradNorm}
 		if val != nil && ((step+1)%cfg.EvalEvery == 0 || step+1 == cfg.Steps) {
 			vl, err := evaluate()
 			if err != nil {

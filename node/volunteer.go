@@ -208,22 +208,12 @@ func Volunteer(ctx context.Context, cfg VolunteerConfig) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			if err := loader.Batch(innerStep, in, tg); err != nil {
-				return err
-			}
-			loss, err := stage.Forward(in, nil, tg)
+			r, err := trainStep(stage, opt, loader, innerStep, in, tg)
 			if err != nil {
 				return err
 			}
-			stage.ZeroGrad()
-			if err := stage.Backward(nil); err != nil {
-				return err
-			}
-			if _, _, err := opt.Step(stage, innerStep); err != nil {
-				return err
-			}
 			innerStep++
-			lossSum += float64(loss)
+			lossSum += float64(r.loss)
 		}
 		dev.CopyOut(theta, stage.Params)
 		st, err := dl.OuterStep(ctx, theta)

@@ -209,17 +209,10 @@ func (d *DiLoCo) OuterStepDelayed(ctx context.Context, theta []float32) (RoundSt
 	if d.start == nil {
 		d.start = append([]float32(nil), d.Phi...)
 	}
-	var st RoundStats
-	if d.pending != nil { // the round in flight reads delta and writes avg
-		res := <-d.pending
-		d.pending = nil
-		if res.err != nil {
-			return res.stats, res.err
-		}
-		if err := d.apply(); err != nil {
-			return res.stats, err
-		}
-		st = res.stats
+	// The round in flight reads delta and writes avg: land it first.
+	st, err := d.land()
+	if err != nil {
+		return st, err
 	}
 	if err := d.prepare(d.start, theta); err != nil {
 		return st, err
@@ -239,8 +232,18 @@ func (d *DiLoCo) OuterStepDelayed(ctx context.Context, theta []float32) (RoundSt
 // Flush waits for a delayed round in flight, applies it and sets theta to
 // phi.
 func (d *DiLoCo) Flush(theta []float32) (RoundStats, error) {
+	st, err := d.land()
+	if err != nil {
+		return st, err
+	}
+	copy(theta, d.Phi)
+	d.start = nil
+	return st, nil
+}
+
+// land waits for the delayed round in flight, if any, and applies it.
+func (d *DiLoCo) land() (RoundStats, error) {
 	if d.pending == nil {
-		copy(theta, d.Phi)
 		return RoundStats{}, nil
 	}
 	res := <-d.pending
@@ -248,12 +251,7 @@ func (d *DiLoCo) Flush(theta []float32) (RoundStats, error) {
 	if res.err != nil {
 		return res.stats, res.err
 	}
-	if err := d.apply(); err != nil {
-		return res.stats, err
-	}
-	copy(theta, d.Phi)
-	d.start = nil
-	return res.stats, nil
+	return res.stats, d.apply()
 }
 
 // StateHash hashes the round, phi and the momentum: members compare it (by
