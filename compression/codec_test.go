@@ -65,6 +65,12 @@ func relL2(x, y []float32) float64 {
 
 // elementBound returns the largest |decoded - x| a codec may produce for
 // element i, given its whole block (blockwise codecs) or the value alone.
+// The largest finite values of the 16-bit formats, where encoding saturates.
+const (
+	maxFP16 = 65504
+	maxBF16 = 0x1.fep127
+)
+
 func elementBound(c Codec, sr bool, x []float32, i, block int) float64 {
 	k := 0.5 // round to nearest: half a step
 	if sr {
@@ -84,8 +90,14 @@ func elementBound(c Codec, sr bool, x []float32, i, block int) float64 {
 	case FP32:
 		return 0
 	case BF16:
+		if v > maxBF16 { // saturates (documented policy)
+			return v - maxBF16
+		}
 		return 2*k*v*0x1p-8 + 1e-38
 	case FP16:
+		if v > maxFP16 { // saturates (documented policy)
+			return v - maxFP16
+		}
 		return 2*k*max(v*0x1p-11, 0x1p-25) + 1e-12
 	case Int8:
 		if amax < minScaleAbs { // flushed to zero
