@@ -122,6 +122,9 @@ func (m *Meta) UnmarshalBinary(b []byte) error {
 	if out.Role > RoleObserver {
 		return fmt.Errorf("%w: role %d", ErrBadMeta, out.Role)
 	}
+	if err := ValidateRunID(out.RunID); err != nil { // what MarshalBinary would refuse
+		return fmt.Errorf("%w: %v", ErrBadMeta, err)
+	}
 	*m = out
 	return nil
 }
