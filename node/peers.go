@@ -35,6 +35,9 @@ func NewP2PPeers(n *p2p.Node, name string, maxMessage uint32, timeout time.Durat
 	}
 	p := &P2PPeers{n: n, name: name, cfg: cfg, inbox: make(chan optimizer.Message, 1024)}
 	err := n.Handle(name, 1, cfg, func(ctx context.Context, s *p2p.Stream) error {
+		if m, ok := n.Member(s.Peer()); !ok || m.Meta.Role != p2p.RoleVolunteer {
+			return fmt.Errorf("node: %s is not a volunteer of this run", s.Peer())
+		}
 		_, payload, err := s.ReadFrame()
 		if err != nil {
 			return err
@@ -42,10 +45,9 @@ func NewP2PPeers(n *p2p.Node, name string, maxMessage uint32, timeout time.Durat
 		msg := optimizer.Message{From: optimizer.PeerID(s.Peer().String()), Payload: append([]byte(nil), payload...)}
 		select {
 		case p.inbox <- msg:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
+		default: // nobody drains (a long inner phase): drop, never park the stream
 		}
+		return nil
 	})
 	if err != nil {
 		return nil, err
@@ -70,28 +72,47 @@ func (p *P2PPeers) Members() []optimizer.PeerID {
 	return out
 }
 
-// Send implements optimizer.Peers.
+// Send implements optimizer.Peers. A failed attempt is retried (up to 3
+// times, with a short backoff) while the peer is still a member: one broken
+// stream must not get a live member excluded from a round.
 func (p *P2PPeers) Send(ctx context.Context, to optimizer.PeerID, payload []byte) error {
 	id, err := peer.Decode(string(to))
 	if err != nil {
 		return fmt.Errorf("%w: bad peer ID %q: %v", optimizer.ErrPeerGone, to, err)
 	}
+	for attempt := 0; ; attempt++ {
+		err = p.sendOnce(ctx, id, payload)
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		if _, member := p.n.Member(id); !member || attempt == 2 {
+			return fmt.Errorf("%w: %s: %v", optimizer.ErrPeerGone, to, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Duration(50<<attempt) * time.Millisecond):
+		}
+	}
+}
+
+func (p *P2PPeers) sendOnce(ctx context.Context, id peer.ID, payload []byte) error {
 	s, err := p.n.Open(ctx, id, p.name, 1, p.cfg)
 	if err != nil {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return fmt.Errorf("%w: %s: %v", optimizer.ErrPeerGone, to, err)
+		return err
 	}
 	if err := s.WriteFrame(1, payload); err != nil {
 		s.Reset()
-		return fmt.Errorf("%w: %s: %v", optimizer.ErrPeerGone, to, err)
+		return err
 	}
 	if err := s.CloseWrite(); err != nil {
 		s.Reset()
-		return fmt.Errorf("%w: %s: %v", optimizer.ErrPeerGone, to, err)
+		return err
 	}
-	return s.Close()
+	// The frame is written and the stream half-closed; an error closing
+	// the read side (the receiver closed first) does not undo delivery.
+	s.Close()
+	return nil
 }
 
 // Recv implements optimizer.Peers.

@@ -2,6 +2,8 @@ package node
 
 import (
 	"context"
+	"log/slog"
+	"os"
 	"math/rand/v2"
 	"sync"
 	"testing"
@@ -54,6 +56,9 @@ func TestDiLoCoOverP2P(t *testing.T) {
 		defer pp.Close()
 		rc := optimizer.DefaultRingConfig()
 		rc.InitialDeadline, rc.MinDeadline, rc.MaxDeadline = 5*time.Second, time.Second, 5*time.Second
+		if os.Getenv("SKEIN_TEST_LOG") != "" {
+			rc.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("trainer", i)
+		}
 		r, err := optimizer.NewRing(pp, rc)
 		if err != nil {
 			t.Fatal(err)

@@ -131,6 +131,9 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 	case Single:
 		nw, workersForData = 1, 1
 	case DiLoCo, NoLoCo:
+		if cfg.Workers < 2 {
+			return nil, fmt.Errorf("%w: %s needs at least 2 workers, got %d", ErrConfig, cfg.Algorithm, cfg.Workers)
+		}
 	default:
 		return nil, fmt.Errorf("%w: unknown algorithm %q", ErrConfig, cfg.Algorithm)
 	}

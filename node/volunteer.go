@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -175,13 +176,30 @@ func Volunteer(ctx context.Context, cfg VolunteerConfig) error {
 		return err
 	}
 
-	// Wait for enough volunteers, then catch up with the furthest one.
-	for len(peers.Members()) < cfg.MinPeers {
-		say(cfg.Progress, "waiting for volunteers: %d of %d", len(peers.Members()), cfg.MinPeers)
+	// Wait for enough volunteers and for the view to settle (unchanged for a
+	// second), so that the first round's group is the same everywhere; then
+	// catch up with the furthest member.
+	var last []optimizer.PeerID
+	for stable := 0; stable < 2; {
+		cur := peers.Members()
+		slices.Sort(cur)
+		switch {
+		case len(cur) < cfg.MinPeers:
+			stable = 0
+			say(cfg.Progress, "waiting for volunteers: %d of %d", len(cur), cfg.MinPeers)
+		case slices.Equal(cur, last):
+			stable++
+		default:
+			stable = 1
+		}
+		last = cur
+		if stable >= 2 {
+			break
+		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-time.After(time.Second):
+		case <-time.After(500 * time.Millisecond):
 		}
 	}
 	if err := catchUp(ctx, pn, peers, dl, n, log); err != nil {

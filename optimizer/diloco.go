@@ -97,6 +97,9 @@ func NewDiLoCo(cfg DiLoCoConfig, ring *Ring, phi []float32) (*DiLoCo, error) {
 	d := &DiLoCo{cfg: cfg, ring: ring, Phi: append([]float32(nil), phi...), Mom: make([]float32, n),
 		delta: make([]float32, n), avg: make([]float32, n)}
 	if cfg.Feedback != nil {
+		if cfg.Feedback.MaxElements < int64(n) {
+			return nil, fmt.Errorf("%w: feedback codec accepts %d elements, the model has %d", ErrConfig, cfg.Feedback.MaxElements, n)
+		}
 		var err error
 		if d.ef, err = compression.NewErrorFeedback(compression.EF, n); err != nil {
 			return nil, err
@@ -138,12 +141,12 @@ func (d *DiLoCo) prepare(start, theta []float32) error {
 	switch {
 	case d.ef != nil:
 		d.efBuf.Reset()
-		if err := d.ef.Encode(d.efEnc, &d.efBuf, d.delta, d.Round); err != nil {
+		if err := d.ef.Encode(d.efEnc, &d.efBuf, d.delta, d.seed()); err != nil {
 			return err
 		}
 	case d.efEncOnly:
 		d.efBuf.Reset()
-		if err := d.efEnc.Encode(&d.efBuf, d.delta, d.Round); err != nil {
+		if err := d.efEnc.Encode(&d.efBuf, d.delta, d.seed()); err != nil {
 			return err
 		}
 	default:
@@ -155,8 +158,18 @@ func (d *DiLoCo) prepare(start, theta []float32) error {
 	return nil
 }
 
+// seed keys stochastic rounding of this member's contribution by round and
+// member, so that members' rounding errors are independent and average out.
+func (d *DiLoCo) seed() uint64 {
+	h := fnv.New64a()
+	if d.ring != nil {
+		h.Write([]byte(d.ring.peers.Self()))
+	}
+	return d.Round*0x9E3779B97F4A7C15 ^ h.Sum64()
+}
+
 func (d *DiLoCo) apply() error {
-	if n := l2(d.avg); math.IsNaN(n) || (d.cfg.MaxDeltaNorm > 0 && n > d.cfg.MaxDeltaNorm) {
+	if n := l2(d.avg); math.IsNaN(n) || math.IsInf(n, 0) || (d.cfg.MaxDeltaNorm > 0 && n > d.cfg.MaxDeltaNorm) {
 		return fmt.Errorf("%w: averaged pseudo-gradient norm %v (bound %v)", ErrRejected, n, d.cfg.MaxDeltaNorm)
 	}
 	NesterovStep(d.Phi, d.Mom, d.avg, float32(d.cfg.OuterLR), float32(d.cfg.Momentum))
@@ -180,10 +193,11 @@ func (d *DiLoCo) OuterStep(ctx context.Context, theta []float32) (RoundStats, er
 			return RoundStats{}, err
 		}
 	}
-	if err := d.prepare(d.Phi, theta); err != nil {
-		return RoundStats{}, err
+	var st RoundStats
+	err := d.prepare(d.Phi, theta)
+	if err == nil {
+		st, err = d.ring.AllReduceMean(ctx, d.Round, d.delta, d.avg)
 	}
-	st, err := d.ring.AllReduceMean(ctx, d.Round, d.delta, d.avg)
 	if err == nil {
 		err = d.apply()
 	}

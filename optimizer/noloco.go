@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -188,9 +187,14 @@ func (nl *NoLoCo) receive(ctx context.Context) {
 			nl.reject(m.From, err)
 			continue
 		}
+		if !slices.Contains(nl.peers.Members(), m.From) {
+			continue // only members' weights are averaged
+		}
 		nl.mu.Lock()
-		// Keep messages of the current and future steps, boundedly.
-		if h.round >= nl.Step && (len(nl.arrived) < 64 || nl.arrived[h.round] != nil) && len(nl.arrived[h.round]) < 64 {
+		// Keep one message per sender for the current step and the next
+		// two (partners that finished their inner phase earlier); anything
+		// further ahead is not honest and would pin memory.
+		if h.round >= nl.Step && h.round <= nl.Step+2 && !slices.ContainsFunc(nl.arrived[h.round], func(e envelope) bool { return e.from == m.From }) {
 			nl.arrived[h.round] = append(nl.arrived[h.round], envelope{from: m.From, h: h, body: body, at: time.Now()})
 		}
 		nl.mu.Unlock()
@@ -338,7 +342,7 @@ func (nl *NoLoCo) decodeBody(body []byte) error {
 	if err != nil || len(got) != len(nl.tmp) {
 		return fmt.Errorf("%w: phi: %d elements, %v", ErrRejected, len(got), err)
 	}
-	if err := checkFinite(nl.tmp, math.MaxFloat32); err != nil {
+	if err := checkFinite(nl.tmp, nl.cfg.MaxAbs); err != nil { // weights beyond MaxAbs would overflow the mean
 		return err
 	}
 	d := nl.own // reuse: own was already added to dbar

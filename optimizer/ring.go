@@ -1,6 +1,7 @@
 package optimizer
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -97,14 +98,24 @@ type Ring struct {
 	inbox chan envelope
 
 	mu       sync.Mutex
-	done     map[uint64][][]byte // last finished rounds' final chunks
+	done     map[uint64]doneRound // last finished rounds
 	doneList []uint64
+	// initial is the group of the current call's first attempt: control
+	// messages are accepted only from its members.
+	initial []PeerID
 	stash    []envelope // messages for rounds or groups not yet reached
 	first    estimator  // wait for the first message of a round
 	hop      estimator  // wait for later messages
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+}
+
+// doneRound is a finished round's result, kept to answer late members.
+type doneRound struct {
+	chunks   [][]byte
+	group    []PeerID        // who may ask for it
+	answered map[PeerID]bool // each member is answered once
 }
 
 type envelope struct {
@@ -137,7 +148,7 @@ func NewRing(peers Peers, cfg RingConfig) (*Ring, error) {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	return &Ring{peers: peers, cfg: cfg, log: log, enc: enc, dec: dec, inbox: make(chan envelope, 1024),
-		done: map[uint64][][]byte{}}, nil
+		done: map[uint64]doneRound{}}, nil
 }
 
 // Start runs the background receiver until ctx ends or Close.
@@ -172,23 +183,37 @@ func (r *Ring) receive(ctx context.Context) {
 			continue
 		}
 		if h.kind == kindQuery {
-			r.mu.Lock()
-			chunks, ok := r.done[h.round]
-			r.mu.Unlock()
-			if ok {
-				reply := appendMessage(nil, header{kind: kindDone, round: h.round}, appendDone(nil, chunks))
-				if err := r.peers.Send(ctx, m.From, reply); err != nil {
-					r.log.Debug("answering query", "peer", m.From, "round", h.round, "err", err)
-				}
-			}
+			r.answer(ctx, m.From, h.round)
 			continue
 		}
 		select {
 		case r.inbox <- envelope{from: m.From, h: h, body: body, at: time.Now()}:
-		case <-ctx.Done():
-			return
+		default: // nobody is draining (a long inner phase): drop rather than block
+			r.log.Debug("inbox full; dropped message", "peer", m.From, "kind", h.kind, "round", h.round)
 		}
 	}
+}
+
+// answer sends a finished round's result to a member of that round's
+// group that asks for it, once per member, off the receive loop: a query is
+// 32 bytes and the answer the size of the model, so strangers get nothing.
+func (r *Ring) answer(ctx context.Context, from PeerID, round uint64) {
+	r.mu.Lock()
+	d, ok := r.done[round]
+	if !ok || d.answered[from] || !slices.Contains(d.group, from) {
+		r.mu.Unlock()
+		return
+	}
+	d.answered[from] = true
+	r.mu.Unlock()
+	reply := appendMessage(nil, header{kind: kindDone, round: round}, appendDone(nil, d.chunks))
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		if err := r.peers.Send(ctx, from, reply); err != nil {
+			r.log.Debug("answering query", "peer", from, "round", round, "err", err)
+		}
+	}()
 }
 
 func (r *Ring) reject(from PeerID, err error) {
@@ -227,6 +252,9 @@ func (r *Ring) AllReduceMean(ctx context.Context, round uint64, x, out []float32
 	st.Round = round
 	suspects := map[PeerID]bool{}
 	self := r.peers.Self()
+	r.mu.Lock()
+	delete(r.done, round) // a retried round must not answer with an earlier, rejected run
+	r.mu.Unlock()
 	for attempt := 1; attempt <= r.cfg.MaxAttempts; attempt++ {
 		st.Attempts = attempt
 		var members []PeerID
@@ -242,8 +270,27 @@ func (r *Ring) AllReduceMean(ctx context.Context, round uint64, x, out []float32
 		if !slices.Contains(group, self) {
 			return st, fmt.Errorf("%w: %s", ErrNotMember, self)
 		}
+		if attempt == 1 {
+			r.mu.Lock()
+			r.initial = group
+			r.mu.Unlock()
+		}
 		st.Group = group
-		chunks, err := r.attempt(ctx, round, group, suspects, x, out, &st)
+		var chunks [][]byte
+		var err error
+		switch {
+		case attempt == 1:
+			// Control messages that arrived before this call (others started
+			// the round earlier) count as if they arrived now.
+			err = r.replayStash(round, group, suspects)
+		case len(group) == 1 && len(r.initial) > 1:
+			// Everyone else was excluded: never average alone; a member
+			// that finished holds the round's result.
+			err = errSelfSuspected
+		}
+		if err == nil {
+			chunks, err = r.attempt(ctx, round, group, suspects, x, out, &st)
+		}
 		r.log.Debug("attempt", "self", self, "round", round, "attempt", attempt, "group", len(group), "err", err)
 		var adopted adoptedError
 		var sus *suspectError
@@ -255,7 +302,7 @@ func (r *Ring) AllReduceMean(ctx context.Context, round uint64, x, out []float32
 			}
 			chunks, st.Adopted = adopted.chunks, true
 		case errors.Is(err, errSelfSuspected):
-			chunks, err = r.awaitResult(ctx, round, group, out, &st)
+			chunks, err = r.awaitResult(ctx, round, r.initial, out, &st)
 			if err != nil {
 				return st, err
 			}
@@ -278,11 +325,39 @@ func (r *Ring) AllReduceMean(ctx context.Context, round uint64, x, out []float32
 	return st, fmt.Errorf("optimizer: round %d: no result after %d attempts", round, r.cfg.MaxAttempts)
 }
 
+// replayStash runs the stashed control messages of round through control.
+func (r *Ring) replayStash(round uint64, group []PeerID, suspects map[PeerID]bool) error {
+	r.mu.Lock()
+	var ctl []envelope
+	keep := r.stash[:0]
+	for _, e := range r.stash {
+		if e.h.round == round && (e.h.kind == kindSuspect || e.h.kind == kindDone) {
+			ctl = append(ctl, e)
+		} else {
+			keep = append(keep, e)
+		}
+	}
+	r.stash = keep
+	r.mu.Unlock()
+	var first error
+	for _, e := range ctl {
+		if err := r.control(e, round, group, suspects); err != nil && first == nil {
+			first = err
+		}
+	}
+	if errors.Is(first, errRegroup) {
+		return errRegroup
+	}
+	return first
+}
+
 func (r *Ring) finish(round uint64, chunks [][]byte) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.done[round] = chunks
-	r.doneList = append(r.doneList, round)
+	if _, again := r.done[round]; !again {
+		r.doneList = append(r.doneList, round)
+	}
+	r.done[round] = doneRound{chunks: chunks, group: r.initial, answered: map[PeerID]bool{}}
 	if len(r.doneList) > keepDone {
 		delete(r.done, r.doneList[0])
 		r.doneList = r.doneList[1:]
@@ -328,17 +403,31 @@ func (r *Ring) attempt(ctx context.Context, round uint64, group []PeerID, suspec
 	send := func(h header, body []byte) error {
 		h.round, h.group = round, gh
 		msg := appendMessage(nil, h, body)
-		if err := r.peers.Send(ctx, succ, msg); err != nil {
-			if ctx.Err() != nil {
+		give := time.Now().Add(r.cfg.MaxDeadline)
+		for {
+			err := r.peers.Send(ctx, succ, msg)
+			switch {
+			case err == nil:
+				st.BytesSent += int64(len(msg))
+				return nil
+			case ctx.Err() != nil:
 				return ctx.Err()
-			}
-			if errors.Is(err, ErrClosed) {
+			case errors.Is(err, ErrClosed):
 				return err // we are the ones gone
+			case h.kind == kindGather && slices.Contains(r.peers.Members(), succ) && time.Now().Before(give):
+				// Past reduce-scatter the result may already exist
+				// elsewhere: as for a late message, a live successor is
+				// not excluded on one failed send (see waitGather).
+				r.log.Debug("gather send failed; retrying", "peer", succ, "err", err)
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case <-time.After(r.cfg.MinDeadline / 4):
+				}
+			default:
+				return &suspectError{peer: succ, err: err}
 			}
-			return &suspectError{peer: succ, err: err}
 		}
-		st.BytesSent += int64(len(msg))
-		return nil
 	}
 	seed := func(step, chunk int) uint64 { return round*0x9E3779B97F4A7C15 ^ uint64(step)<<32 ^ uint64(chunk) }
 
@@ -412,10 +501,7 @@ func (r *Ring) attempt(ctx context.Context, round uint64, group []PeerID, suspec
 // decodeChunk decodes and validates a received chunk of contributors
 // members' values; a bad one suspects its sender.
 func (r *Ring) decodeChunk(env envelope, dst []float32, contributors float32) error {
-	got, err := r.dec.DecodeBytes(env.body, dst)
-	if err == nil && len(got) != len(dst) {
-		err = fmt.Errorf("%w: chunk of %d elements, want %d", ErrRejected, len(got), len(dst))
-	}
+	err := r.decodeExact(env.body, dst)
 	if err == nil {
 		err = checkFinite(dst, r.cfg.MaxAbs*contributors)
 	}
@@ -424,6 +510,20 @@ func (r *Ring) decodeChunk(env envelope, dst []float32, contributors float32) er
 		return &suspectError{peer: env.from, err: err}
 	}
 	return nil
+}
+
+// decodeExact decodes a frame that must hold exactly len(dst) elements; the
+// count is checked from the header before anything is decoded or allocated.
+func (r *Ring) decodeExact(frame []byte, dst []float32) error {
+	h, err := r.dec.ReadHeader(bytes.NewReader(frame))
+	if err != nil {
+		return err
+	}
+	if h.Count != int64(len(dst)) {
+		return fmt.Errorf("%w: frame of %d elements, want %d", ErrRejected, h.Count, len(dst))
+	}
+	_, err = r.dec.DecodeBytes(frame, dst[:len(dst):len(dst)])
+	return err
 }
 
 func checkFinite(x []float32, bound float32) error {
@@ -440,12 +540,8 @@ func (r *Ring) decodeAll(chunks [][]byte, out []float32) error {
 	M := len(chunks)
 	for c, q := range chunks {
 		lo, hi := chunkBounds(len(out), M, c)
-		got, err := r.dec.DecodeBytes(q, out[lo:hi])
-		if err != nil {
+		if err := r.decodeExact(q, out[lo:hi:hi]); err != nil {
 			return fmt.Errorf("%w: result chunk %d: %v", ErrRejected, c, err)
-		}
-		if len(got) != hi-lo {
-			return fmt.Errorf("%w: result chunk %d has %d elements, want %d", ErrRejected, c, len(got), hi-lo)
 		}
 		if err := checkFinite(out[lo:hi], r.cfg.MaxAbs); err != nil {
 			return err
@@ -492,7 +588,12 @@ func (r *Ring) wait(ctx context.Context, round, gh uint64, group []PeerID, suspe
 	if step == 0 && k == kindReduce {
 		est = &r.first
 	}
-	deadline := est.deadline(r.cfg.InitialDeadline, r.cfg.MinDeadline, r.cfg.MaxDeadline)
+	// The message of step s has crossed s hops since the round started: a
+	// stall anywhere upstream delays it. Waiting (s+1) deadlines lets the
+	// stalled member's own successor, which waits at step 0, time out first
+	// and name the right culprit, instead of every member suspecting its
+	// innocent predecessor at once.
+	deadline := min(est.deadline(r.cfg.InitialDeadline, r.cfg.MinDeadline, r.cfg.MaxDeadline)*time.Duration(step+1), r.cfg.MaxDeadline)
 	r.mu.Unlock()
 	began := time.Now()
 	timer := time.NewTimer(deadline)
@@ -519,8 +620,14 @@ func (r *Ring) wait(ctx context.Context, round, gh uint64, group []PeerID, suspe
 
 // control handles a message that is not the one awaited.
 func (r *Ring) control(e envelope, round uint64, group []PeerID, suspects map[PeerID]bool) error {
-	if e.h.round < round {
-		return nil // stale
+	if e.h.round < round || e.h.round > round+1 {
+		return nil // stale, or too far ahead to be honest
+	}
+	r.mu.Lock()
+	known := slices.Contains(r.initial, e.from)
+	r.mu.Unlock()
+	if !known && e.h.round == round {
+		return nil // not a member of this round: its word counts for nothing
 	}
 	if e.h.round == round {
 		switch e.h.kind {
@@ -566,6 +673,15 @@ func (r *Ring) awaitResult(ctx context.Context, round uint64, group []PeerID, ou
 	r.mu.Unlock()
 	give := time.Now().Add(r.cfg.MaxDeadline)
 	for time.Now().Before(give) {
+		others := 0
+		for _, p := range r.peers.Members() {
+			if p != r.peers.Self() && slices.Contains(group, p) {
+				others++
+			}
+		}
+		if others == 0 {
+			break // everyone who could hold the result has gone
+		}
 		r.broadcast(ctx, group, header{kind: kindQuery, round: round}, nil, st)
 		timer := time.NewTimer(wait)
 	loop:
@@ -577,7 +693,7 @@ func (r *Ring) awaitResult(ctx context.Context, round uint64, group []PeerID, ou
 			case <-timer.C:
 				break loop
 			case e := <-r.inbox:
-				if e.h.round == round && e.h.kind == kindDone {
+				if e.h.round == round && e.h.kind == kindDone && slices.Contains(group, e.from) {
 					chunks, err := parseDone(e.body)
 					if err != nil {
 						r.reject(e.from, err)
