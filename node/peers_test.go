@@ -3,8 +3,8 @@ package node
 import (
 	"context"
 	"log/slog"
-	"os"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"testing"
 	"time"

@@ -103,9 +103,9 @@ type Ring struct {
 	// initial is the group of the current call's first attempt: control
 	// messages are accepted only from its members.
 	initial []PeerID
-	stash    []envelope // messages for rounds or groups not yet reached
-	first    estimator  // wait for the first message of a round
-	hop      estimator  // wait for later messages
+	stash   []envelope // messages for rounds or groups not yet reached
+	first   estimator  // wait for the first message of a round
+	hop     estimator  // wait for later messages
 
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
