@@ -208,6 +208,7 @@ func Volunteer(ctx context.Context, cfg VolunteerConfig) error {
 		copy(theta, dl.Phi)
 		dev.CopyIn(stage.Params, theta)
 	}
+	announce(ctx, pn, dl)
 
 	in, tg := make([]int32, cfg.Batch*T), make([]int32, cfg.Batch*T)
 	save := func() {
@@ -250,6 +251,24 @@ func Volunteer(ctx context.Context, cfg VolunteerConfig) error {
 		mu.Lock()
 		latest = encodeState(dl.State())
 		mu.Unlock()
+		if err := announce(ctx, pn, dl); err != nil {
+			log.Debug("announcing state", "err", err)
+		}
+		if majority := divergedFrom(pn, peers, dl); len(majority) > 0 {
+			// Most members finished this round with another result: take
+			// theirs (DESIGN.md, consistency).
+			log.Warn("state differs from the majority; re-syncing", "round", dl.Round)
+			if err := adoptFrom(ctx, pn, dl, n, majority); err != nil {
+				log.Warn("re-sync failed", "err", err)
+			} else {
+				copy(theta, dl.Phi)
+				dev.CopyIn(stage.Params, theta)
+				mu.Lock()
+				latest = encodeState(dl.State())
+				mu.Unlock()
+				announce(ctx, pn, dl)
+			}
+		}
 		rep := RoundReport{Round: dl.Round, Loss: float32(lossSum / float64(cfg.InnerSteps)), Members: len(peers.Members()),
 			Stats: st, StateHash: dl.StateHash()}
 		say(cfg.Progress, "round %d: loss %.4f, %d in group, %.1f kB sent, %.1fs (state %016x)", rep.Round, rep.Loss,
@@ -357,4 +376,61 @@ func writeFileAtomic(path string, b []byte) error {
 		return fmt.Errorf("node: installing %s: %w", path, err)
 	}
 	return nil
+}
+
+// announce gossips this member's round and state hash in its metadata.
+func announce(ctx context.Context, pn *p2p.Node, dl *optimizer.DiLoCo) error {
+	round, hash := dl.Round, dl.StateHash()
+	return pn.UpdateMeta(ctx, func(m *p2p.Meta) { m.Round, m.StateHash = round, hash })
+}
+
+// divergedFrom returns the members that agree on a state hash for this
+// member's round when they outnumber those (self included) that agree with
+// this member's hash; nil when this member is with the majority.
+func divergedFrom(pn *p2p.Node, peers *P2PPeers, dl *optimizer.DiLoCo) []optimizer.PeerID {
+	mine := dl.StateHash()
+	byHash := map[uint64][]optimizer.PeerID{}
+	for _, m := range pn.Members() {
+		if m.Meta.Role != p2p.RoleVolunteer || m.ID == pn.ID() || m.Meta.Round != dl.Round || m.Meta.StateHash == 0 {
+			continue
+		}
+		byHash[m.Meta.StateHash] = append(byHash[m.Meta.StateHash], optimizer.PeerID(m.ID.String()))
+	}
+	agree := len(byHash[mine]) + 1
+	var best []optimizer.PeerID
+	for h, ids := range byHash {
+		if h != mine && len(ids) > agree && len(ids) > len(best) {
+			best = ids
+		}
+	}
+	return best
+}
+
+// adoptFrom downloads the shared state from the first of ids that serves a
+// valid one at this member's round or later, and installs it.
+func adoptFrom(ctx context.Context, pn *p2p.Node, dl *optimizer.DiLoCo, n int, ids []optimizer.PeerID) error {
+	var lastErr error = fmt.Errorf("node: no peer to re-sync from")
+	for _, m := range ids {
+		id, err := peer.Decode(string(m))
+		if err != nil {
+			continue
+		}
+		buf := make(memWriterAt, stateSize(n))
+		fctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		_, err = pn.Fetch(fctx, id, stateKey, buf, p2p.FetchOptions{Length: int64(len(buf))})
+		cancel()
+		if err == nil {
+			var round uint64
+			var phi, mom []float32
+			if round, phi, mom, err = decodeState(buf, n); err == nil {
+				if round < dl.Round {
+					err = fmt.Errorf("node: %s serves round %d, behind our %d", m, round, dl.Round)
+				} else if err = dl.SetState(round, phi, mom); err == nil {
+					return nil
+				}
+			}
+		}
+		lastErr = err
+	}
+	return lastErr
 }

@@ -85,7 +85,8 @@ func FuzzFrame(f *testing.F) {
 
 func TestMetaRoundTrip(t *testing.T) {
 	m := Meta{Role: RoleVolunteer, RunID: "run-1", Stage: 2, Device: "cuda:H100", Version: "0.1.0",
-		ComputeTFLOPS: 412.5, UpMbps: 100, DownMbps: 1000, CapUpMbps: 50, CapDownMbps: 500, CapMemMiB: 16384, TCPPort: 4001}
+		ComputeTFLOPS: 412.5, UpMbps: 100, DownMbps: 1000, CapUpMbps: 50, CapDownMbps: 500, CapMemMiB: 16384, TCPPort: 4001,
+		Round: 1 << 40, StateHash: 0xdeadbeefcafef00d}
 	b, err := m.MarshalBinary()
 	if err != nil {
 		t.Fatal(err)

@@ -60,6 +60,13 @@ type Meta struct {
 	// TCPPort is the node's TCP fallback port on the same IP as its memberlist
 	// (QUIC) address; 0 when it has none. Set by the node.
 	TCPPort uint16
+
+	// Round and StateHash are a trainer's last finished outer round and the
+	// hash of its shared state after it: members compare them to detect a
+	// diverged state and re-sync (an optional trailing field: older
+	// encodings without it decode as zero).
+	Round     uint64
+	StateHash uint64
 }
 
 // MarshalBinary encodes m. Strings over their bound are an error.
@@ -84,6 +91,8 @@ func (m Meta) MarshalBinary() ([]byte, error) {
 	}
 	b = binary.BigEndian.AppendUint32(b, m.CapMemMiB)
 	b = binary.BigEndian.AppendUint16(b, m.TCPPort)
+	b = binary.BigEndian.AppendUint64(b, m.Round)
+	b = binary.BigEndian.AppendUint64(b, m.StateHash)
 	return b, nil
 }
 
@@ -116,6 +125,10 @@ func (m *Meta) UnmarshalBinary(b []byte) error {
 	out.CapDownMbps = d.f32()
 	out.CapMemMiB = d.u32()
 	out.TCPPort = d.u16()
+	if d.err == nil && len(d.b) >= 16 {
+		out.Round = binary.BigEndian.Uint64(d.take(8))
+		out.StateHash = binary.BigEndian.Uint64(d.take(8))
+	}
 	if d.err != nil {
 		return d.err
 	}
