@@ -1,9 +1,12 @@
 package model
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -99,6 +102,7 @@ func SaveCheckpoint(path string, ck *Checkpoint) error {
 		"skein.config": string(cfg),
 		"skein.spec":   string(spec),
 		"skein.step":   strconv.Itoa(ck.Step),
+		"skein.crc32c": strconv.FormatUint(uint64(ck.checksum()), 16),
 	}
 	for k, v := range ck.Meta {
 		if _, reserved := meta[k]; reserved {
@@ -186,7 +190,7 @@ func decodeCheckpoint(r readerAt, size int64) (*Checkpoint, error) {
 		return nil, fmt.Errorf("%w: skein.step %q", ErrCheckpoint, h.Metadata["skein.step"])
 	}
 	for k, v := range h.Metadata {
-		if k != "format" && k != "skein.config" && k != "skein.spec" && k != "skein.step" {
+		if k != "format" && k != "skein.config" && k != "skein.spec" && k != "skein.step" && k != "skein.crc32c" {
 			ck.Meta[k] = v
 		}
 	}
@@ -244,6 +248,12 @@ func decodeCheckpoint(r readerAt, size int64) (*Checkpoint, error) {
 			return nil, err
 		}
 	}
+	// Files from other tools carry no checksum; ours must match theirs.
+	if want, ok := h.Metadata["skein.crc32c"]; ok {
+		if got := strconv.FormatUint(uint64(ck.checksum()), 16); got != want {
+			return nil, fmt.Errorf("%w: checksum %s, file says %s (corrupted)", ErrMalformed, got, want)
+		}
+	}
 	return ck, nil
 }
 
@@ -257,4 +267,23 @@ func equalShape(a, b []int) bool {
 		}
 	}
 	return true
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// checksum is the CRC-32C of the parameters then the moments, as
+// little-endian float32 bytes: what SaveCheckpoint writes, in that order.
+func (ck *Checkpoint) checksum() uint32 {
+	var crc uint32
+	var buf [4096]byte
+	for _, flat := range [][]float32{ck.Params, ck.M, ck.V} {
+		for i := 0; i < len(flat); i += len(buf) / 4 {
+			chunk := flat[i:min(i+len(buf)/4, len(flat))]
+			for j, v := range chunk {
+				binary.LittleEndian.PutUint32(buf[4*j:], math.Float32bits(v))
+			}
+			crc = crc32.Update(crc, castagnoli, buf[:4*len(chunk)])
+		}
+	}
+	return crc
 }

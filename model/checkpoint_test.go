@@ -56,6 +56,14 @@ func TestCheckpointRoundTripBitExact(t *testing.T) {
 	}
 
 	raw, _ := os.ReadFile(path)
+	// A flipped bit in the data (same size, valid structure) is caught by the checksum.
+	flipped := append([]byte(nil), raw...)
+	flipped[len(flipped)-3] ^= 0x10
+	fp := filepath.Join(t.TempDir(), "flip.safetensors")
+	os.WriteFile(fp, flipped, 0o644)
+	if _, err := LoadCheckpoint(fp); !errors.Is(err, ErrMalformed) || !strings.Contains(err.Error(), "checksum") {
+		t.Errorf("bit flip: got %v, want a checksum error", err)
+	}
 	for _, cut := range []int{0, 7, 100, len(raw) / 2, len(raw) - 4} {
 		p := filepath.Join(t.TempDir(), "cut.safetensors")
 		os.WriteFile(p, raw[:cut], 0o644)

@@ -50,10 +50,17 @@ const (
 // client's Fetch fails with ErrBulk).
 type BulkSource func(ctx context.Context, from peer.ID, key string) (io.ReaderAt, int64, error)
 
+// DefaultMaxFetch bounds a Fetch of unknown length (64 GiB).
+const DefaultMaxFetch = 64 << 30
+
 // FetchOptions shape one Fetch.
 type FetchOptions struct {
 	Offset  int64 // first byte wanted
-	Length  int64 // bytes wanted; < 0 = to the end
+	Length  int64 // bytes wanted; < 0 = to the end, at most MaxLength
+	// MaxLength bounds a transfer whose length the peer announces (Length <
+	// 0); default DefaultMaxFetch. The peer's word is checked against it
+	// before anything is allocated.
+	MaxLength int64
 	Streams int   // parallel streams (striping); default 1
 	// Conns spreads the streams over this many connections (the main one
 	// plus Conns-1 lanes, see lanes.go); default 1. Use it on lossy long fat
@@ -252,6 +259,14 @@ func (n *Node) Fetch(ctx context.Context, p peer.ID, key string, w io.WriterAt, 
 			return 0, err
 		}
 		opt.Length = int64(hdr.Total) - opt.Offset
+		limit := opt.MaxLength
+		if limit <= 0 {
+			limit = DefaultMaxFetch
+		}
+		if opt.Length > limit {
+			first.Reset()
+			return 0, fmt.Errorf("%w: peer announces %d bytes, limit %d", ErrBulk, opt.Length, limit)
+		}
 	}
 	if opt.Length == 0 {
 		first.Close()

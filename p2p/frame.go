@@ -111,12 +111,22 @@ func (f *FrameStream) ReadFrame() (typ uint8, payload []byte, err error) {
 	if err != nil {
 		return 0, nil, err
 	}
-	if cap(f.buf) < int(n) {
-		f.buf = make([]byte, n)
-	}
-	f.buf = f.buf[:n]
-	if _, err := io.ReadFull(f.rw, f.buf); err != nil {
-		return 0, nil, err
+	// Grow the buffer as bytes arrive, at most doubling, so that a header
+	// that declares a large frame pins no more memory than the peer has
+	// actually sent (plus 1 MiB).
+	f.buf = f.buf[:0]
+	for len(f.buf) < int(n) {
+		want := min(int(n), max(2*len(f.buf), 1<<20))
+		if cap(f.buf) < want {
+			grown := make([]byte, len(f.buf), want)
+			copy(grown, f.buf)
+			f.buf = grown
+		}
+		got, err := io.ReadFull(f.rw, f.buf[len(f.buf):want])
+		f.buf = f.buf[:len(f.buf)+got]
+		if err != nil {
+			return 0, nil, err
+		}
 	}
 	return typ, f.buf, nil
 }
