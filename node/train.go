@@ -8,6 +8,7 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -210,7 +211,11 @@ func Train(ctx context.Context, cfg TrainConfig) (*TrainResult, error) {
 		if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
 			return nil, fmt.Errorf("node: creating output directory: %w", err)
 		}
-		metrics, err = os.OpenFile(filepath.Join(cfg.Out, "metrics.jsonl"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		mpath := filepath.Join(cfg.Out, "metrics.jsonl")
+		if err := trimMetrics(mpath, start); err != nil {
+			return nil, err
+		}
+		metrics, err = os.OpenFile(mpath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {
 			return nil, fmt.Errorf("node: opening metrics: %w", err)
 		}
@@ -356,4 +361,29 @@ func BenchTrain(ctx context.Context, preset string, batch, threads, steps, warmu
 	tps := float64(batch*T*steps) / sec
 	return &BenchResult{Preset: preset, Batch: batch, SeqLen: T, Threads: dev.Threads(), Steps: steps,
 		Device: dev.Name(), Loss: loss, TokensPerSec: tps, GFLOPS: tps * mc.FlopsPerToken(T) / 1e9}, nil
+}
+
+// trimMetrics keeps the records of steps before start: after a crash the
+// steps since the last checkpoint run again and must not appear twice.
+func trimMetrics(path string, start int) error {
+	raw, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("node: reading metrics: %w", err)
+	}
+	var kept []byte
+	for _, line := range bytes.Split(raw, []byte("\n")) {
+		var rec struct {
+			Step *int `json:"step"`
+		}
+		if json.Unmarshal(line, &rec) == nil && rec.Step != nil && *rec.Step < start {
+			kept = append(append(kept, line...), '\n')
+		}
+	}
+	if len(kept) == len(raw) {
+		return nil
+	}
+	return writeFileAtomic(path, kept)
 }

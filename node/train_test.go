@@ -1,8 +1,10 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -129,6 +131,13 @@ func TestTrainInterruptResumeMatchesUninterrupted(t *testing.T) {
 		t.Fatalf("resumed at step %d, want %d", second.StartStep, stopAfter)
 	}
 	equalLosses(t, "resumed", append(first.Losses, second.Losses...), full.Losses)
+	raw, err := os.ReadFile(filepath.Join(out, "metrics.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := bytes.Count(raw, []byte("\n")); n != steps {
+		t.Errorf("metrics.jsonl has %d records after a resume, want %d", n, steps)
+	}
 }
 
 func TestTrainResumeRefusesOtherRun(t *testing.T) {
@@ -166,5 +175,27 @@ func TestTrainConfigValidate(t *testing.T) {
 	c.SeqLen = 1000
 	if _, err := Train(context.Background(), c); !errors.Is(err, ErrConfig) {
 		t.Errorf("seq-len beyond context: %v", err)
+	}
+}
+
+// After a crash, the steps since the last checkpoint run again: their old
+// records are dropped so that each step appears once.
+func TestTrimMetrics(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "metrics.jsonl")
+	var b bytes.Buffer
+	for i := 0; i < 10; i++ {
+		fmt.Fprintf(&b, "{\"step\":%d,\"loss\":1}\n", i)
+	}
+	b.WriteString("{\"step\":9") // torn last line
+	os.WriteFile(path, b.Bytes(), 0o644)
+	if err := trimMetrics(path, 4); err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := os.ReadFile(path)
+	if n := bytes.Count(raw, []byte("\n")); n != 4 || !bytes.HasSuffix(raw, []byte("{\"step\":3,\"loss\":1}\n")) {
+		t.Fatalf("kept:\n%s", raw)
+	}
+	if err := trimMetrics(filepath.Join(t.TempDir(), "absent.jsonl"), 3); err != nil {
+		t.Fatalf("missing file: %v", err)
 	}
 }

@@ -55,13 +55,13 @@ const DefaultMaxFetch = 64 << 30
 
 // FetchOptions shape one Fetch.
 type FetchOptions struct {
-	Offset  int64 // first byte wanted
-	Length  int64 // bytes wanted; < 0 = to the end, at most MaxLength
+	Offset int64 // first byte wanted
+	Length int64 // bytes wanted; < 0 = to the end, at most MaxLength
 	// MaxLength bounds a transfer whose length the peer announces (Length <
 	// 0); default DefaultMaxFetch. The peer's word is checked against it
 	// before anything is allocated.
 	MaxLength int64
-	Streams int   // parallel streams (striping); default 1
+	Streams   int // parallel streams (striping); default 1
 	// Conns spreads the streams over this many connections (the main one
 	// plus Conns-1 lanes, see lanes.go); default 1. Use it on lossy long fat
 	// pipes, where one connection's congestion control fills a fraction of
