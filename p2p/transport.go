@@ -50,6 +50,10 @@ type transport struct {
 	connected  atomic.Int64 // in-flight sends to peers already connected
 	wg         sync.WaitGroup
 	shutdownMu sync.Once
+	// closeMu orders WriteToAddress's wg.Add against Shutdown's wg.Wait:
+	// memberlist may still send while it shuts the transport down.
+	closeMu sync.Mutex
+	closed  bool
 
 	mu     sync.Mutex
 	byAddr map[string]peer.ID // memberlist "ip:port" -> peer, for WriteTo without a name
@@ -174,7 +178,17 @@ func (t *transport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, e
 	if live {
 		t.connected.Add(1)
 	}
+	t.closeMu.Lock()
+	if t.closed {
+		t.closeMu.Unlock()
+		t.inflight.Add(-1)
+		if live {
+			t.connected.Add(-1)
+		}
+		return now, ErrClosed
+	}
 	t.wg.Add(1)
+	t.closeMu.Unlock()
 	go func() {
 		defer t.wg.Done()
 		defer t.inflight.Add(-1)
@@ -298,6 +312,9 @@ func (t *transport) drain(timeout time.Duration) {
 
 func (t *transport) Shutdown() error {
 	t.shutdownMu.Do(func() {
+		t.closeMu.Lock()
+		t.closed = true
+		t.closeMu.Unlock()
 		t.h.RemoveStreamHandler(t.packetID)
 		t.h.RemoveStreamHandler(t.streamID)
 		t.cancel()
