@@ -2,6 +2,7 @@ package node
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -202,7 +203,7 @@ func Volunteer(ctx context.Context, cfg VolunteerConfig) error {
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
-	if err := catchUp(ctx, pn, peers, dl, n, log); err != nil {
+	if err := catchUp(ctx, pn, dl, n, log); err != nil {
 		log.Warn("could not fetch the run's state; starting from the local one", "err", err)
 	} else {
 		copy(theta, dl.Phi)
@@ -242,7 +243,7 @@ func Volunteer(ctx context.Context, cfg VolunteerConfig) error {
 			}
 			// Excluded or the round failed: take the run's state and go on.
 			log.Warn("round failed; re-syncing", "round", dl.Round, "err", err)
-			if cerr := catchUp(ctx, pn, peers, dl, n, log); cerr != nil {
+			if cerr := catchUp(ctx, pn, dl, n, log); cerr != nil {
 				return fmt.Errorf("round %d: %w (re-sync: %v)", dl.Round, err, cerr)
 			}
 			copy(theta, dl.Phi)
@@ -281,46 +282,33 @@ func Volunteer(ctx context.Context, cfg VolunteerConfig) error {
 	return nil
 }
 
-// catchUp downloads the shared state from the other volunteers and adopts
-// the most advanced one if it is ahead of ours.
-func catchUp(ctx context.Context, pn *p2p.Node, peers *P2PPeers, dl *optimizer.DiLoCo, n int, log *slog.Logger) error {
-	var lastErr error
-	fetched := false
-	best := dl.Round
-	for _, m := range peers.Members() {
-		if m == peers.Self() {
-			continue
-		}
-		id, err := peer.Decode(string(m))
-		if err != nil {
-			continue
-		}
-		buf := make(memWriterAt, stateSize(n))
-		fctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		_, err = pn.Fetch(fctx, id, stateKey, buf, p2p.FetchOptions{Length: int64(len(buf))})
-		cancel()
-		if err == nil {
-			var round uint64
-			var phi, mom []float32
-			if round, phi, mom, err = decodeState(buf, n); err == nil {
-				fetched = true
-			}
-			if err == nil && round > best {
-				if err = dl.SetState(round, phi, mom); err == nil {
-					best = round
-					log.Info("adopted the run's state", "from", m, "round", round)
-				}
-			}
-		}
-		if err != nil {
-			lastErr = err
-			log.Debug("state fetch", "peer", m, "err", err)
+// catchUp adopts the shared state of the most advanced volunteer when its
+// announced round (gossiped in membership metadata) is ahead of ours. Only
+// that member's state is downloaded, falling back to the next most advanced.
+func catchUp(ctx context.Context, pn *p2p.Node, dl *optimizer.DiLoCo, n int, log *slog.Logger) error {
+	type ahead struct {
+		id    optimizer.PeerID
+		round uint64
+	}
+	var cands []ahead
+	for _, m := range pn.Members() {
+		if m.Meta.Role == p2p.RoleVolunteer && m.ID != pn.ID() && m.Meta.Round > dl.Round {
+			cands = append(cands, ahead{optimizer.PeerID(m.ID.String()), m.Meta.Round})
 		}
 	}
-	if fetched {
+	if len(cands) == 0 {
 		return nil
 	}
-	return lastErr
+	slices.SortFunc(cands, func(a, b ahead) int { return cmp.Compare(b.round, a.round) })
+	ids := make([]optimizer.PeerID, len(cands))
+	for i, c := range cands {
+		ids[i] = c.id
+	}
+	if err := adoptFrom(ctx, pn, dl, n, ids); err != nil {
+		return err
+	}
+	log.Info("adopted the run's state", "round", dl.Round)
+	return nil
 }
 
 // The local checkpoint of a volunteer is two files written atomically one
