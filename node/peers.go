@@ -81,7 +81,11 @@ func (p *P2PPeers) Send(ctx context.Context, to optimizer.PeerID, payload []byte
 		return fmt.Errorf("%w: bad peer ID %q: %v", optimizer.ErrPeerGone, to, err)
 	}
 	for attempt := 0; ; attempt++ {
-		err = p.sendOnce(ctx, id, payload)
+		// Bound each try: dialing a peer that has just left can otherwise
+		// take far longer than the ring waits for anyone.
+		actx, cancel := context.WithTimeout(ctx, min(p.cfg.WriteTimeout, 10*time.Second))
+		err = p.sendOnce(actx, id, payload)
+		cancel()
 		if err == nil || ctx.Err() != nil {
 			return err
 		}

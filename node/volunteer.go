@@ -135,6 +135,9 @@ func Volunteer(ctx context.Context, cfg VolunteerConfig) error {
 	defer peers.Close()
 	rctx, cancel := context.WithCancel(context.Background()) // the ring outlives ctx long enough to finish cleanly
 	defer cancel()
+	if cfg.Ring.Logger == nil {
+		cfg.Ring.Logger = log
+	}
 	ring, err := optimizer.NewRing(peers, cfg.Ring)
 	if err != nil {
 		return err

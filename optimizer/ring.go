@@ -103,6 +103,10 @@ type Ring struct {
 	// initial is the group of the current call's first attempt: control
 	// messages are accepted only from its members.
 	initial []PeerID
+	// queried records, per unfinished round, the members that asked us for
+	// its result: when every other live member is asking too, nobody holds
+	// it and waiting longer cannot help.
+	queried map[uint64]map[PeerID]bool
 	stash   []envelope // messages for rounds or groups not yet reached
 	first   estimator  // wait for the first message of a round
 	hop     estimator  // wait for later messages
@@ -200,6 +204,18 @@ func (r *Ring) receive(ctx context.Context) {
 func (r *Ring) answer(ctx context.Context, from PeerID, round uint64) {
 	r.mu.Lock()
 	d, ok := r.done[round]
+	if !ok && slices.Contains(r.initial, from) {
+		if r.queried == nil {
+			r.queried = map[uint64]map[PeerID]bool{}
+		}
+		if r.queried[round] == nil {
+			for k := range r.queried { // only the current round matters
+				delete(r.queried, k)
+			}
+			r.queried[round] = map[PeerID]bool{}
+		}
+		r.queried[round][from] = true
+	}
 	if !ok || d.answered[from] || !slices.Contains(d.group, from) {
 		r.mu.Unlock()
 		return
@@ -255,6 +271,11 @@ func (r *Ring) AllReduceMean(ctx context.Context, round uint64, x, out []float32
 	r.mu.Lock()
 	delete(r.done, round) // a retried round must not answer with an earlier, rejected run
 	r.mu.Unlock()
+	defer func() {
+		if err != nil {
+			r.forgetControl(round)
+		}
+	}()
 	for attempt := 1; attempt <= r.cfg.MaxAttempts; attempt++ {
 		st.Attempts = attempt
 		var members []PeerID
@@ -323,6 +344,33 @@ func (r *Ring) AllReduceMean(ctx context.Context, round uint64, x, out []float32
 		return st, nil
 	}
 	return st, fmt.Errorf("optimizer: round %d: no result after %d attempts", round, r.cfg.MaxAttempts)
+}
+
+// forgetControl drops what a failed call of round learned about the others:
+// their suspicions and queries belong to attempts that no longer run, and a
+// retry of the round (after the caller re-syncs) must start clean instead of
+// excluding itself again on stale words.
+func (r *Ring) forgetControl(round uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.queried, round)
+	keep := r.stash[:0]
+	for _, e := range r.stash {
+		if e.h.round != round || e.h.kind != kindSuspect {
+			keep = append(keep, e)
+		}
+	}
+	r.stash = keep
+	for {
+		select {
+		case e := <-r.inbox:
+			if (e.h.round != round || e.h.kind != kindSuspect) && len(r.stash) < maxStash {
+				r.stash = append(r.stash, e)
+			}
+		default:
+			return
+		}
+	}
 }
 
 // replayStash runs the stashed control messages of round through control.
@@ -673,14 +721,22 @@ func (r *Ring) awaitResult(ctx context.Context, round uint64, group []PeerID, ou
 	r.mu.Unlock()
 	give := time.Now().Add(r.cfg.MaxDeadline)
 	for time.Now().Before(give) {
-		others := 0
+		others, asking := 0, 0
+		r.mu.Lock()
 		for _, p := range r.peers.Members() {
 			if p != r.peers.Self() && slices.Contains(group, p) {
 				others++
+				if r.queried[round][p] {
+					asking++
+				}
 			}
 		}
-		if others == 0 {
-			break // everyone who could hold the result has gone
+		r.mu.Unlock()
+		if others == 0 || asking == others {
+			// Everyone who could hold the result has gone, or is waiting
+			// for it too (members that excluded each other): nobody will
+			// finish this round.
+			break
 		}
 		r.broadcast(ctx, group, header{kind: kindQuery, round: round}, nil, st)
 		timer := time.NewTimer(wait)
