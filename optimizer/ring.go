@@ -419,14 +419,23 @@ func (r *Ring) finish(round uint64, chunks [][]byte) {
 	r.stash = kept
 }
 
+// broadcast sends a control message to the group without waiting: a send
+// to a member that has just died can block for a dial timeout, and the
+// round must go on meanwhile (its bytes are counted as sent).
 func (r *Ring) broadcast(ctx context.Context, group []PeerID, h header, body []byte, st *RoundStats) {
 	msg := appendMessage(nil, h, body)
 	for _, p := range group {
-		if p != r.peers.Self() {
-			if r.peers.Send(ctx, p, msg) == nil {
-				st.BytesSent += int64(len(msg))
-			}
+		if p == r.peers.Self() {
+			continue
 		}
+		st.BytesSent += int64(len(msg))
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			if err := r.peers.Send(ctx, p, msg); err != nil {
+				r.log.Debug("control message not delivered", "peer", p, "kind", h.kind, "err", err)
+			}
+		}()
 	}
 }
 
