@@ -224,7 +224,10 @@ func Volunteer(ctx context.Context, cfg VolunteerConfig) error {
 		}
 	}
 	defer save()
-	for done := 0; cfg.Rounds == 0 || done < cfg.Rounds; done++ {
+	// --rounds counts rounds the run completes while this volunteer is in
+	// it (a round adopted from the others counts; a failed one does not).
+	stopAt := dl.Round + uint64(cfg.Rounds)
+	for cfg.Rounds == 0 || dl.Round < stopAt {
 		began := time.Now()
 		var lossSum float64
 		for s := 0; s < cfg.InnerSteps; s++ {
@@ -246,10 +249,13 @@ func Volunteer(ctx context.Context, cfg VolunteerConfig) error {
 			}
 			// Excluded or the round failed: take the run's state and go on.
 			log.Warn("round failed; re-syncing", "round", dl.Round, "err", err)
+			say(cfg.Progress, "round %d did not complete (%v); re-syncing and retrying", dl.Round+1, err)
 			if cerr := catchUp(ctx, pn, dl, n, log); cerr != nil {
 				return fmt.Errorf("round %d: %w (re-sync: %v)", dl.Round, err, cerr)
 			}
 			copy(theta, dl.Phi)
+			dev.CopyIn(stage.Params, theta)
+			continue
 		}
 		dev.CopyIn(stage.Params, theta)
 		mu.Lock()
