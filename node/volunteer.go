@@ -241,6 +241,14 @@ func Volunteer(ctx context.Context, cfg VolunteerConfig) error {
 			innerStep++
 			lossSum += float64(r.loss)
 		}
+		// Fell behind (joined late, or slow): take the run's state instead of
+		// offering a pseudo-gradient for a round the others have finished.
+		if before := dl.Round; catchUp(ctx, pn, dl, n, log) == nil && dl.Round > before {
+			say(cfg.Progress, "behind the run: jumped from round %d to %d", before, dl.Round)
+			copy(theta, dl.Phi)
+			dev.CopyIn(stage.Params, theta)
+			continue
+		}
 		dev.CopyOut(theta, stage.Params)
 		st, err := dl.OuterStep(ctx, theta)
 		if err != nil {

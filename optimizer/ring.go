@@ -216,7 +216,9 @@ func (r *Ring) answer(ctx context.Context, from PeerID, round uint64) {
 		}
 		r.queried[round][from] = true
 	}
-	if !ok || d.answered[from] || !slices.Contains(d.group, from) {
+	// Members of that round's group, and members of the run now (a late
+	// joiner that fell behind), get the result; strangers get nothing.
+	if !ok || d.answered[from] || (!slices.Contains(d.group, from) && !slices.Contains(r.peers.Members(), from)) {
 		r.mu.Unlock()
 		return
 	}
