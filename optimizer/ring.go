@@ -366,8 +366,8 @@ func (r *Ring) forgetControl(round uint64) {
 	for {
 		select {
 		case e := <-r.inbox:
-			if (e.h.round != round || e.h.kind != kindSuspect) && len(r.stash) < maxStash {
-				r.stash = append(r.stash, e)
+			if e.h.round != round || e.h.kind != kindSuspect {
+				r.stashLocked(e)
 			}
 		default:
 			return
@@ -703,25 +703,39 @@ func (r *Ring) control(e envelope, round uint64, group []PeerID, suspects map[Pe
 			}
 			return nil
 		case kindDone:
-			chunks, err := parseDone(e.body)
+			chunks, err := r.doneChunks(e)
 			if err != nil {
-				r.reject(e.from, err)
 				return nil
 			}
-			owned := make([][]byte, len(chunks))
-			for i, c := range chunks {
-				owned[i] = append([]byte(nil), c...)
-			}
-			return adoptedError{chunks: owned}
+			return adoptedError{chunks: chunks}
 		}
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.stashLocked(e)
+	r.mu.Unlock()
+	return nil
+}
+
+// doneChunks parses a done record into chunks that own their bytes (the
+// envelope's body may be reused); a malformed one rejects its sender.
+func (r *Ring) doneChunks(e envelope) ([][]byte, error) {
+	chunks, err := parseDone(e.body)
+	if err != nil {
+		r.reject(e.from, err)
+		return nil, err
+	}
+	for i, c := range chunks {
+		chunks[i] = append([]byte(nil), c...)
+	}
+	return chunks, nil
+}
+
+// stashLocked keeps e for later, dropping the oldest message when full.
+func (r *Ring) stashLocked(e envelope) {
 	if len(r.stash) >= maxStash {
 		r.stash = r.stash[1:]
 	}
 	r.stash = append(r.stash, e)
-	return nil
 }
 
 // awaitResult is used by a member the others excluded: it asks the group
@@ -761,23 +775,16 @@ func (r *Ring) awaitResult(ctx context.Context, round uint64, group []PeerID, ou
 				break loop
 			case e := <-r.inbox:
 				if e.h.round == round && e.h.kind == kindDone && slices.Contains(group, e.from) {
-					chunks, err := parseDone(e.body)
+					chunks, err := r.doneChunks(e)
 					if err != nil {
-						r.reject(e.from, err)
 						continue
 					}
-					owned := make([][]byte, len(chunks))
-					for i, c := range chunks {
-						owned[i] = append([]byte(nil), c...)
-					}
 					timer.Stop()
-					return owned, r.decodeAll(owned, out)
+					return chunks, r.decodeAll(chunks, out)
 				}
 				if e.h.round > round {
 					r.mu.Lock()
-					if len(r.stash) < maxStash {
-						r.stash = append(r.stash, e)
-					}
+					r.stashLocked(e)
 					r.mu.Unlock()
 				}
 			}
