@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"math"
+	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -169,5 +171,133 @@ func TestBadFeedbackState(t *testing.T) {
 	other, _ := NewErrorFeedback(EF, 99)
 	if _, err := other.ReadFrom(bytes.NewReader(good)); !errors.Is(err, ErrSize) {
 		t.Errorf("length mismatch: %v", err)
+	}
+}
+
+// A header declaring a large tensor, or a chunk header declaring a large
+// payload, followed by little or nothing, costs memory in proportion to the
+// bytes that arrived, not to the declared sizes.
+func TestForgedSizesAllocateLittle(t *testing.T) {
+	const count = 1 << 26 // 256 MiB of float32
+	const limit = 1 << 20 // bytes a failed decode may allocate
+	var hdr [headerLen]byte
+	putHeader(&hdr, Header{Codec: FP32, Count: count, BlockSize: 64, ChunkElems: MaxChunkElems})
+	rawLen := bodyLen(FP32, MaxChunkElems, 64) // 64 MiB
+	chunk := func(flags byte, stored int) []byte {
+		c := make([]byte, chunkHeaderLen)
+		c[12] = flags
+		binary.LittleEndian.PutUint32(c[16:], uint32(stored))
+		return c
+	}
+	payload := bytes.Repeat([]byte{1}, 1000)
+	// One genuine chunk of 1<<14 elements (64 KiB), then the stream ends.
+	cfg := testConfig(FP32, false, 0)
+	cfg.BlockSize, cfg.ChunkElems = 64, 1<<14
+	enc, _ := NewEncoder(cfg)
+	one, err := enc.Append(nil, gaussian(1<<14, 1), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	one = reheader(one, func(h []byte) { binary.LittleEndian.PutUint64(h[8:], count) })
+	cases := []struct {
+		name  string
+		frame []byte
+		msg   string
+	}{
+		{"no chunks", hdr[:], "chunk 0 of 4 header ends after 0 of 20 bytes"},
+		{"raw payload cut", slices.Concat(hdr[:], chunk(0, rawLen), payload), "chunk 0 of 4 payload ends after 1000 of 67108864 bytes"},
+		{"zstd payload cut", slices.Concat(hdr[:], chunk(flagZstd, rawLen-1), payload), "chunk 0 of 4 payload ends after 1000 of 67108863 bytes"},
+		{"one of 4096 chunks", one, "chunk 1 of 4096 header ends after 0 of 20 bytes"},
+	}
+	for _, workers := range []int{1, 4} {
+		for _, tc := range cases {
+			frame := tc.frame
+			// check runs decode on a fresh Decoder, whose buffers are empty.
+			check := func(path string, decode func(*Decoder) error) {
+				t.Helper()
+				dec, err := NewDecoder(Config{Workers: workers, MaxElements: count})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer dec.Close()
+				var before, after runtime.MemStats
+				runtime.ReadMemStats(&before)
+				err = decode(dec)
+				runtime.ReadMemStats(&after)
+				if !errors.Is(err, ErrTruncated) || !strings.Contains(err.Error(), tc.msg) {
+					t.Errorf("%s, %s, %d workers: got %v, want ErrTruncated containing %q", tc.name, path, workers, err, tc.msg)
+				}
+				if n := after.TotalAlloc - before.TotalAlloc; n > limit {
+					t.Errorf("%s, %s, %d workers: allocated %d bytes for a %d-byte frame declaring %d elements", tc.name, path, workers, n, len(frame), count)
+				}
+			}
+			check("Decode", func(dec *Decoder) error {
+				_, err := dec.Decode(bytes.NewReader(frame), nil)
+				return err
+			})
+			check("DecodeBytes", func(dec *Decoder) error {
+				_, err := dec.DecodeBytes(frame, nil)
+				return err
+			})
+			check("Reader", func(dec *Decoder) error {
+				rd, err := dec.NewReader(bytes.NewReader(frame))
+				if err != nil {
+					return err
+				}
+				buf := make([]float32, 100)
+				for err == nil {
+					_, err = rd.Read(buf)
+				}
+				return err
+			})
+		}
+	}
+}
+
+// Decode and DecodeBytes leave a too small dst untouched (Decode growing its
+// own output over several steps) and decode in place into a large enough one,
+// with the same values for any worker count.
+func TestDecodeDestination(t *testing.T) {
+	x := gaussian(10_000, 3)
+	cfg := testConfig(Int8, false, 1)
+	cfg.ChunkElems = 512 // 20 chunks
+	enc, _ := NewEncoder(cfg)
+	frame, err := enc.Append(nil, x, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []float32
+	for _, workers := range []int{1, 2, 3, 8} {
+		dec, _ := NewDecoder(Config{Workers: workers, MaxElements: 1 << 20})
+		for _, path := range []string{"Decode", "DecodeBytes"} {
+			decode := func(dst []float32) ([]float32, error) {
+				if path == "Decode" {
+					return dec.Decode(bytes.NewReader(frame), dst)
+				}
+				return dec.DecodeBytes(frame, dst)
+			}
+			small := make([]float32, 100, 5000)
+			got, err := decode(small)
+			if err != nil {
+				t.Fatalf("%s, %d workers: %v", path, workers, err)
+			}
+			if !slices.Equal(small[:cap(small)], make([]float32, cap(small))) {
+				t.Fatalf("%s, %d workers: a too small dst was written", path, workers)
+			}
+			if want == nil {
+				want = got
+			} else if !slices.Equal(got, want) {
+				t.Fatalf("%s, %d workers: decode differs from Decode on 1 worker", path, workers)
+			}
+			big := make([]float32, 0, 20_000)
+			got, err = decode(big)
+			if err != nil || &got[0] != &big[:1][0] || !slices.Equal(got, want) {
+				t.Fatalf("%s, %d workers: decode into a large dst: %v", path, workers, err)
+			}
+		}
+		dec.Close()
+	}
+	if relL2(x, want) > gaussianRelL2[Int8] {
+		t.Fatalf("relative L2 error %g", relL2(x, want))
 	}
 }

@@ -1,6 +1,7 @@
 package compression
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -143,4 +144,47 @@ func BenchmarkInt8Kernels(b *testing.B) {
 		}
 		b.ReportMetric(float64(4*len(x))*float64(b.N)/float64(b.Elapsed().Nanoseconds()), "GB/s")
 	})
+}
+
+// BenchmarkDecodeAlloc decodes into a nil destination, so Decode allocates
+// the output: DecodeBytes at once for the chunks the frame holds, Decode from a
+// stream growing it as chunks arrive (chunk64k: 64 chunks, several steps).
+func BenchmarkDecodeAlloc(b *testing.B) {
+	x := benchData()
+	_, refDec := zstdRef()
+	for _, c := range []Codec{FP32, Int8} {
+		for _, chunk := range []int{DefaultChunkElems, 1 << 16} {
+			for _, workers := range []int{1, 2} {
+				cfg := testConfig(c, false, 1)
+				cfg.Workers = workers
+				cfg.ChunkElems = chunk
+				enc, _ := NewEncoder(cfg)
+				frame, _ := enc.Append(nil, x, 1)
+				enc.Close()
+				name := fmt.Sprintf("%v/zstd1/chunk%dk/workers%d", c, chunk>>10, workers)
+				for _, api := range []string{"bytes", "stream"} {
+					b.Run(name+"/"+api, func(b *testing.B) {
+						dec, _ := NewDecoder(cfg)
+						defer dec.Close()
+						var r bytes.Reader
+						b.SetBytes(int64(4 * len(x)))
+						b.ResetTimer()
+						for b.Loop() {
+							var err error
+							if api == "bytes" {
+								_, err = dec.DecodeBytes(frame, nil)
+							} else {
+								r.Reset(frame)
+								_, err = dec.Decode(&r, nil)
+							}
+							if err != nil {
+								b.Fatal(err)
+							}
+						}
+						reportRates(b, 4*len(x), len(frame), refDec)
+					})
+				}
+			}
+		}
+	}
 }

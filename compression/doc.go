@@ -92,9 +92,16 @@
 // payload length against the exact body length it must have (ErrCorrupt),
 // before reading or allocating the payload; then the checksum (ErrChecksum),
 // zstd decoding capped at the body length (ErrCorrupt) and the scales. A
-// stream that ends early gives ErrTruncated. Memory is bounded by the
-// declared count (at most MaxElements, checked before allocation) plus two
-// chunk buffers per worker; nothing panics on malformed input (see the fuzz
+// stream that ends early gives ErrTruncated. No declared size is allocated
+// before the bytes it describes have arrived: a chunk's payload buffer grows
+// as its bytes are read, and unless the caller's dst already holds the
+// declared count, Decode grows its output only for chunks read whole whose
+// checksums match, to at most twice the elements received so far, and
+// DecodeBytes allocates it for the chunks that src holds whole; never beyond
+// the count, itself at most MaxElements. A forged header thus costs memory
+// in proportion to the chunks that follow it (a zstd chunk may be far
+// smaller than the elements it holds); beyond the output, a Decoder keeps two
+// chunk buffers per worker. Nothing panics on malformed input (see the fuzz
 // targets and their seed corpora in testdata/fuzz).
 //
 // # Error feedback state

@@ -34,6 +34,11 @@ func (h Header) Chunks() int {
 	return int((h.Count + int64(h.ChunkElems) - 1) / int64(h.ChunkElems))
 }
 
+// chunkEnd returns the element index just past chunk ci.
+func (h Header) chunkEnd(ci int) int {
+	return int(min(int64(ci+1)*int64(h.ChunkElems), h.Count))
+}
+
 // chunkLen returns the element count of chunk ci.
 func (h Header) chunkLen(ci int) int {
 	lo := int64(ci) * int64(h.ChunkElems)
@@ -116,8 +121,13 @@ func readFull(r io.Reader, b []byte, what string, ci, nc int) error {
 	if ci >= 0 {
 		what = fmt.Sprintf("chunk %d of %d %s", ci, nc, what)
 	}
+	return readErr(err, what, n, len(b))
+}
+
+// readErr reports a failed read of want bytes of what, of which got arrived.
+func readErr(err error, what string, got, want int) error {
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-		return fmt.Errorf("%w: %s ends after %d of %d bytes", ErrTruncated, what, n, len(b))
+		return fmt.Errorf("%w: %s ends after %d of %d bytes", ErrTruncated, what, got, want)
 	}
 	return fmt.Errorf("compression: reading %s: %w", what, err)
 }

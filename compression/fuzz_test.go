@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -29,10 +30,21 @@ func FuzzDecode(f *testing.F) {
 		f.Add(s)
 	}
 	dec, _ := NewDecoder(Config{Workers: 2, MaxElements: fuzzMaxElems})
+	dec1, _ := NewDecoder(Config{Workers: 1, MaxElements: fuzzMaxElems})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		y, err := dec.DecodeBytes(data, nil)
 		if err == nil {
 			checkDecoded(t, y)
+		}
+		// Decoding from a stream on one worker, growing the output as chunks
+		// arrive, agrees: the same frames accepted, the same values.
+		r := bytes.NewReader(data)
+		z, err1 := dec1.Decode(r, nil)
+		if ok, ok1 := err == nil, err1 == nil && r.Len() == 0; ok != ok1 {
+			t.Fatalf("DecodeBytes: %v; Decode: %v with %d bytes left", err, err1, r.Len())
+		}
+		if err == nil && !slices.Equal(y, z) {
+			t.Fatal("DecodeBytes on 2 workers and Decode on 1 give different values")
 		}
 	})
 }
