@@ -44,6 +44,18 @@
 // timeout, suspicion x3 max x2, 50 ms gossip, push/pull 3 s) declares failure
 // in 1-3 s; Timing.FailureWindow(n) states the bound the tests check.
 //
+// # Bounded state
+//
+// A seed runs for weeks and meets many short-lived or hostile peers, so every
+// table that remote peers feed is bounded: goodbyes awaiting a leave expire
+// after a minute and number at most 1024 (membership.go); memberlist's
+// address index keeps 1024 addresses, least recently used evicted first, and
+// drops a member's addresses when it leaves or fails (transport.go); the peer
+// book keeps the NodeConfig.PeerBookSize most recently seen peers
+// (peerbook.go); per-(peer, protocol) byte counters are folded into
+// per-protocol totals once idle and disconnected, at most 8192 at a time
+// (accounting.go).
+//
 // # Relayed connections
 //
 // A seed relays with explicit limits (Limits.RelayDuration, RelayData: 10 min

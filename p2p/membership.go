@@ -203,6 +203,24 @@ func (s *Subscription) pump() {
 	}
 }
 
+// Bounds of leftAt, the goodbyes waiting for memberlist's NotifyLeave. Any
+// peer that can open a stream may send a goodbye (members-bye), so the table
+// is bounded in time and in size.
+const (
+	// leaveWindow: a goodbye turns a NotifyLeave that follows within this
+	// window into EventLeave. The goodbye is sent just before memberlist's
+	// leave, whose dead message arrives in < 1 s, so a minute is ample.
+	// Older goodbyes are never consulted, so they are expired after it
+	// (expireLeft): an expired goodbye and a stale one both mean EventFail.
+	leaveWindow = time.Minute
+	// maxLeftAt bounds the goodbyes recorded at once: 4x the members a node
+	// is sized for (DefaultLimits' ConnHigh of 256), so a whole run leaving
+	// within a minute fits. When full the oldest goodbye is dropped: its
+	// NotifyLeave has most likely come already. A peer flooding goodbyes
+	// under fresh identities can at worst turn a leave into a fail.
+	maxLeftAt = 1024
+)
+
 // events is memberlist's EventDelegate, AliveDelegate and MergeDelegate: it
 // keeps the member table, refuses other runs and fans events out.
 type events struct {
@@ -214,7 +232,7 @@ type events struct {
 	mu      sync.Mutex
 	members map[peer.ID]Member
 	subs    map[*Subscription]struct{}
-	leftAt  map[peer.ID]time.Time // peers that said goodbye
+	leftAt  map[peer.ID]time.Time // peers that said goodbye; bounded by leaveWindow and maxLeftAt
 	closed  bool
 }
 
@@ -281,10 +299,43 @@ func (e *events) get(id peer.ID) (Member, bool) {
 	return m, ok
 }
 
-func (e *events) markLeft(id peer.ID) {
+// markLeft records a goodbye from id received at now. When the table is full
+// it first expires old goodbyes, then drops the oldest.
+func (e *events) markLeft(id peer.ID, now time.Time) {
 	e.mu.Lock()
-	e.leftAt[id] = time.Now()
+	defer e.mu.Unlock()
+	if _, ok := e.leftAt[id]; !ok && len(e.leftAt) >= maxLeftAt {
+		e.expireLeftLocked(now)
+		if len(e.leftAt) >= maxLeftAt {
+			var oldest peer.ID
+			var at time.Time
+			found := false
+			for p, t := range e.leftAt {
+				if !found || t.Before(at) {
+					oldest, at, found = p, t, true
+				}
+			}
+			delete(e.leftAt, oldest)
+		}
+	}
+	e.leftAt[id] = now
+}
+
+// expireLeft forgets goodbyes older than leaveWindow at now: NotifyLeave
+// would no longer count them. The node calls it periodically, so goodbyes
+// from peers memberlist never reports (non-members) do not linger.
+func (e *events) expireLeft(now time.Time) {
+	e.mu.Lock()
+	e.expireLeftLocked(now)
 	e.mu.Unlock()
+}
+
+func (e *events) expireLeftLocked(now time.Time) {
+	for p, t := range e.leftAt {
+		if now.Sub(t) >= leaveWindow {
+			delete(e.leftAt, p)
+		}
+	}
 }
 
 func (e *events) member(n *memberlist.Node) (Member, error) {
@@ -357,7 +408,7 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 		return
 	}
 	kind := EventFail
-	if left && time.Since(at) < time.Minute {
+	if left && time.Since(at) < leaveWindow {
 		kind = EventLeave
 	}
 	e.emit(kind, m)

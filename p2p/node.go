@@ -56,6 +56,10 @@ type NodeConfig struct {
 	RejoinInterval time.Duration // how often to re-contact missing seeds or known peers
 	// JoinAlone lets NewNode succeed with no reachable peer (seeds).
 	JoinAlone bool
+	// PeerBookSize bounds the peer book (memory and peers.json): the most
+	// recently seen peers are kept. 1..MaxPeerBookSize; DefaultNodeConfig
+	// sets MaxPeerBookSize.
+	PeerBookSize int
 
 	Logger *slog.Logger
 }
@@ -70,6 +74,7 @@ func DefaultNodeConfig(runID string) NodeConfig {
 		Limits:       DefaultLimits(),
 		HolePunching: true,
 		JoinTimeout:  10 * time.Second, RejoinInterval: 30 * time.Second,
+		PeerBookSize: MaxPeerBookSize,
 	}
 }
 
@@ -104,6 +109,9 @@ func (c NodeConfig) Validate() error {
 	}
 	if c.JoinTimeout <= 0 || c.RejoinInterval <= 0 {
 		return fmt.Errorf("p2p: JoinTimeout %v / RejoinInterval %v must be positive", c.JoinTimeout, c.RejoinInterval)
+	}
+	if c.PeerBookSize < 1 || c.PeerBookSize > MaxPeerBookSize {
+		return fmt.Errorf("p2p: NodeConfig.PeerBookSize %d out of range [1, %d]", c.PeerBookSize, MaxPeerBookSize)
 	}
 	return nil
 }
@@ -162,7 +170,7 @@ func NewNode(ctx context.Context, cfg NodeConfig) (*Node, error) {
 		}
 		key = k
 	}
-	book, err := loadPeerBook(cfg.DataDir)
+	book, err := loadPeerBook(cfg.DataDir, cfg.PeerBookSize)
 	if err != nil {
 		return nil, err
 	}
@@ -171,7 +179,7 @@ func NewNode(ctx context.Context, cfg NodeConfig) (*Node, error) {
 		ai, _ := peer.AddrInfoFromString(a)
 		seeds = append(seeds, *ai)
 	}
-	n := &Node{cfg: cfg, log: log, bw: newAccounting(), book: book, seeds: seeds, key: key,
+	n := &Node{cfg: cfg, log: log, bw: newAccounting(maxTrafficPairs), book: book, seeds: seeds, key: key,
 		handlers: make(map[protocol.ID]network.StreamHandler),
 		byeID:    ProtocolID(cfg.RunID, protoMembersBye, 1)}
 	var relays []peer.AddrInfo
@@ -518,15 +526,17 @@ func (n *Node) onEvent(kind EventKind, m Member) {
 		n.book.put(PeerRecord{ID: m.ID, Addrs: addrs, Role: m.Meta.Role, LastSeen: time.Now()})
 	case EventLeave, EventFail:
 		n.h.ConnManager().Unprotect(m.ID, "members")
+		n.tr.forget(m.ID)
 	}
 }
 
 func (n *Node) handleBye(s network.Stream) {
-	n.ev.markLeft(s.Conn().RemotePeer())
+	n.ev.markLeft(s.Conn().RemotePeer(), time.Now())
 	s.Close()
 }
 
-// maintain re-contacts missing seeds or known peers and saves the peer book.
+// maintain re-contacts missing seeds or known peers, saves the peer book and
+// trims the tables fed by remote peers (goodbyes, traffic counters).
 func (n *Node) maintain() {
 	defer n.wg.Done()
 	t := time.NewTicker(n.cfg.RejoinInterval)
@@ -556,6 +566,8 @@ func (n *Node) maintain() {
 		if err := n.book.save(); err != nil {
 			n.log.Warn("peer book not saved", "err", err)
 		}
+		n.ev.expireLeft(time.Now())
+		n.bw.trim(func(p peer.ID) bool { return n.h.Network().Connectedness(p) == network.Connected })
 	}
 }
 

@@ -18,10 +18,18 @@ import (
 // PeerBookFile is the name of the persisted peer list inside a data directory.
 const PeerBookFile = "peers.json"
 
+// MaxPeerBookSize is the most peers a peer book keeps, in memory and in
+// peers.json, and the default of NodeConfig.PeerBookSize. Rejoining without
+// the bootstrap needs only a few reachable peers, and a node dials all the
+// candidates at once; 256 matches the connections a node is sized for
+// (DefaultLimits' ConnHigh) and, at 8 addresses of at most 256 bytes each,
+// keeps the file (about 0.6 MiB at worst) under its 1 MiB bound.
+const MaxPeerBookSize = 256
+
 // Bounds of the peer book, applied when reading it back.
 const (
 	maxPeerBookBytes = 1 << 20
-	maxPeerBookPeers = 256
+	maxPeerBookPeers = MaxPeerBookSize
 	maxPeerAddrs     = 8
 	maxAddrLen       = 256
 )
@@ -108,16 +116,20 @@ func DecodePeerBook(b []byte) ([]PeerRecord, error) {
 	return out, nil
 }
 
-// peerBook is the in-memory, persisted set of peers seen.
+// peerBook is the in-memory, persisted set of peers seen. Every member that
+// joins is put, so it holds at most max records, the most recently seen: a
+// long-running seed sees many short-lived peers.
 type peerBook struct {
 	path  string // "" = not persisted
+	max   int    // NodeConfig.PeerBookSize
 	mu    sync.Mutex
 	recs  map[peer.ID]PeerRecord
 	dirty bool
 }
 
-func loadPeerBook(dir string) (*peerBook, error) {
-	pb := &peerBook{recs: make(map[peer.ID]PeerRecord)}
+// loadPeerBook reads dir's peer book, keeping the max most recently seen.
+func loadPeerBook(dir string, max int) (*peerBook, error) {
+	pb := &peerBook{max: max, recs: make(map[peer.ID]PeerRecord)}
 	if dir == "" {
 		return pb, nil
 	}
@@ -137,7 +149,7 @@ func loadPeerBook(dir string) (*peerBook, error) {
 		return nil, fmt.Errorf("p2p: peer book %s: %w", pb.path, err)
 	}
 	for _, r := range recs {
-		pb.recs[r.ID] = r
+		pb.putLocked(r)
 	}
 	return pb, nil
 }
@@ -156,9 +168,32 @@ func readFull(f *os.File, b []byte) (int, error) {
 
 func (pb *peerBook) put(r PeerRecord) {
 	pb.mu.Lock()
-	pb.recs[r.ID] = r
-	pb.dirty = true
+	if pb.putLocked(r) {
+		pb.dirty = true
+	}
 	pb.mu.Unlock()
+}
+
+// putLocked adds or replaces r. A new peer in a full book replaces the least
+// recently seen record, unless r is older still. It reports whether the book
+// changed.
+func (pb *peerBook) putLocked(r PeerRecord) bool {
+	if _, ok := pb.recs[r.ID]; !ok && len(pb.recs) >= pb.max {
+		var oldest peer.ID
+		var seen time.Time
+		found := false
+		for id, o := range pb.recs {
+			if !found || o.LastSeen.Before(seen) {
+				oldest, seen, found = id, o.LastSeen, true
+			}
+		}
+		if !found || r.LastSeen.Before(seen) {
+			return false
+		}
+		delete(pb.recs, oldest)
+	}
+	pb.recs[r.ID] = r
+	return true
 }
 
 // list returns records, most recently seen first.

@@ -23,6 +23,9 @@ type SeedConfig struct {
 	Limits        Limits
 	ListenUDP     func(network string, laddr *net.UDPAddr) (net.PacketConn, error)
 	Logger        *slog.Logger
+	// PeerBookSize bounds the seed's peer book (see NodeConfig.PeerBookSize);
+	// 0 = MaxPeerBookSize.
+	PeerBookSize int
 }
 
 // DefaultSeedConfig returns WAN timing, default limits and QUIC+TCP on port 4001.
@@ -67,6 +70,9 @@ func NewSeed(ctx context.Context, cfg SeedConfig) (*Seed, error) {
 	}
 	nc.ListenUDP = cfg.ListenUDP
 	nc.Logger = cfg.Logger
+	if cfg.PeerBookSize != 0 {
+		nc.PeerBookSize = cfg.PeerBookSize
+	}
 	n, err := NewNode(ctx, nc)
 	if err != nil {
 		return nil, err

@@ -1,6 +1,7 @@
 package p2p
 
 import (
+	"container/list"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -30,6 +31,14 @@ const maxPacket = 64 << 10
 // treats packets as unreliable and retries by itself).
 const maxPacketSends = 256
 
+// maxAddrIndex bounds the transport's address index. Legitimately it holds
+// one address per member plus recently dead ones (memberlist still gossips to
+// them for GossipToTheDeadTime): 4x the members a node is sized for
+// (DefaultLimits' ConnHigh of 256). It is fed by remote peers (a ping names
+// any node and address to acknowledge), so it must be bounded; about 100
+// bytes an entry.
+const maxAddrIndex = 1024
+
 // transport is a memberlist.NodeAwareTransport on libp2p streams: one short
 // stream per packet (protocol members-packet), one stream per memberlist
 // stream (members-stream). Node names are peer IDs; addresses are only hints
@@ -56,7 +65,7 @@ type transport struct {
 	closed  bool
 
 	mu     sync.Mutex
-	byAddr map[string]peer.ID // memberlist "ip:port" -> peer, for WriteTo without a name
+	byAddr *addrIndex // memberlist "ip:port" -> peer, for WriteTo without a name
 }
 
 var _ memberlist.NodeAwareTransport = (*transport)(nil)
@@ -71,7 +80,7 @@ func newTransport(h host.Host, register func(protocol.ID, network.StreamHandler)
 		packetCh: make(chan *memberlist.Packet, 1024),
 		streamCh: make(chan net.Conn, 64),
 		ctx:      ctx, cancel: cancel,
-		byAddr: make(map[string]peer.ID),
+		byAddr: newAddrIndex(maxAddrIndex),
 	}
 	register(t.packetID, t.handlePacket)
 	register(t.streamID, t.handleStream)
@@ -99,7 +108,7 @@ func (t *transport) DialTimeout(addr string, timeout time.Duration) (net.Conn, e
 func (t *transport) resolve(a memberlist.Address) (peer.ID, error) {
 	if a.Name == "" {
 		t.mu.Lock()
-		id, ok := t.byAddr[a.Addr]
+		id, ok := t.byAddr.get(a.Addr)
 		t.mu.Unlock()
 		if !ok {
 			return "", fmt.Errorf("p2p: memberlist address %q has no node name", a.Addr)
@@ -121,14 +130,84 @@ func (t *transport) learn(id peer.ID, addr string) {
 		return
 	}
 	t.mu.Lock()
-	old, ok := t.byAddr[addr]
-	t.byAddr[addr] = id
+	changed := t.byAddr.put(addr, id)
 	t.mu.Unlock()
-	if ok && old == id {
+	if !changed {
 		return
 	}
 	if m, err := quicAddr(addr); err == nil {
 		t.h.Peerstore().AddAddr(id, m, peerstore.RecentlyConnectedAddrTTL)
+	}
+}
+
+// forget drops the addresses recorded for id (it left or failed). memberlist
+// may still send to it for a while (gossip to the dead), which records its
+// address again until the index's LRU bound pushes it out.
+func (t *transport) forget(id peer.ID) {
+	t.mu.Lock()
+	t.byAddr.forget(id)
+	t.mu.Unlock()
+}
+
+// addrIndex maps memberlist addresses to peers with at most max entries, the
+// least recently used evicted first. Not safe for concurrent use.
+type addrIndex struct {
+	max int
+	m   map[string]*list.Element // values are *addrEntry
+	lru list.List                // front: most recently used
+}
+
+type addrEntry struct {
+	addr string
+	id   peer.ID
+}
+
+func newAddrIndex(max int) *addrIndex {
+	return &addrIndex{max: max, m: make(map[string]*list.Element)}
+}
+
+func (x *addrIndex) size() int { return len(x.m) }
+
+// get returns the peer at addr and marks the entry used.
+func (x *addrIndex) get(addr string) (peer.ID, bool) {
+	el, ok := x.m[addr]
+	if !ok {
+		return "", false
+	}
+	x.lru.MoveToFront(el)
+	return el.Value.(*addrEntry).id, true
+}
+
+// put records that addr belongs to id, evicting the least recently used
+// entry when full. It reports whether the mapping is new or changed.
+func (x *addrIndex) put(addr string, id peer.ID) bool {
+	if el, ok := x.m[addr]; ok {
+		x.lru.MoveToFront(el)
+		e := el.Value.(*addrEntry)
+		if e.id == id {
+			return false
+		}
+		e.id = id
+		return true
+	}
+	if len(x.m) >= x.max {
+		if back := x.lru.Back(); back != nil {
+			delete(x.m, x.lru.Remove(back).(*addrEntry).addr)
+		}
+	}
+	x.m[addr] = x.lru.PushFront(&addrEntry{addr: addr, id: id})
+	return true
+}
+
+// forget removes every address of id.
+func (x *addrIndex) forget(id peer.ID) {
+	for el := x.lru.Front(); el != nil; {
+		next := el.Next()
+		if e := el.Value.(*addrEntry); e.id == id {
+			x.lru.Remove(el)
+			delete(x.m, e.addr)
+		}
+		el = next
 	}
 }
 
