@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"slices"
 	"testing"
 	"time"
 
@@ -49,12 +50,11 @@ func TestDivergedMemberResyncs(t *testing.T) {
 			return bytes.NewReader(blob), int64(len(blob)), nil
 		}, 0)
 	}
-	peers := &P2PPeers{n: me}
 	var majority []optimizer.PeerID
 	deadline := time.Now().Add(10 * time.Second)
 	for len(majority) != 3 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
-		majority = divergedFrom(me, peers, mine)
+		majority = divergedFrom(me, mine)
 	}
 	if len(majority) != 3 {
 		t.Fatalf("majority %v, want the 3 members that agree with each other", majority)
@@ -66,7 +66,39 @@ func TestDivergedMemberResyncs(t *testing.T) {
 		t.Fatal("state not adopted")
 	}
 	// Now with the majority: nothing to do.
-	if got := divergedFrom(me, peers, mine); len(got) != 0 {
+	if got := divergedFrom(me, mine); len(got) != 0 {
 		t.Fatalf("still diverged from %v", got)
+	}
+}
+
+func TestWinningState(t *testing.T) {
+	ids := func(names ...string) []optimizer.PeerID {
+		var out []optimizer.PeerID
+		for _, n := range names {
+			out = append(out, optimizer.PeerID(n))
+		}
+		return out
+	}
+	tests := []struct {
+		name   string
+		mine   uint64
+		byHash map[uint64][]optimizer.PeerID
+		want   []optimizer.PeerID
+	}{
+		{"alone", 7, nil, nil},
+		{"all agree", 7, map[uint64][]optimizer.PeerID{7: ids("a", "b")}, nil},
+		{"outnumbered", 7, map[uint64][]optimizer.PeerID{7: ids("a"), 9: ids("b", "c", "d")}, ids("b", "c", "d")},
+		{"majority with me", 7, map[uint64][]optimizer.PeerID{7: ids("a", "b"), 5: ids("c", "d")}, nil},
+		{"two-way tie, mine larger", 9, map[uint64][]optimizer.PeerID{3: ids("a")}, ids("a")},
+		{"two-way tie, mine smaller", 3, map[uint64][]optimizer.PeerID{9: ids("a")}, nil},
+		{"three-way tie", 8, map[uint64][]optimizer.PeerID{9: ids("a"), 4: ids("b")}, ids("b")},
+		{"largest group among others", 1, map[uint64][]optimizer.PeerID{9: ids("a", "b"), 4: ids("c")}, ids("a", "b")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := winningState(tt.mine, tt.byHash); !slices.Equal(got, tt.want) {
+				t.Fatalf("got %v, want %v", got, tt.want)
+			}
+		})
 	}
 }

@@ -59,6 +59,9 @@ type RoundReport struct {
 	Members   int
 	Stats     optimizer.RoundStats
 	StateHash uint64
+	// Adopted: this volunteer did not contribute to the round (it joined
+	// late, fell behind or was excluded) and took the run's state after it.
+	Adopted bool
 }
 
 // DefaultVolunteerConfig returns settings for the tiny preset.
@@ -224,6 +227,28 @@ func Volunteer(ctx context.Context, cfg VolunteerConfig) error {
 		}
 	}
 	defer save()
+	// adopted installs the run's state just taken into the stage and reports
+	// the rounds it covers; the inner steps since the last round are dropped.
+	lastReported := dl.Round
+	adopted := func(lossSum float64) {
+		copy(theta, dl.Phi)
+		dev.CopyIn(stage.Params, theta)
+		mu.Lock()
+		latest = encodeState(dl.State())
+		mu.Unlock()
+		announce(ctx, pn, dl)
+		if dl.Round == lastReported {
+			return
+		}
+		lastReported = dl.Round
+		rep := RoundReport{Round: dl.Round, Loss: float32(lossSum / float64(cfg.InnerSteps)), Members: len(peers.Members()),
+			StateHash: dl.StateHash(), Adopted: true}
+		say(cfg.Progress, "round %d: adopted the run's state (state %016x)", rep.Round, rep.StateHash)
+		if cfg.OnRound != nil {
+			cfg.OnRound(rep)
+		}
+		save()
+	}
 	// --rounds counts rounds the run completes while this volunteer is in
 	// it (a round adopted from the others counts; a failed one does not).
 	stopAt := dl.Round + uint64(cfg.Rounds)
@@ -245,9 +270,19 @@ func Volunteer(ctx context.Context, cfg VolunteerConfig) error {
 		// offering a pseudo-gradient for a round the others have finished.
 		if before := dl.Round; catchUp(ctx, pn, dl, n, log) == nil && dl.Round > before {
 			say(cfg.Progress, "behind the run: jumped from round %d to %d", before, dl.Round)
-			copy(theta, dl.Phi)
-			dev.CopyIn(stage.Params, theta)
+			adopted(lossSum)
 			continue
+		}
+		// Ended the last round with another state than the run's (see
+		// divergedFrom): take the run's state and train from it.
+		if ids := divergedFrom(pn, dl); len(ids) > 0 {
+			log.Warn("state differs from the run's; re-syncing", "round", dl.Round)
+			if err := adoptFrom(ctx, pn, dl, n, ids); err != nil {
+				log.Warn("re-sync failed", "err", err)
+			} else {
+				adopted(lossSum)
+				continue
+			}
 		}
 		dev.CopyOut(theta, stage.Params)
 		st, err := dl.OuterStep(ctx, theta)
@@ -261,8 +296,7 @@ func Volunteer(ctx context.Context, cfg VolunteerConfig) error {
 			if cerr := catchUp(ctx, pn, dl, n, log); cerr != nil {
 				return fmt.Errorf("round %d: %w (re-sync: %v)", dl.Round, err, cerr)
 			}
-			copy(theta, dl.Phi)
-			dev.CopyIn(stage.Params, theta)
+			adopted(lossSum)
 			continue
 		}
 		dev.CopyIn(stage.Params, theta)
@@ -272,10 +306,10 @@ func Volunteer(ctx context.Context, cfg VolunteerConfig) error {
 		if err := announce(ctx, pn, dl); err != nil {
 			log.Debug("announcing state", "err", err)
 		}
-		if majority := divergedFrom(pn, peers, dl); len(majority) > 0 {
-			// Most members finished this round with another result: take
+		if majority := divergedFrom(pn, dl); len(majority) > 0 {
+			// The others finished this round with another result: take
 			// theirs (DESIGN.md, consistency).
-			log.Warn("state differs from the majority; re-syncing", "round", dl.Round)
+			log.Warn("state differs from the run's; re-syncing", "round", dl.Round)
 			if err := adoptFrom(ctx, pn, dl, n, majority); err != nil {
 				log.Warn("re-sync failed", "err", err)
 			} else {
@@ -287,6 +321,7 @@ func Volunteer(ctx context.Context, cfg VolunteerConfig) error {
 				announce(ctx, pn, dl)
 			}
 		}
+		lastReported = dl.Round
 		rep := RoundReport{Round: dl.Round, Loss: float32(lossSum / float64(cfg.InnerSteps)), Members: len(peers.Members()),
 			Stats: st, StateHash: dl.StateHash()}
 		say(cfg.Progress, "round %d: loss %.4f, %d in group, %.1f kB sent, %.1fs (state %016x)", rep.Round, rep.Loss,
@@ -389,10 +424,13 @@ func announce(ctx context.Context, pn *p2p.Node, dl *optimizer.DiLoCo) error {
 	return pn.UpdateMeta(ctx, func(m *p2p.Meta) { m.Round, m.StateHash = round, hash })
 }
 
-// divergedFrom returns the members that agree on a state hash for this
-// member's round when they outnumber those (self included) that agree with
-// this member's hash; nil when this member is with the majority.
-func divergedFrom(pn *p2p.Node, peers *P2PPeers, dl *optimizer.DiLoCo) []optimizer.PeerID {
+// divergedFrom returns the members whose state this member should take:
+// among the volunteers announcing this member's round (itself included),
+// the state hash held by the most wins, a tie going to the smallest hash so
+// that every member picks the same one (two members that ended a round
+// differently must not each keep their own). nil when this member holds the
+// winning hash or nobody else has announced this round yet.
+func divergedFrom(pn *p2p.Node, dl *optimizer.DiLoCo) []optimizer.PeerID {
 	mine := dl.StateHash()
 	byHash := map[uint64][]optimizer.PeerID{}
 	for _, m := range pn.Members() {
@@ -401,14 +439,22 @@ func divergedFrom(pn *p2p.Node, peers *P2PPeers, dl *optimizer.DiLoCo) []optimiz
 		}
 		byHash[m.Meta.StateHash] = append(byHash[m.Meta.StateHash], optimizer.PeerID(m.ID.String()))
 	}
-	agree := len(byHash[mine]) + 1
-	var best []optimizer.PeerID
+	return winningState(mine, byHash)
+}
+
+// winningState applies divergedFrom's rule to the holders of each hash
+// (self not included in byHash).
+func winningState(mine uint64, byHash map[uint64][]optimizer.PeerID) []optimizer.PeerID {
+	best, bestN := mine, len(byHash[mine])+1
 	for h, ids := range byHash {
-		if h != mine && len(ids) > agree && len(ids) > len(best) {
-			best = ids
+		if h != mine && (len(ids) > bestN || (len(ids) == bestN && h < best)) {
+			best, bestN = h, len(ids)
 		}
 	}
-	return best
+	if best == mine {
+		return nil
+	}
+	return byHash[best]
 }
 
 // adoptFrom downloads the shared state from the first of ids that serves a

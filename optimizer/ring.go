@@ -104,13 +104,16 @@ type Ring struct {
 	// messages are accepted only from its members.
 	initial []PeerID
 	// queried records, per unfinished round, the members that asked us for
+	// its result and when they last did (a member asks once when it redoes
+	// a round, and again and again while it is excluded and waiting)
 	// its result: when every other live member is asking too, nobody holds
 	// it and waiting longer cannot help.
-	queried map[uint64]map[PeerID]bool
+	queried map[uint64]map[PeerID]time.Time
 	stash   []envelope // messages for rounds or groups not yet reached
 	first   estimator  // wait for the first message of a round
 	hop     estimator  // wait for later messages
 
+	ctx    context.Context // the receiver's; answers are sent under it
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 }
@@ -158,6 +161,7 @@ func NewRing(peers Peers, cfg RingConfig) (*Ring, error) {
 // Start runs the background receiver until ctx ends or Close.
 func (r *Ring) Start(ctx context.Context) {
 	ctx, r.cancel = context.WithCancel(ctx)
+	r.ctx = ctx
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
@@ -201,20 +205,32 @@ func (r *Ring) receive(ctx context.Context) {
 // answer sends a finished round's result to a member of that round's
 // group that asks for it, once per member, off the receive loop: a query is
 // 32 bytes and the answer the size of the model, so strangers get nothing.
+// A query for an unfinished round is remembered and answered when the round
+// finishes; one for a round finished so long ago that its result is no
+// longer kept gets a 32-byte "gone", so the asker re-syncs another way at
+// once instead of waiting.
 func (r *Ring) answer(ctx context.Context, from PeerID, round uint64) {
 	r.mu.Lock()
 	d, ok := r.done[round]
+	if !ok && len(r.doneList) > 0 && round < slices.Max(r.doneList) {
+		member := slices.Contains(r.peers.Members(), from)
+		r.mu.Unlock()
+		if member {
+			r.send(ctx, from, appendMessage(nil, header{kind: kindGone, round: round}, nil), nil)
+		}
+		return
+	}
 	if !ok && slices.Contains(r.initial, from) {
 		if r.queried == nil {
-			r.queried = map[uint64]map[PeerID]bool{}
+			r.queried = map[uint64]map[PeerID]time.Time{}
 		}
 		if r.queried[round] == nil {
 			for k := range r.queried { // only the current round matters
 				delete(r.queried, k)
 			}
-			r.queried[round] = map[PeerID]bool{}
+			r.queried[round] = map[PeerID]time.Time{}
 		}
-		r.queried[round][from] = true
+		r.queried[round][from] = time.Now()
 	}
 	// Members of that round's group, and members of the run now (a late
 	// joiner that fell behind), get the result; strangers get nothing.
@@ -224,12 +240,30 @@ func (r *Ring) answer(ctx context.Context, from PeerID, round uint64) {
 	}
 	d.answered[from] = true
 	r.mu.Unlock()
+	r.sendDone(ctx, from, round, d)
+}
+
+// sendDone sends round's result to one member in the background; a failed
+// send lets the member's next query be answered again.
+func (r *Ring) sendDone(ctx context.Context, to PeerID, round uint64, d doneRound) {
 	reply := appendMessage(nil, header{kind: kindDone, round: round}, appendDone(nil, d.chunks))
+	r.send(ctx, to, reply, func() {
+		r.mu.Lock()
+		delete(d.answered, to)
+		r.mu.Unlock()
+	})
+}
+
+// send delivers msg off the caller's goroutine; failed runs if it fails.
+func (r *Ring) send(ctx context.Context, to PeerID, msg []byte, failed func()) {
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
-		if err := r.peers.Send(ctx, from, reply); err != nil {
-			r.log.Debug("answering query", "peer", from, "round", round, "err", err)
+		if err := r.peers.Send(ctx, to, msg); err != nil {
+			r.log.Debug("answering query", "peer", to, "err", err)
+			if failed != nil {
+				failed()
+			}
 		}
 	}()
 }
@@ -407,11 +441,21 @@ func (r *Ring) finish(round uint64, chunks [][]byte) {
 	if _, again := r.done[round]; !again {
 		r.doneList = append(r.doneList, round)
 	}
-	r.done[round] = doneRound{chunks: chunks, group: r.initial, answered: map[PeerID]bool{}}
+	d := doneRound{chunks: chunks, group: r.initial, answered: map[PeerID]bool{}}
+	r.done[round] = d
 	if len(r.doneList) > keepDone {
 		delete(r.done, r.doneList[0])
 		r.doneList = r.doneList[1:]
 	}
+	// Members that asked before we finished (they were excluded, or gave up
+	// on the ring) get the result now rather than at their next query.
+	for p := range r.queried[round] {
+		if r.ctx != nil {
+			d.answered[p] = true
+			r.sendDone(r.ctx, p, round, d)
+		}
+	}
+	delete(r.queried, round)
 	kept := r.stash[:0]
 	for _, e := range r.stash {
 		if e.h.round > round {
@@ -739,28 +783,34 @@ func (r *Ring) stashLocked(e envelope) {
 }
 
 // awaitResult is used by a member the others excluded: it asks the group
-// for the finished result until one arrives.
+// for the finished result until one arrives. It gives up (ErrExcluded, so
+// the caller re-syncs from a member's state) when every other member has
+// left, is waiting for the result too, or answers that it no longer holds
+// it. It asks again at least every few MinDeadlines, so a lost query or
+// answer, or a member leaving, costs seconds rather than a whole deadline.
 func (r *Ring) awaitResult(ctx context.Context, round uint64, group []PeerID, out []float32, st *RoundStats) ([][]byte, error) {
 	r.mu.Lock()
-	wait := r.hop.deadline(r.cfg.InitialDeadline, r.cfg.MinDeadline, r.cfg.MaxDeadline)
+	wait := min(r.hop.deadline(r.cfg.InitialDeadline, r.cfg.MinDeadline, r.cfg.MaxDeadline), 4*r.cfg.MinDeadline)
 	r.mu.Unlock()
-	give := time.Now().Add(r.cfg.MaxDeadline)
+	began := time.Now()
+	give := began.Add(r.cfg.MaxDeadline)
+	gone := map[PeerID]bool{}
 	for time.Now().Before(give) {
-		others, asking := 0, 0
+		others, unable := 0, 0
 		r.mu.Lock()
 		for _, p := range r.peers.Members() {
 			if p != r.peers.Self() && slices.Contains(group, p) {
 				others++
-				if r.queried[round][p] {
-					asking++
+				if r.queried[round][p].After(began) || gone[p] {
+					unable++
 				}
 			}
 		}
 		r.mu.Unlock()
-		if others == 0 || asking == others {
-			// Everyone who could hold the result has gone, or is waiting
-			// for it too (members that excluded each other): nobody will
-			// finish this round.
+		if others == 0 || unable == others {
+			// Everyone who could hold the result has gone, is waiting for
+			// it too (members that excluded each other), or has dropped it:
+			// nobody will send it.
 			break
 		}
 		r.broadcast(ctx, group, header{kind: kindQuery, round: round}, nil, st)
@@ -774,15 +824,19 @@ func (r *Ring) awaitResult(ctx context.Context, round uint64, group []PeerID, ou
 			case <-timer.C:
 				break loop
 			case e := <-r.inbox:
-				if e.h.round == round && e.h.kind == kindDone && slices.Contains(group, e.from) {
+				switch {
+				case e.h.round == round && e.h.kind == kindDone && slices.Contains(group, e.from):
 					chunks, err := r.doneChunks(e)
 					if err != nil {
 						continue
 					}
 					timer.Stop()
 					return chunks, r.decodeAll(chunks, out)
-				}
-				if e.h.round > round {
+				case e.h.round == round && e.h.kind == kindGone && slices.Contains(group, e.from):
+					gone[e.from] = true
+					timer.Stop()
+					break loop
+				case e.h.round > round:
 					r.mu.Lock()
 					r.stashLocked(e)
 					r.mu.Unlock()

@@ -459,3 +459,38 @@ func TestDiLoCoErrorFeedback(t *testing.T) {
 		t.Errorf("error feedback did not help: %.4f vs %.4f", withEF, without)
 	}
 }
+
+// TestExcludedMemberLearnsResultIsGone: a member that offers a round the
+// others finished long ago (its result no longer kept) is told so and gets
+// ErrExcluded within a few deadlines, not after MaxDeadline, so that its
+// caller re-syncs from a member's state at once.
+func TestExcludedMemberLearnsResultIsGone(t *testing.T) {
+	const n = 500
+	cfg := testRingConfig()
+	cfg.InitialDeadline, cfg.MaxDeadline = 300*time.Millisecond, time.Minute
+	net, ms := swarm(t, 2, cfg)
+	x := randomVec(n, 1, 1)
+	for round := uint64(1); round <= keepDone+2; round++ {
+		errs := runAll(ms, func(i int, m *member) error {
+			_, err := m.ring.AllReduceMean(context.Background(), round, x, make([]float32, n))
+			return err
+		})
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("round %d, member %d: %v", round, i, err)
+			}
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	late := addMember(t, ctx, net, "peer-late", cfg)
+	defer late.ring.Close()
+	began := time.Now()
+	_, err := late.ring.AllReduceMean(context.Background(), 1, x, make([]float32, n))
+	if !errors.Is(err, ErrExcluded) {
+		t.Fatalf("late member: %v, want ErrExcluded", err)
+	}
+	if took := time.Since(began); took > 15*time.Second {
+		t.Fatalf("late member gave up after %v; the others' answer should end its wait well before MaxDeadline (%v)", took, cfg.MaxDeadline)
+	}
+}

@@ -37,14 +37,15 @@ const (
 	kindQuery   kind = 4 // "has round r finished? send me the result"
 	kindDone    kind = 5 // a finished round's result
 	kindGossip  kind = 6 // NoLoCo exchange within a group
-	maxKind          = kindGossip
+	kindGone    kind = 7 // "I finished round r but no longer hold its result"
+	maxKind          = kindGone
 )
 
 func (k kind) String() string {
 	if k == 0 || k > maxKind {
 		return fmt.Sprintf("kind(%d)", uint8(k))
 	}
-	return [...]string{"", "reduce", "gather", "suspect", "query", "done", "gossip"}[k]
+	return [...]string{"", "reduce", "gather", "suspect", "query", "done", "gossip", "gone"}[k]
 }
 
 type header struct {
