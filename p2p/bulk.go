@@ -340,9 +340,12 @@ func cmpErr(old, err error) error {
 // chunkQueue hands out chunk indexes to stripes and records completion.
 // When every chunk has been handed out, idle stripes duplicate chunks still
 // in flight elsewhere (end game, as in BitTorrent): one slow or stalled
-// connection then no longer holds up the end of a transfer. Duplicates write
-// the same bytes at the same offsets, so whichever finishes first wins.
+// connection then no longer holds up the end of a transfer. Duplicates carry
+// the same bytes for the same offsets; io.WriterAt forbids parallel writes
+// to overlapping ranges, so writes into one chunk hold that chunk's lock,
+// and a copy still arriving after the chunk is done is read and dropped.
 type chunkQueue struct {
+	writing []sync.Mutex // per chunk, held around each WriteAt into it
 	mu      sync.Mutex
 	next    int
 	total   int
@@ -353,7 +356,22 @@ type chunkQueue struct {
 }
 
 func newChunkQueue(n int) *chunkQueue {
-	return &chunkQueue{total: n, done: make([]bool, n), copies: make([]uint8, n), allDone: make(chan struct{})}
+	return &chunkQueue{writing: make([]sync.Mutex, n), total: n, done: make([]bool, n), copies: make([]uint8, n), allDone: make(chan struct{})}
+}
+
+// writeAt writes p at off of w as part of chunk i, unless another copy of
+// the chunk has already finished it.
+func (q *chunkQueue) writeAt(w io.WriterAt, i int, p []byte, off int64) error {
+	q.writing[i].Lock()
+	defer q.writing[i].Unlock()
+	q.mu.Lock()
+	done := q.done[i]
+	q.mu.Unlock()
+	if done {
+		return nil
+	}
+	_, err := w.WriteAt(p, off)
+	return err
 }
 
 // take returns a chunk for a stripe whose in-flight chunks are busy.
@@ -380,6 +398,8 @@ func (q *chunkQueue) take(busy []int) (int, bool) {
 }
 
 func (q *chunkQueue) finish(i int) {
+	q.writing[i].Lock() // no copy is mid-write when the chunk becomes done
+	defer q.writing[i].Unlock()
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.done[i] {
@@ -472,7 +492,7 @@ func fetchStripe(ctx context.Context, s *Stream, key string, w io.WriterAt, opt 
 			_ = raw.SetReadDeadline(time.Now().Add(opt.IOTimeout))
 			m, err := io.ReadFull(raw, buf[:k])
 			if m > 0 {
-				if _, werr := w.WriteAt(buf[:m], off+got); werr != nil {
+				if werr := q.writeAt(w, i, buf[:m], off+got); werr != nil {
 					return werr
 				}
 				got += int64(m)
