@@ -50,11 +50,25 @@
 // table that remote peers feed is bounded: goodbyes awaiting a leave expire
 // after a minute and number at most 1024 (membership.go); memberlist's
 // address index keeps 1024 addresses, least recently used evicted first, and
-// drops a member's addresses when it leaves or fails (transport.go); the peer
-// book keeps the NodeConfig.PeerBookSize most recently seen peers
-// (peerbook.go); per-(peer, protocol) byte counters are folded into
-// per-protocol totals once idle and disconnected, at most 8192 at a time
-// (accounting.go).
+// drops a member's addresses when it leaves or fails, or when the node
+// forgets the peer (transport.go); the peer book keeps the
+// NodeConfig.PeerBookSize most recently seen peers (peerbook.go);
+// per-(peer, protocol) byte counters are folded into per-protocol totals once
+// idle and disconnected, at most 8192 at a time (accounting.go).
+//
+// libp2p's peerstore holds the members, the connected peers and the peers
+// seen in the last NodeConfig.ForgetAfter (15 min by default), nothing more
+// (peerstore.go). A member's addresses from membership (QUIC, TCP, relayed
+// through the seeds) are pinned at PermanentAddrTTL while it is a member,
+// however long its connection is down, and lowered to
+// RecentlyConnectedAddrTTL when it leaves or fails. Every RejoinInterval the
+// node removes (ClearAddrs, RemovePeer) each peer that has been neither a
+// member nor connected for ForgetAfter: libp2p alone drops keys and
+// protocols a minute after a disconnect but never a lowered address, so a
+// seed would keep every peer it ever met. Seeds are never removed; peer-book
+// peers need no peerstore entry (a rejoin dials the addresses the book
+// stores). The record of idle peers is rebuilt from the peerstore on every
+// sweep.
 //
 // # Relayed connections
 //

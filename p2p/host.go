@@ -10,6 +10,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/host"
 	"github.com/libp2p/go-libp2p/core/metrics"
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/peerstore"
 	"github.com/libp2p/go-libp2p/p2p/host/autorelay"
 	rcmgr "github.com/libp2p/go-libp2p/p2p/host/resource-manager"
 	"github.com/libp2p/go-libp2p/p2p/net/connmgr"
@@ -89,6 +90,7 @@ type hostParams struct {
 	listenUDP    func(network string, laddr *net.UDPAddr) (net.PacketConn, error)
 	bw           metrics.Reporter
 	addrs        func() []ma.Multiaddr // advertised addresses instead of the listen addresses (lanes)
+	peerstore    peerstore.Peerstore   // nil: libp2p's default; the host closes it
 }
 
 func newHost(p hostParams) (host.Host, error) {
@@ -101,10 +103,13 @@ func newHost(p hostParams) (host.Host, error) {
 	limiter := rcmgr.NewFixedLimiter(partial.Build(scaled))
 	rm, err := rcmgr.NewResourceManager(limiter)
 	if err != nil {
+		closePeerstore(p.peerstore)
 		return nil, fmt.Errorf("p2p: resource manager: %w", err)
 	}
 	cm, err := connmgr.NewConnManager(p.limits.ConnLow, p.limits.ConnHigh, connmgr.WithGracePeriod(p.limits.ConnGrace))
 	if err != nil {
+		rm.Close()
+		closePeerstore(p.peerstore)
 		return nil, fmt.Errorf("p2p: connection manager: %w", err)
 	}
 	opts := []libp2p.Option{
@@ -119,6 +124,9 @@ func newHost(p hostParams) (host.Host, error) {
 		libp2p.EnableRelay(),
 		libp2p.EnableNATService(),
 		libp2p.UserAgent("skein"),
+	}
+	if p.peerstore != nil {
+		opts = append(opts, libp2p.Peerstore(p.peerstore)) // libp2p.New closes it if it fails
 	}
 	if p.addrs != nil {
 		opts = append(opts, libp2p.AddrsFactory(func([]ma.Multiaddr) []ma.Multiaddr { return p.addrs() }))
@@ -155,4 +163,10 @@ func newHost(p hostParams) (host.Host, error) {
 		return nil, fmt.Errorf("p2p: libp2p host: %w", err)
 	}
 	return h, nil
+}
+
+func closePeerstore(ps peerstore.Peerstore) {
+	if ps != nil {
+		ps.Close()
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/hashicorp/memberlist"
@@ -70,5 +71,10 @@ func TestConfigValidateNamesValue(t *testing.T) {
 	c.Bootstrap = []string{"/ip4/1.2.3.4/udp/1/quic-v1"}
 	if err := c.Validate(); err == nil {
 		t.Fatal("bootstrap without /p2p accepted")
+	}
+	c = DefaultNodeConfig("run")
+	c.ForgetAfter = 0
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "ForgetAfter") {
+		t.Fatalf("ForgetAfter 0: err %v, want one naming ForgetAfter", err)
 	}
 }

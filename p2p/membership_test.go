@@ -200,3 +200,82 @@ func TestBootstrapRestart(t *testing.T) {
 	}
 	s.WaitMembers(6, 15*time.Second)
 }
+
+// TestDepartedPeersForgotten: once a member has left, or failed, and stayed
+// away for ForgetAfter, nothing of it is left in another node's peerstore:
+// no addresses, keys, protocols or metadata. libp2p alone would keep its
+// addresses for good (and its keys and protocols for a minute).
+func TestDepartedPeersForgotten(t *testing.T) {
+	const forgetAfter = time.Second
+	timing := p2ptest.Timing()
+	timing.GossipToTheDeadTime = forgetAfter
+	s := p2ptest.NewSwarm(t, 5, p2ptest.Options{Timing: timing, Node: func(i int, c *p2p.NodeConfig) {
+		c.ForgetAfter = forgetAfter // RejoinInterval is 1 s in p2ptest
+	}})
+	obs, leaver, victim, stayer := s.Nodes[1], s.Nodes[2], s.Nodes[3], s.Nodes[4]
+	ps := obs.Host().Peerstore()
+	// left reports what of id is still in ps.
+	left := func(id peer.ID) []string {
+		var out []string
+		if a := ps.Addrs(id); len(a) > 0 {
+			out = append(out, fmt.Sprintf("addresses %v", a))
+		}
+		for _, p := range ps.Peers() {
+			if p == id {
+				out = append(out, "listed in Peers")
+			}
+		}
+		if p, _ := ps.GetProtocols(id); len(p) > 0 {
+			out = append(out, fmt.Sprintf("%d protocols", len(p)))
+		}
+		if _, err := ps.Get(id, "AgentVersion"); err == nil {
+			out = append(out, "metadata")
+		}
+		return out
+	}
+	if err := s.Eventually(10*time.Second, func() error {
+		for _, n := range []*p2p.Node{leaver, victim, stayer} {
+			if l := left(n.ID()); len(l) < 4 {
+				return fmt.Errorf("member %s is not fully in the peerstore: %v", n.ID(), l)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Well before libp2p's own cleanup (a minute for keys, never for
+	// addresses).
+	budget := 10*time.Second + p2ptest.Slowdown*5*time.Second
+	forgotten := func(n *p2p.Node, how string) {
+		t.Helper()
+		start := time.Now()
+		if err := s.Eventually(budget, func() error {
+			if l := left(n.ID()); len(l) > 0 {
+				return fmt.Errorf("%s member %s still in the peerstore: %v", how, n.ID(), l)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s member forgotten %v after every node saw it go", how, time.Since(start))
+	}
+
+	s.Remove(leaver)
+	if err := leaver.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitGone(t, s, leaver.ID(), timing.FailureWindow(5))
+	forgotten(leaver, "left")
+
+	s.Remove(victim)
+	victim.Shutdown()
+	waitGone(t, s, victim.ID(), 3*timing.FailureWindow(5))
+	forgotten(victim, "failed")
+
+	// Members stay.
+	for _, n := range []*p2p.Node{s.Nodes[0], stayer} {
+		if l := left(n.ID()); len(l) < 4 {
+			t.Errorf("member %s lost peerstore state: only %v", n.ID(), l)
+		}
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/peerstore"
 	"github.com/libp2p/go-libp2p/core/protocol"
+	"github.com/libp2p/go-libp2p/p2p/host/peerstore/pstoremem"
 	ma "github.com/multiformats/go-multiaddr"
 	manet "github.com/multiformats/go-multiaddr/net"
 )
@@ -52,8 +53,18 @@ type NodeConfig struct {
 	// ListenUDP replaces the UDP socket under QUIC (WAN emulation, tests).
 	ListenUDP func(network string, laddr *net.UDPAddr) (net.PacketConn, error)
 
-	JoinTimeout    time.Duration // per join attempt
-	RejoinInterval time.Duration // how often to re-contact missing seeds or known peers
+	JoinTimeout time.Duration // per join attempt
+	// RejoinInterval is how often the node re-contacts missing seeds or known
+	// peers, saves the peer book and trims state fed by remote peers.
+	RejoinInterval time.Duration
+	// ForgetAfter is how long a peer that is neither a member nor connected
+	// keeps its libp2p peerstore entry (addresses, keys, protocols,
+	// metadata): the first RejoinInterval tick after that removes it. Seeds
+	// are never removed. DefaultNodeConfig sets 15 min, libp2p's
+	// RecentlyConnectedAddrTTL: no address libp2p still counts as valid is
+	// removed early. Keep it at least Timing.GossipToTheDeadTime: memberlist
+	// still writes to a dead member that long.
+	ForgetAfter time.Duration
 	// JoinAlone lets NewNode succeed with no reachable peer (seeds).
 	JoinAlone bool
 	// PeerBookSize bounds the peer book (memory and peers.json): the most
@@ -62,6 +73,10 @@ type NodeConfig struct {
 	PeerBookSize int
 
 	Logger *slog.Logger
+
+	// peerstoreClock, when set, is the peerstore's clock (tests move it past
+	// address TTLs).
+	peerstoreClock interface{ Now() time.Time }
 }
 
 // DefaultNodeConfig returns a volunteer configuration with WAN timing.
@@ -74,6 +89,7 @@ func DefaultNodeConfig(runID string) NodeConfig {
 		Limits:       DefaultLimits(),
 		HolePunching: true,
 		JoinTimeout:  10 * time.Second, RejoinInterval: 30 * time.Second,
+		ForgetAfter:  peerstore.RecentlyConnectedAddrTTL,
 		PeerBookSize: MaxPeerBookSize,
 	}
 }
@@ -110,6 +126,9 @@ func (c NodeConfig) Validate() error {
 	if c.JoinTimeout <= 0 || c.RejoinInterval <= 0 {
 		return fmt.Errorf("p2p: JoinTimeout %v / RejoinInterval %v must be positive", c.JoinTimeout, c.RejoinInterval)
 	}
+	if c.ForgetAfter <= 0 {
+		return fmt.Errorf("p2p: NodeConfig.ForgetAfter %v must be positive", c.ForgetAfter)
+	}
 	if c.PeerBookSize < 1 || c.PeerBookSize > MaxPeerBookSize {
 		return fmt.Errorf("p2p: NodeConfig.PeerBookSize %d out of range [1, %d]", c.PeerBookSize, MaxPeerBookSize)
 	}
@@ -128,7 +147,10 @@ type Node struct {
 	md    *metaDelegate
 	book  *peerBook
 	seeds []peer.AddrInfo
-	byeID protocol.ID
+	// keeper pins members' addresses in the peerstore and forgets idle
+	// peers (peerstore.go).
+	keeper *peerKeeper
+	byeID  protocol.ID
 
 	metaMu sync.Mutex
 	meta   Meta
@@ -191,11 +213,19 @@ func NewNode(ctx context.Context, cfg NodeConfig) (*Node, error) {
 			}
 		}
 	}
+	var ps peerstore.Peerstore
+	if cfg.peerstoreClock != nil {
+		if ps, err = pstoremem.NewPeerstore(pstoremem.WithClock(cfg.peerstoreClock)); err != nil {
+			return nil, fmt.Errorf("p2p: peerstore: %w", err)
+		}
+	}
 	n.h, err = newHost(hostParams{key: key, listen: cfg.ListenAddrs, limits: cfg.Limits, reachability: cfg.Reachability,
-		relayService: cfg.RelayService, relays: relays, holePunching: cfg.HolePunching, listenUDP: cfg.ListenUDP, bw: n.bw})
+		relayService: cfg.RelayService, relays: relays, holePunching: cfg.HolePunching, listenUDP: cfg.ListenUDP, bw: n.bw,
+		peerstore: ps})
 	if err != nil {
 		return nil, err
 	}
+	n.keeper = newPeerKeeper(n.h.Peerstore(), n.h.ID())
 	n.log = log.With("peer", shortID(n.h.ID()))
 	if err := n.start(ctx); err != nil {
 		n.h.Close()
@@ -488,26 +518,9 @@ func (n *Node) onEvent(kind EventKind, m Member) {
 	switch kind {
 	case EventJoin, EventUpdate:
 		n.tr.learn(m.ID, m.Addr)
-		if m.Meta.TCPPort != 0 {
-			if h, _, err := net.SplitHostPort(m.Addr); err == nil {
-				if ip := net.ParseIP(h); ip != nil && !ip.IsUnspecified() {
-					if a, err := manet.FromNetAddr(&net.TCPAddr{IP: ip, Port: int(m.Meta.TCPPort)}); err == nil {
-						n.h.Peerstore().AddAddr(m.ID, a, peerstore.RecentlyConnectedAddrTTL)
-					}
-				}
-			}
-		}
-		// Reach members behind NAT through the seeds' relays.
-		for _, s := range n.seeds {
-			if s.ID == m.ID {
-				continue
-			}
-			if c, err := ma.NewMultiaddr("/p2p/" + s.ID.String() + "/p2p-circuit"); err == nil {
-				for _, sa := range s.Addrs {
-					n.h.Peerstore().AddAddr(m.ID, sa.Encapsulate(c), peerstore.RecentlyConnectedAddrTTL)
-				}
-			}
-		}
+		// Its QUIC, TCP and relayed addresses stay in the peerstore while it
+		// is a member (peerstore.go).
+		n.keeper.pin(m.ID, n.memberAddrs(m))
 		n.h.ConnManager().Protect(m.ID, "members")
 		if kind == EventJoin && m.ID != n.h.ID() && n.h.Network().Connectedness(m.ID) != network.Connected {
 			// Connect now, so the first probe does not pay for the dial.
@@ -527,6 +540,7 @@ func (n *Node) onEvent(kind EventKind, m Member) {
 	case EventLeave, EventFail:
 		n.h.ConnManager().Unprotect(m.ID, "members")
 		n.tr.forget(m.ID)
+		n.keeper.unpin(m.ID)
 	}
 }
 
@@ -536,7 +550,8 @@ func (n *Node) handleBye(s network.Stream) {
 }
 
 // maintain re-contacts missing seeds or known peers, saves the peer book and
-// trims the tables fed by remote peers (goodbyes, traffic counters).
+// trims the tables fed by remote peers (goodbyes, traffic counters, the
+// peerstore).
 func (n *Node) maintain() {
 	defer n.wg.Done()
 	t := time.NewTicker(n.cfg.RejoinInterval)
@@ -568,6 +583,7 @@ func (n *Node) maintain() {
 		}
 		n.ev.expireLeft(time.Now())
 		n.bw.trim(func(p peer.ID) bool { return n.h.Network().Connectedness(p) == network.Connected })
+		n.forgetIdle(time.Now())
 	}
 }
 

@@ -124,7 +124,10 @@ func (t *transport) resolve(a memberlist.Address) (peer.ID, error) {
 }
 
 // learn records that memberlist address addr ("ip:port", the peer's QUIC
-// address) belongs to id and adds it to the peerstore.
+// address) belongs to id and adds it to the peerstore as a hint
+// (RecentlyConnectedAddrTTL, added again only when the mapping changes): a
+// packet may name any node. Members' addresses are pinned for as long as
+// they are members by the node (peerKeeper, peerstore.go).
 func (t *transport) learn(id peer.ID, addr string) {
 	if id == t.h.ID() || addr == "" {
 		return
@@ -140,12 +143,13 @@ func (t *transport) learn(id peer.ID, addr string) {
 	}
 }
 
-// forget drops the addresses recorded for id (it left or failed). memberlist
-// may still send to it for a while (gossip to the dead), which records its
-// address again until the index's LRU bound pushes it out.
-func (t *transport) forget(id peer.ID) {
+// forget drops the addresses recorded for ids (they left or failed, or the
+// node removed them from the peerstore). memberlist may still send to a dead
+// member for a while (gossip to the dead), which records its address again
+// until the index's LRU bound pushes it out.
+func (t *transport) forget(ids ...peer.ID) {
 	t.mu.Lock()
-	t.byAddr.forget(id)
+	t.byAddr.forget(ids...)
 	t.mu.Unlock()
 }
 
@@ -199,11 +203,19 @@ func (x *addrIndex) put(addr string, id peer.ID) bool {
 	return true
 }
 
-// forget removes every address of id.
-func (x *addrIndex) forget(id peer.ID) {
+// forget removes every address of ids, in one pass over the index.
+func (x *addrIndex) forget(ids ...peer.ID) {
+	if len(ids) == 0 || len(x.m) == 0 {
+		return
+	}
+	drop := make(map[peer.ID]struct{}, len(ids))
+	for _, id := range ids {
+		drop[id] = struct{}{}
+	}
 	for el := x.lru.Front(); el != nil; {
 		next := el.Next()
-		if e := el.Value.(*addrEntry); e.id == id {
+		e := el.Value.(*addrEntry)
+		if _, ok := drop[e.id]; ok {
 			x.lru.Remove(el)
 			delete(x.m, e.addr)
 		}
