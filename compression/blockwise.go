@@ -262,6 +262,10 @@ func decodeInt4(dst []float32, body []byte, block, base int) error {
 // q = round_half_even((x-min) * (255/(max-min))) or, stochastic,
 // min(floor((x-min) * (255/(max-min)) + u), 255). A block with
 // max-min < 2^-100 (including max == min) gets codes 0 and decodes to min.
+//
+// min and max are those of the builtins (-0 below +0), found on the float32
+// bits by minMaxBits; one pass over the block finds them and rejects NaN, Inf
+// and magnitudes beyond 2^126, a second one quantizes.
 func encodeMinMax8(body []byte, x []float32, block, base int, key uint64, sr bool) error {
 	nb := (len(x) + block - 1) / block
 	codes := body[8*nb : 8*nb+len(x)]
@@ -269,14 +273,12 @@ func encodeMinMax8(body []byte, x []float32, block, base int, key uint64, sr boo
 		lo := b * block
 		hi := min(lo+block, len(x))
 		xb := x[lo:hi]
-		if m := absmaxBits(xb); m > maxBlockBits {
+		bmn, bmx := minMaxBits(xb)
+		if max(bmn&absMask, bmx&absMask) > maxBlockBits {
+			m := absmaxBits(xb)
 			return cmp.Or(tooLarge(MinMax8, m, base+lo), nonFinite(xb, base+lo))
 		}
-		mn, mx := xb[0], xb[0]
-		for _, v := range xb[1:] {
-			mn = min(mn, v)
-			mx = max(mx, v)
-		}
+		mn, mx := math.Float32frombits(bmn), math.Float32frombits(bmx)
 		d := mx - mn
 		if math.Float32bits(d)&absMask >= expMask {
 			return fmt.Errorf("%w: block at element %d: range %v..%v overflows float32", ErrNonFinite, base+lo, mn, mx)
@@ -285,27 +287,103 @@ func encodeMinMax8(body []byte, x []float32, block, base int, key uint64, sr boo
 		if d >= minScaleAbs {
 			inv = 255 / d
 		}
-		binary.LittleEndian.PutUint32(body[8*b:], math.Float32bits(mn))
-		binary.LittleEndian.PutUint32(body[8*b+4:], math.Float32bits(mx))
+		binary.LittleEndian.PutUint32(body[8*b:], bmn)
+		binary.LittleEndian.PutUint32(body[8*b+4:], bmx)
 		cb := codes[lo:hi]
-		cb = cb[:len(xb)]
 		if !sr {
-			for i, v := range xb {
-				cb[i] = byte(math.Float32bits(float32(float32(v-mn)*inv) + roundMagic))
-			}
-			continue
-		}
-		p := uint64(base+lo) / 2
-		for i := 0; i < len(xb); i += 2 {
-			h := pairBits(key, p)
-			p++
-			cb[i] = byte(min(int32(float32(float32(float32(xb[i]-mn)*inv)+unit24(uint32(h)))), 255))
-			if i+1 < len(xb) {
-				cb[i+1] = byte(min(int32(float32(float32(float32(xb[i+1]-mn)*inv)+unit24(uint32(h>>32)))), 255))
-			}
+			quantMinMax8(cb, xb, mn, inv)
+		} else {
+			quantMinMax8SR(cb, xb, mn, inv, key, uint64(base+lo)/2)
 		}
 	}
 	return nil
+}
+
+// minMaxBits returns the float32 bits of the smallest and the largest of x
+// (len(x) > 0), ordered as the builtin min and max order floats: -0 < +0.
+// It works on the bits: read as int32, non-negative floats order as their
+// values and lie above all negative ones, and read as uint32 the negative
+// floats order by magnitude above all non-negative ones. So the largest float
+// is the largest int32 if that is >= 0, else the smallest uint32 (the
+// negative closest to zero); the smallest float is the largest uint32 if it
+// is negative, else the smallest uint32. A NaN or ±Inf in x makes one of the
+// results NaN or ±Inf, so callers catch them by checking the magnitudes.
+func minMaxBits(x []float32) (mn, mx uint32) {
+	u := math.Float32bits(x[0])
+	s0, s1 := int32(u), int32(u)
+	lo0, lo1, hi0, hi1 := u, u, u, u
+	for len(x) >= 8 {
+		p := (*[8]float32)(x)
+		a, b := math.Float32bits(p[0]), math.Float32bits(p[1])
+		s0, lo0, hi0 = max(s0, int32(a)), min(lo0, a), max(hi0, a)
+		s1, lo1, hi1 = max(s1, int32(b)), min(lo1, b), max(hi1, b)
+		a, b = math.Float32bits(p[2]), math.Float32bits(p[3])
+		s0, lo0, hi0 = max(s0, int32(a)), min(lo0, a), max(hi0, a)
+		s1, lo1, hi1 = max(s1, int32(b)), min(lo1, b), max(hi1, b)
+		a, b = math.Float32bits(p[4]), math.Float32bits(p[5])
+		s0, lo0, hi0 = max(s0, int32(a)), min(lo0, a), max(hi0, a)
+		s1, lo1, hi1 = max(s1, int32(b)), min(lo1, b), max(hi1, b)
+		a, b = math.Float32bits(p[6]), math.Float32bits(p[7])
+		s0, lo0, hi0 = max(s0, int32(a)), min(lo0, a), max(hi0, a)
+		s1, lo1, hi1 = max(s1, int32(b)), min(lo1, b), max(hi1, b)
+		x = x[8:]
+	}
+	for _, v := range x {
+		a := math.Float32bits(v)
+		s0, lo0, hi0 = max(s0, int32(a)), min(lo0, a), max(hi0, a)
+	}
+	s, lo, hi := max(s0, s1), min(lo0, lo1), max(hi0, hi1)
+	mn, mx = lo, lo
+	if s >= 0 {
+		mx = uint32(s)
+	}
+	if hi&0x80000000 != 0 {
+		mn = hi
+	}
+	return mn, mx
+}
+
+// quantMinMax8 sets dst[i] = round_half_even((x[i]-mn)*inv), for
+// 0 <= (x[i]-mn)*inv < 255.5 (at most 255*(1+2^-24)^2 as computed).
+func quantMinMax8(dst []byte, x []float32, mn, inv float32) {
+	dst = dst[:len(x)]
+	for len(x) >= 8 {
+		d := (*[8]byte)(dst)
+		s := (*[8]float32)(x)
+		d[0] = byte(math.Float32bits(float32(float32(s[0]-mn)*inv) + roundMagic))
+		d[1] = byte(math.Float32bits(float32(float32(s[1]-mn)*inv) + roundMagic))
+		d[2] = byte(math.Float32bits(float32(float32(s[2]-mn)*inv) + roundMagic))
+		d[3] = byte(math.Float32bits(float32(float32(s[3]-mn)*inv) + roundMagic))
+		d[4] = byte(math.Float32bits(float32(float32(s[4]-mn)*inv) + roundMagic))
+		d[5] = byte(math.Float32bits(float32(float32(s[5]-mn)*inv) + roundMagic))
+		d[6] = byte(math.Float32bits(float32(float32(s[6]-mn)*inv) + roundMagic))
+		d[7] = byte(math.Float32bits(float32(float32(s[7]-mn)*inv) + roundMagic))
+		x, dst = x[8:], dst[8:]
+	}
+	for i, v := range x {
+		dst[i] = byte(math.Float32bits(float32(float32(v-mn)*inv) + roundMagic))
+	}
+}
+
+// quantMinMax8SR sets dst[i] = min(floor((x[i]-mn)*inv + u_i), 255) with u_i
+// from pair p+i/2 (x[0] is an even tensor element).
+func quantMinMax8SR(dst []byte, x []float32, mn, inv float32, key, p uint64) {
+	dst = dst[:len(x)]
+	q := func(v float32, w uint32) byte {
+		return byte(min(int32(float32(float32(float32(v-mn)*inv)+unit24(w))), 255))
+	}
+	for len(x) >= 2 {
+		h := pairBits(key, p)
+		p++
+		d := (*[2]byte)(dst)
+		s := (*[2]float32)(x)
+		d[0] = q(s[0], uint32(h))
+		d[1] = q(s[1], uint32(h>>32))
+		x, dst = x[2:], dst[2:]
+	}
+	if len(x) == 1 {
+		dst[0] = q(x[0], uint32(pairBits(key, p)))
+	}
 }
 
 // decodeMinMax8 sets x = min + q*step with step = (max-min)/255 in float32;
@@ -327,12 +405,28 @@ func decodeMinMax8(dst []float32, body []byte, block, base int) error {
 		}
 		lo := b * block
 		hi := min(lo+block, len(dst))
-		db := dst[lo:hi]
-		cb := codes[lo:hi]
-		cb = cb[:len(db)]
-		for i, c := range cb {
-			db[i] = mn + float32(float32(c)*step)
-		}
+		dequantMinMax8(dst[lo:hi], codes[lo:hi], mn, step)
 	}
 	return nil
+}
+
+// dequantMinMax8 sets dst[i] = mn + codes[i]*step, rounding the product first.
+func dequantMinMax8(dst []float32, codes []byte, mn, step float32) {
+	codes = codes[:len(dst)]
+	for len(dst) >= 8 {
+		d := (*[8]float32)(dst)
+		c := (*[8]byte)(codes)
+		d[0] = mn + float32(float32(c[0])*step)
+		d[1] = mn + float32(float32(c[1])*step)
+		d[2] = mn + float32(float32(c[2])*step)
+		d[3] = mn + float32(float32(c[3])*step)
+		d[4] = mn + float32(float32(c[4])*step)
+		d[5] = mn + float32(float32(c[5])*step)
+		d[6] = mn + float32(float32(c[6])*step)
+		d[7] = mn + float32(float32(c[7])*step)
+		dst, codes = dst[8:], codes[8:]
+	}
+	for i, c := range codes {
+		dst[i] = mn + float32(float32(c)*step)
+	}
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -144,6 +146,89 @@ func BenchmarkInt8Kernels(b *testing.B) {
 		}
 		b.ReportMetric(float64(4*len(x))*float64(b.N)/float64(b.Elapsed().Nanoseconds()), "GB/s")
 	})
+}
+
+// BenchmarkFastKernels compares the MinMax8 and FP16 loops with the original
+// scalar ones (reference_test.go), which write the same bytes, in one run:
+//
+//	go test -run='^$' -bench=FastKernels -benchtime=20x -count=6 ./compression
+//
+// "tiny" data is N(0, 1e-4): about half its values are binary16 subnormals.
+func BenchmarkFastKernels(b *testing.B) {
+	type kernel struct {
+		name      string
+		enc, orig func(body []byte, x []float32) error
+		dec, odec func(dst []float32, body []byte) error
+	}
+	const bs = DefaultBlockSize
+	kernels := []kernel{
+		{"minmax8",
+			func(body []byte, x []float32) error { return encodeMinMax8(body, x, bs, 0, 1, false) },
+			func(body []byte, x []float32) error { return encodeMinMax8Ref(body, x, bs, 0, 1, false) },
+			func(dst []float32, body []byte) error { return decodeMinMax8(dst, body, bs, 0) },
+			func(dst []float32, body []byte) error { return decodeMinMax8Ref(dst, body, bs, 0) }},
+		{"minmax8/sr",
+			func(body []byte, x []float32) error { return encodeMinMax8(body, x, bs, 0, 1, true) },
+			func(body []byte, x []float32) error { return encodeMinMax8Ref(body, x, bs, 0, 1, true) },
+			nil, nil},
+		{"fp16",
+			func(body []byte, x []float32) error { return encodeFP16(body, x, 0, 1, false) },
+			func(body []byte, x []float32) error { return encodeFP16Ref(body, x, 0, 1, false) },
+			func(dst []float32, body []byte) error { return decodeFP16(dst, body, 0) },
+			func(dst []float32, body []byte) error { return decodeFP16Ref(dst, body, 0) }},
+		{"fp16/sr",
+			func(body []byte, x []float32) error { return encodeFP16(body, x, 0, 1, true) },
+			func(body []byte, x []float32) error { return encodeFP16Ref(body, x, 0, 1, true) },
+			nil, nil},
+	}
+	tiny := slices.Clone(benchData())
+	for i := range tiny {
+		tiny[i] *= 1e-4
+	}
+	data := map[string][]float32{"gauss": benchData(), "tiny": tiny}
+	rate := func(b *testing.B) {
+		b.ReportMetric(float64(4*benchElems)*float64(b.N)/float64(b.Elapsed().Nanoseconds()), "GB/s")
+	}
+	for _, k := range kernels {
+		for _, dn := range []string{"gauss", "tiny"} {
+			if dn == "tiny" && !strings.HasPrefix(k.name, "fp16") {
+				continue
+			}
+			x := data[dn]
+			body := make([]byte, max(bodyLen(MinMax8, len(x), bs), bodyLen(FP16, len(x), bs)))
+			y := make([]float32, len(x))
+			for _, impl := range []string{"new", "orig"} {
+				enc, dec := k.enc, k.dec
+				if impl == "orig" {
+					enc, dec = k.orig, k.odec
+				}
+				b.Run(k.name+"/encode/"+dn+"/"+impl, func(b *testing.B) {
+					b.SetBytes(int64(4 * len(x)))
+					for b.Loop() {
+						if err := enc(body, x); err != nil {
+							b.Fatal(err)
+						}
+					}
+					rate(b)
+				})
+				if dec == nil {
+					continue
+				}
+				b.Run(k.name+"/decode/"+dn+"/"+impl, func(b *testing.B) {
+					if err := enc(body, x); err != nil {
+						b.Fatal(err)
+					}
+					b.SetBytes(int64(4 * len(x)))
+					for b.Loop() {
+						if err := dec(y, body); err != nil {
+							b.Fatal(err)
+						}
+					}
+					rate(b)
+				})
+			}
+		}
+	}
 }
 
 // BenchmarkDecodeAlloc decodes into a nil destination, so Decode allocates

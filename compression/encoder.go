@@ -152,27 +152,12 @@ func (e *Encoder) encodeChunk(wk *encWorker, x []float32, ci int, key uint64, ef
 	return e.encodeSpan(wk, x[lo:hi], ci, key, ef)
 }
 
-// encodeSpan frames xs, the elements of chunk ci.
+// encodeSpan frames xs, the elements of chunk ci. Without zstd the body is
+// quantized in place after the chunk header, so it is not copied.
 func (e *Encoder) encodeSpan(wk *encWorker, xs []float32, ci int, key uint64, ef *ErrorFeedback) error {
 	cfg := &e.cfg
 	lo := ci * cfg.ChunkElems
 	rawLen := bodyLen(cfg.Codec, len(xs), cfg.BlockSize)
-	wk.raw = grow(wk.raw, rawLen)
-	src := xs
-	if ef != nil {
-		wk.v = growF(wk.v, len(xs))
-		wk.c = growF(wk.c, len(xs))
-		src = ef.input(wk.v, xs, lo)
-	}
-	if err := encodeBody(cfg.Codec, wk.raw, src, cfg.BlockSize, lo, key, cfg.Stochastic); err != nil {
-		return err // names the tensor element
-	}
-	if ef != nil {
-		if err := decodeBody(cfg.Codec, wk.c, wk.raw, cfg.BlockSize, lo); err != nil {
-			return fmt.Errorf("error feedback, chunk %d: %w", ci, err)
-		}
-		ef.update(lo, src, wk.c)
-	}
 	need := chunkHeaderLen + rawLen
 	if e.zenc != nil {
 		need = chunkHeaderLen + e.zenc.MaxEncodedSize(rawLen)
@@ -180,18 +165,37 @@ func (e *Encoder) encodeSpan(wk *encWorker, xs []float32, ci int, key uint64, ef
 	if cap(wk.out) < need {
 		wk.out = make([]byte, 0, need)
 	}
-	out := wk.out[:chunkHeaderLen]
+	var raw []byte
+	if e.zenc == nil {
+		raw = wk.out[chunkHeaderLen : chunkHeaderLen+rawLen]
+	} else {
+		wk.raw = grow(wk.raw, rawLen)
+		raw = wk.raw
+	}
+	src := xs
+	if ef != nil {
+		wk.v = growF(wk.v, len(xs))
+		wk.c = growF(wk.c, len(xs))
+		src = ef.input(wk.v, xs, lo)
+	}
+	if err := encodeBody(cfg.Codec, raw, src, cfg.BlockSize, lo, key, cfg.Stochastic); err != nil {
+		return err // names the tensor element
+	}
+	if ef != nil {
+		if err := decodeBody(cfg.Codec, wk.c, raw, cfg.BlockSize, lo); err != nil {
+			return fmt.Errorf("error feedback, chunk %d: %w", ci, err)
+		}
+		ef.update(lo, src, wk.c)
+	}
+	out := wk.out[:chunkHeaderLen+rawLen] // stored raw
 	var flags byte
 	if e.zenc != nil {
-		out = e.zenc.EncodeAll(wk.raw, out)
+		out = e.zenc.EncodeAll(raw, wk.out[:chunkHeaderLen])
 		if len(out)-chunkHeaderLen < rawLen {
 			flags = flagZstd
 		} else {
-			out = out[:chunkHeaderLen] // zstd did not help: store raw
+			out = append(out[:chunkHeaderLen], raw...) // zstd did not help
 		}
-	}
-	if flags == 0 {
-		out = append(out, wk.raw...)
 	}
 	putChunkHeader(out, ci, flags)
 	wk.out = out
