@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -115,6 +116,8 @@ type helper struct {
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
 	lines chan [2]string
+	mu    sync.Mutex
+	tail  []string // its last lines of other output, shown if it exits early
 }
 
 func startHelper(t *testing.T, ns, role string, env ...string) *helper {
@@ -135,7 +138,14 @@ func startHelper(t *testing.T, ns, role string, env ...string) *helper {
 			f := strings.SplitN(sc.Text(), " ", 3)
 			if len(f) == 3 && f[0] == "P2PNAT" {
 				h.lines <- [2]string{f[1], f[2]}
-			} else if os.Getenv("P2P_TEST_LOG") != "" {
+				continue
+			}
+			h.mu.Lock()
+			if h.tail = append(h.tail, sc.Text()); len(h.tail) > 40 {
+				h.tail = h.tail[1:]
+			}
+			h.mu.Unlock()
+			if os.Getenv("P2P_TEST_LOG") != "" {
 				t.Logf("%s: %s", role, sc.Text())
 			}
 		}
@@ -150,7 +160,9 @@ func (h *helper) expect(t *testing.T, key string, timeout time.Duration) string 
 	select {
 	case kv, ok := <-h.lines:
 		if !ok {
-			t.Fatalf("helper exited before reporting %q", key)
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			t.Fatalf("helper exited before reporting %q; its last output:\n%s", key, strings.Join(h.tail, "\n"))
 		}
 		if kv[0] != key {
 			t.Fatalf("helper reported %s=%q, want %s", kv[0], kv[1], key)
