@@ -64,6 +64,10 @@ type RoundReport struct {
 	Adopted bool
 }
 
+// roundTries is how often a volunteer offers one pseudo-gradient to a round
+// that fails before it trains again from the run's state.
+const roundTries = 3
+
 // DefaultVolunteerConfig returns settings for the tiny preset.
 func DefaultVolunteerConfig(runID string) VolunteerConfig {
 	a := optimizer.DefaultAdamW()
@@ -285,18 +289,36 @@ func Volunteer(ctx context.Context, cfg VolunteerConfig) error {
 			}
 		}
 		dev.CopyOut(theta, stage.Params)
-		st, err := dl.OuterStep(ctx, theta)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
+		var st optimizer.RoundStats
+		var err error
+		for try := 1; ; try++ {
+			if st, err = dl.OuterStep(ctx, theta); err == nil || ctx.Err() != nil {
+				break
 			}
-			// Excluded or the round failed: take the run's state and go on.
-			log.Warn("round failed; re-syncing", "round", dl.Round, "err", err)
+			log.Warn("round failed", "round", dl.Round+1, "try", try, "err", err)
 			say(cfg.Progress, "round %d did not complete (%v); re-syncing and retrying", dl.Round+1, err)
+			before := dl.Round
 			if cerr := catchUp(ctx, pn, dl, n, log); cerr != nil {
-				return fmt.Errorf("round %d: %w (re-sync: %v)", dl.Round, err, cerr)
+				return fmt.Errorf("round %d: %w (re-sync: %v)", dl.Round+1, err, cerr)
 			}
-			adopted(lossSum)
+			if dl.Round > before || try == roundTries {
+				break // the others finished it without us (adopted), or give this pseudo-gradient up
+			}
+			// Nobody finished the round: offer the same pseudo-gradient
+			// again at once (OuterStep left theta and the error feedback as
+			// they were), so that members that failed together retry
+			// together; retraining first would spread them an inner phase
+			// apart, and the first back would exclude the others.
+			select {
+			case <-ctx.Done():
+			case <-time.After(time.Duration(try) * 500 * time.Millisecond):
+			}
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			adopted(lossSum) // the run's state if newer; else back to phi
 			continue
 		}
 		dev.CopyIn(stage.Params, theta)

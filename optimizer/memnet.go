@@ -18,7 +18,8 @@ type MemNetwork struct {
 	// DetectAfter is how long after Kill the other members stop listing the
 	// dead member (the failure detector's delay); 0 means at once.
 	DetectAfter time.Duration
-	sent        map[PeerID]int64 // bytes sent per member
+	sent        map[PeerID]int64        // bytes sent per member
+	hidden      map[[2]PeerID]time.Time // (viewer, member) -> not listed until
 }
 
 // NewMemNetwork returns an empty network.
@@ -80,6 +81,17 @@ func (n *MemNetwork) Leave(id PeerID) {
 	}
 }
 
+// Hide keeps member out of viewer's Members for d, as when gossip has not
+// yet told viewer about a joiner: members disagree on the membership.
+func (n *MemNetwork) Hide(viewer, member PeerID, d time.Duration) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.hidden == nil {
+		n.hidden = map[[2]PeerID]time.Time{}
+	}
+	n.hidden[[2]PeerID{viewer, member}] = time.Now().Add(d)
+}
+
 // SetDelay delays every message the member sends by d plus up to jitter.
 func (n *MemNetwork) SetDelay(id PeerID, d, jitter time.Duration) {
 	n.mu.Lock()
@@ -130,7 +142,7 @@ func (p *MemPeer) Members() []PeerID {
 	var out []PeerID
 	now := time.Now()
 	for id, m := range n.members {
-		if !m.dead || now.Sub(m.diedAt) < n.DetectAfter {
+		if (!m.dead || now.Sub(m.diedAt) < n.DetectAfter) && !now.Before(n.hidden[[2]PeerID{p.id, id}]) {
 			out = append(out, id)
 		}
 	}

@@ -103,6 +103,11 @@ type Ring struct {
 	// initial is the group of the current call's first attempt: control
 	// messages are accepted only from its members.
 	initial []PeerID
+	// attempts holds the group hashes of the current call's attempts. A
+	// suspicion counts only if its sender made it in one of them: a member
+	// whose view of the membership differed (one saw a joiner, the other
+	// not yet) formed another ring, and its timeouts say nothing about ours.
+	attempts []uint64
 	// queried records, per unfinished round, the members that asked us for
 	// its result and when they last did (a member asks once when it redoes
 	// a round, and again and again while it is excluded and waiting)
@@ -110,8 +115,18 @@ type Ring struct {
 	// it and waiting longer cannot help.
 	queried map[uint64]map[PeerID]time.Time
 	stash   []envelope // messages for rounds or groups not yet reached
-	first   estimator  // wait for the first message of a round
-	hop     estimator  // wait for later messages
+	// abandoned lists the rings (sender, group hash) whose sender has left
+	// them, and when we heard: a suspicion from a member is also its word
+	// that it will not go on in the ring it made it in. Its reduce and
+	// gather messages for that ring received before then are void: a member
+	// that later forms the same ring (a retry of the round, same members)
+	// must not take them (it would pass reduce-scatter on a dead ring's
+	// message and then wait in all-gather for a member that has moved on).
+	// Messages received later belong to the retry. Bounded by maxAbandoned,
+	// oldest rounds first out.
+	abandoned map[ringKey]abandonment
+	first     estimator // wait for the first message of a round
+	hop       estimator // wait for later messages
 
 	ctx    context.Context // the receiver's; answers are sent under it
 	cancel context.CancelFunc
@@ -133,9 +148,25 @@ type envelope struct {
 }
 
 const (
-	keepDone = 4
-	maxStash = 4096
+	keepDone     = 4
+	maxStash     = 4096
+	maxAbandoned = 1024
 )
+
+// queryWaiting in a query's step field says that its sender is in no ring
+// for that round: it waits for the result (awaitResult). A query without it
+// comes from a member still computing (a redo, or all-gather).
+const queryWaiting = 1
+
+type ringKey struct {
+	from PeerID
+	gh   uint64
+}
+
+type abandonment struct {
+	round uint64
+	at    time.Time
+}
 
 // NewRing validates cfg; call Start before the first round.
 func NewRing(peers Peers, cfg RingConfig) (*Ring, error) {
@@ -192,7 +223,18 @@ func (r *Ring) receive(ctx context.Context) {
 		}
 		if h.kind == kindQuery {
 			r.answer(ctx, m.From, h.round)
+			if h.step == queryWaiting {
+				// Also tell a ring waiting on this member that it is
+				// not coming (see wait).
+				select {
+				case r.inbox <- envelope{from: m.From, h: h, at: time.Now()}:
+				default:
+				}
+			}
 			continue
+		}
+		if h.kind == kindSuspect && h.group != 0 {
+			r.abandon(m.From, h.group, h.round)
 		}
 		select {
 		case r.inbox <- envelope{from: m.From, h: h, body: body, at: time.Now()}:
@@ -327,11 +369,12 @@ func (r *Ring) AllReduceMean(ctx context.Context, round uint64, x, out []float32
 		if !slices.Contains(group, self) {
 			return st, fmt.Errorf("%w: %s", ErrNotMember, self)
 		}
+		r.mu.Lock()
 		if attempt == 1 {
-			r.mu.Lock()
-			r.initial = group
-			r.mu.Unlock()
+			r.initial, r.attempts = group, r.attempts[:0]
 		}
+		r.attempts = append(r.attempts, groupHash(round, group))
+		r.mu.Unlock()
 		st.Group = group
 		var chunks [][]byte
 		var err error
@@ -367,7 +410,7 @@ func (r *Ring) AllReduceMean(ctx context.Context, round uint64, x, out []float32
 		case errors.As(err, &sus):
 			suspects[sus.peer] = true
 			r.log.Info("redoing round without peer", "round", round, "peer", sus.peer, "err", sus.err)
-			r.broadcast(ctx, group, header{kind: kindSuspect, round: round}, []byte(sus.peer), &st)
+			r.broadcast(ctx, group, header{kind: kindSuspect, round: round, group: groupHash(round, group)}, []byte(sus.peer), &st)
 			r.broadcast(ctx, group, header{kind: kindQuery, round: round}, nil, &st)
 			continue
 		case errors.Is(err, errRegroup):
@@ -708,11 +751,25 @@ func (r *Ring) wait(ctx context.Context, round, gh uint64, group []PeerID, suspe
 		case <-timer.C:
 			return envelope{}, &suspectError{peer: from, err: fmt.Errorf("no %s step %d within %v", k, step, deadline)}
 		case e := <-r.inbox:
+			if e.h.kind == kindQuery {
+				if e.from == from && e.h.round == round {
+					// The member we wait for has left the round to wait
+					// for its result: its message is not coming.
+					return envelope{}, &suspectError{peer: from, err: fmt.Errorf("waits for the result of round %d instead of sending %s step %d", round, k, step)}
+				}
+				continue
+			}
 			if match(e) {
 				r.mu.Lock()
-				est.observe(time.Since(began))
+				void := r.voidLocked(e)
+				if !void {
+					est.observe(time.Since(began))
+				}
 				r.mu.Unlock()
-				return e, nil
+				if !void {
+					return e, nil
+				}
+				continue
 			}
 			if err := r.control(e, round, group, suspects); err != nil {
 				return envelope{}, err
@@ -728,6 +785,7 @@ func (r *Ring) control(e envelope, round uint64, group []PeerID, suspects map[Pe
 	}
 	r.mu.Lock()
 	known := slices.Contains(r.initial, e.from)
+	ours := slices.Contains(r.attempts, e.h.group)
 	r.mu.Unlock()
 	if !known && e.h.round == round {
 		return nil // not a member of this round: its word counts for nothing
@@ -735,6 +793,14 @@ func (r *Ring) control(e envelope, round uint64, group []PeerID, suspects map[Pe
 	if e.h.round == round {
 		switch e.h.kind {
 		case kindSuspect:
+			if !ours {
+				// Made in a ring we were never part of (its sender saw
+				// another membership): it neither excludes us nor a
+				// member of ours. If that ring excluded us, we find out
+				// by timeout or by a result.
+				r.log.Debug("ignored suspicion from another view", "peer", e.from, "round", round, "suspect", PeerID(e.body))
+				return nil
+			}
 			p := PeerID(e.body)
 			if p == r.peers.Self() {
 				return errSelfSuspected
@@ -776,10 +842,52 @@ func (r *Ring) doneChunks(e envelope) ([][]byte, error) {
 
 // stashLocked keeps e for later, dropping the oldest message when full.
 func (r *Ring) stashLocked(e envelope) {
+	if r.voidLocked(e) || e.h.kind == kindQuery { // a query is news only while fresh
+		return
+	}
 	if len(r.stash) >= maxStash {
 		r.stash = r.stash[1:]
 	}
 	r.stash = append(r.stash, e)
+}
+
+// abandon records that from has left its ring gh of round and drops its
+// stashed messages for that ring.
+func (r *Ring) abandon(from PeerID, gh, round uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.abandoned == nil {
+		r.abandoned = map[ringKey]abandonment{}
+	}
+	if len(r.abandoned) >= maxAbandoned {
+		oldest := round
+		for _, a := range r.abandoned {
+			oldest = min(oldest, a.round)
+		}
+		for k, a := range r.abandoned {
+			if a.round == oldest {
+				delete(r.abandoned, k)
+			}
+		}
+	}
+	r.abandoned[ringKey{from, gh}] = abandonment{round: round, at: time.Now()}
+	keep := r.stash[:0]
+	for _, e := range r.stash {
+		if !r.voidLocked(e) {
+			keep = append(keep, e)
+		}
+	}
+	r.stash = keep
+}
+
+// voidLocked reports whether e is a reduce or gather message of a ring its
+// sender abandoned after sending it.
+func (r *Ring) voidLocked(e envelope) bool {
+	if e.h.kind != kindReduce && e.h.kind != kindGather {
+		return false
+	}
+	a, ok := r.abandoned[ringKey{e.from, e.h.group}]
+	return ok && e.at.Before(a.at)
 }
 
 // awaitResult is used by a member the others excluded: it asks the group
@@ -813,7 +921,7 @@ func (r *Ring) awaitResult(ctx context.Context, round uint64, group []PeerID, ou
 			// nobody will send it.
 			break
 		}
-		r.broadcast(ctx, group, header{kind: kindQuery, round: round}, nil, st)
+		r.broadcast(ctx, group, header{kind: kindQuery, round: round, step: queryWaiting}, nil, st)
 		timer := time.NewTimer(wait)
 	loop:
 		for {
@@ -836,7 +944,10 @@ func (r *Ring) awaitResult(ctx context.Context, round uint64, group []PeerID, ou
 					gone[e.from] = true
 					timer.Stop()
 					break loop
-				case e.h.round > round:
+				case e.h.round >= round && e.h.kind != kindDone && e.h.kind != kindGone && e.h.kind != kindQuery:
+					// Another attempt of this round (the others retrying
+					// without us, or with a newer view) or a later round:
+					// kept for the caller's retry, as attempt does.
 					r.mu.Lock()
 					r.stashLocked(e)
 					r.mu.Unlock()

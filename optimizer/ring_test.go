@@ -494,3 +494,77 @@ func TestExcludedMemberLearnsResultIsGone(t *testing.T) {
 		t.Fatalf("late member gave up after %v; the others' answer should end its wait well before MaxDeadline (%v)", took, cfg.MaxDeadline)
 	}
 }
+
+// TestDiLoCoViewsDisagreeAtRoundStart: one member does not see a joiner yet
+// when the round starts, so it forms a ring without it while the others
+// form one with it. Every member retries a failed round with the same
+// pseudo-gradient, as volunteers do; all end the round with one state, and
+// the round advances once.
+func TestDiLoCoViewsDisagreeAtRoundStart(t *testing.T) {
+	const n = 2000
+	cfg := testRingConfig()
+	for _, hidden := range []int{0, 1, 2} { // who is unseen by member 0 (0: nobody)
+		t.Run(fmt.Sprintf("member 0 does not see %d", hidden), func(t *testing.T) {
+			net, ms := swarm(t, 4, cfg)
+			if hidden > 0 {
+				net.Hide(ms[0].id, ms[hidden].id, 700*time.Millisecond)
+				net.Hide(ms[3].id, ms[hidden].id, 300*time.Millisecond)
+			}
+			ds, thetas := dilocos(t, ms, n)
+			for i := range ms {
+				innerPhase(thetas[i], i, 0)
+			}
+			errs := runAll(ms, func(i int, m *member) error {
+				var err error
+				for try := 0; try < 6; try++ {
+					if _, err = ds[i].OuterStep(context.Background(), thetas[i]); err == nil {
+						return nil
+					}
+					t.Logf("member %d, try %d: %v", i, try, err)
+				}
+				return err
+			})
+			for i, err := range errs {
+				if err != nil {
+					t.Fatalf("member %d: %v", i, err)
+				}
+				if ds[i].Round != 1 || ds[i].StateHash() != ds[0].StateHash() {
+					t.Fatalf("member %d: round %d, same state as member 0: %v", i, ds[i].Round, ds[i].StateHash() == ds[0].StateHash())
+				}
+			}
+		})
+	}
+}
+
+// TestMemberWaitingForResultIsNotAwaited: a member that left the round to
+// wait for its result (its queries say so) is suspected at once by a member
+// waiting for its ring message, instead of after a whole deadline (a
+// newcomer's first one is InitialDeadline, minutes on a WAN).
+func TestMemberWaitingForResultIsNotAwaited(t *testing.T) {
+	const n = 300
+	cfg := testRingConfig()
+	cfg.InitialDeadline, cfg.MaxDeadline = 30*time.Second, time.Minute
+	net, ms := swarm(t, 1, cfg)
+	x := net.Join("peer-x") // a bare member: it only asks for the result
+	query := appendMessage(nil, header{kind: kindQuery, round: 0, step: queryWaiting}, nil)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+				x.Send(context.Background(), ms[0].id, query)
+			}
+		}
+	}()
+	began := time.Now()
+	_, err := ms[0].ring.AllReduceMean(context.Background(), 0, randomVec(n, 1, 1), make([]float32, n))
+	if !errors.Is(err, ErrExcluded) {
+		t.Fatalf("got %v, want ErrExcluded (the only other member waits for the result too)", err)
+	}
+	if took := time.Since(began); took > 10*time.Second {
+		t.Fatalf("took %v: waited for a member that said it was waiting (InitialDeadline %v)", took, cfg.InitialDeadline)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -105,7 +106,7 @@ func TestLateJoinerAdoptsRunState(t *testing.T) {
 		args := append([]string{"--log-level", logLevel(), "node", "join", "--bootstrap", addr, "--data-dir", filepath.Join(dir, name),
 			"--batch", "2", "--seq-len", "32", "--inner-steps", "4", "--rounds", fmt.Sprint(rounds),
 			"--min-peers", fmt.Sprint(minPeers), "--threads", "1"}, net...)
-		return exec.CommandContext(ctx, bin, args...)
+		return dumpOnTimeout(exec.CommandContext(ctx, bin, args...))
 	}
 	re := regexp.MustCompile(`(?m)^round (\d+): .*\(state ([0-9a-f]{16})\)`)
 	states := func(out []byte) map[string]string {
@@ -176,6 +177,15 @@ func TestLateJoinerAdoptsRunState(t *testing.T) {
 	if as["12"] == "" || as["12"] != bs2["12"] {
 		fail("after c left, a and b disagree or stopped: a %v, b %v", as, bs2)
 	}
+}
+
+// dumpOnTimeout makes a command that outlives the test's context quit with
+// SIGQUIT, so that its output ends with every goroutine's stack: a stalled
+// volunteer then shows where it waits.
+func dumpOnTimeout(c *exec.Cmd) *exec.Cmd {
+	c.Cancel = func() error { return c.Process.Signal(syscall.SIGQUIT) }
+	c.WaitDelay = 5 * time.Second
+	return c
 }
 
 // startBootstrap builds the binary, starts `skein bootstrap` with the
