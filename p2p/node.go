@@ -20,6 +20,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peerstore"
 	"github.com/libp2p/go-libp2p/core/protocol"
 	"github.com/libp2p/go-libp2p/p2p/host/peerstore/pstoremem"
+	"github.com/libp2p/go-libp2p/p2p/protocol/identify"
 	ma "github.com/multiformats/go-multiaddr"
 	manet "github.com/multiformats/go-multiaddr/net"
 )
@@ -413,6 +414,7 @@ func (n *Node) join(ctx context.Context, cands []peer.AddrInfo) (int, error) {
 			}
 			err := n.h.Connect(network.WithAllowLimitedConn(ctx, "join"), ai)
 			if err == nil {
+				n.awaitIdentify(ctx, ai.ID)
 				err = n.checkRun(ai.ID)
 			}
 			ch <- res{ai, err}
@@ -469,6 +471,25 @@ func (n *Node) awaitHolePunching(ctx context.Context) {
 			n.log.Warn("hole punching not ready; joining anyway")
 			return
 		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// awaitIdentify waits until identify has run on every connection to id.
+// Connect waits for it only when it dials: with a connection already open
+// (another candidate's goroutine dialed the same peer a moment ago, or the
+// peer dialed us) it returns at once, and the peer's protocols, which
+// checkRun reads, may not be known yet.
+func (n *Node) awaitIdentify(ctx context.Context, id peer.ID) {
+	h, ok := n.h.(interface{ IDService() identify.IDService })
+	if !ok {
+		return
+	}
+	for _, c := range n.h.Network().ConnsToPeer(id) {
+		select {
+		case <-h.IDService().IdentifyWait(c):
+		case <-ctx.Done():
+			return
 		}
 	}
 }
