@@ -231,16 +231,23 @@ func Volunteer(ctx context.Context, cfg VolunteerConfig) error {
 		}
 	}
 	defer save()
-	// adopted installs the run's state just taken into the stage and reports
-	// the rounds it covers; the inner steps since the last round are dropped.
-	lastReported := dl.Round
-	adopted := func(lossSum float64) {
+	// install makes dl's shared state the stage's weights, what this member
+	// serves to joiners and what it announces.
+	install := func() {
 		copy(theta, dl.Phi)
 		dev.CopyIn(stage.Params, theta)
 		mu.Lock()
 		latest = encodeState(dl.State())
 		mu.Unlock()
-		announce(ctx, pn, dl)
+		if err := announce(ctx, pn, dl); err != nil {
+			log.Debug("announcing state", "err", err)
+		}
+	}
+	// adopted installs the run's state just taken and reports the rounds it
+	// covers; the inner steps since the last round are dropped.
+	lastReported := dl.Round
+	adopted := func(lossSum float64) {
+		install()
 		if dl.Round == lastReported {
 			return
 		}
@@ -321,13 +328,7 @@ func Volunteer(ctx context.Context, cfg VolunteerConfig) error {
 			adopted(lossSum) // the run's state if newer; else back to phi
 			continue
 		}
-		dev.CopyIn(stage.Params, theta)
-		mu.Lock()
-		latest = encodeState(dl.State())
-		mu.Unlock()
-		if err := announce(ctx, pn, dl); err != nil {
-			log.Debug("announcing state", "err", err)
-		}
+		install() // OuterStep left theta = phi
 		if majority := divergedFrom(pn, dl); len(majority) > 0 {
 			// The others finished this round with another result: take
 			// theirs (DESIGN.md, consistency).
@@ -335,12 +336,7 @@ func Volunteer(ctx context.Context, cfg VolunteerConfig) error {
 			if err := adoptFrom(ctx, pn, dl, n, majority); err != nil {
 				log.Warn("re-sync failed", "err", err)
 			} else {
-				copy(theta, dl.Phi)
-				dev.CopyIn(stage.Params, theta)
-				mu.Lock()
-				latest = encodeState(dl.State())
-				mu.Unlock()
-				announce(ctx, pn, dl)
+				install()
 			}
 		}
 		lastReported = dl.Round
