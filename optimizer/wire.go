@@ -14,13 +14,15 @@ import (
 //	2  1  version (1)
 //	3  1  kind
 //	4  8  round
-//	12 8  group: hash of the round and the sorted group it was sent in
-//	20 4  step within the collective
+//	12 8  group: hash of the round and the group (the ring) it was sent in;
+//	      in a suspect, the ring the suspicion was made in (0: none)
+//	20 4  step within the collective; in a query, 1 means "I am in no ring
+//	      of this round, only waiting for its result" (queryWaiting)
 //	24 4  chunk index
 //	28 4  body length (must equal the bytes that follow)
 //
 // The body is a compression frame (reduce, gather), a peer ID (suspect), a
-// done record (done) or empty (query).
+// done record (done) or empty (query, gone).
 const (
 	headerLen  = 32
 	wireMagic0 = 'S'
