@@ -109,12 +109,11 @@ type Ring struct {
 	// not yet) formed another ring, and its timeouts say nothing about ours.
 	attempts []uint64
 	// queried records, per unfinished round, the members that asked us for
-	// its result and when they last did (a member asks once when it redoes
-	// a round, and again and again while it is excluded and waiting)
-	// its result: when every other live member is asking too, nobody holds
-	// it and waiting longer cannot help.
-	queried map[uint64]map[PeerID]time.Time
-	stash   []envelope // messages for rounds or groups not yet reached
+	// its result (answered when it finishes), and when one last said it was
+	// waiting for it, in no ring (queryWaiting): when every other live
+	// member is waiting too, nobody will compute it.
+	queried map[uint64]map[PeerID]time.Time // zero time: asked while computing
+	stash   []envelope                      // messages for rounds or groups not yet reached
 	// abandoned lists the rings (sender, group hash) whose sender has left
 	// them, and when we heard: a suspicion from a member is also its word
 	// that it will not go on in the ring it made it in. Its reduce and
@@ -222,7 +221,7 @@ func (r *Ring) receive(ctx context.Context) {
 			continue
 		}
 		if h.kind == kindQuery {
-			r.answer(ctx, m.From, h.round)
+			r.answer(ctx, m.From, h.round, h.step == queryWaiting)
 			if h.step == queryWaiting {
 				// Also tell a ring waiting on this member that it is
 				// not coming (see wait).
@@ -251,7 +250,7 @@ func (r *Ring) receive(ctx context.Context) {
 // finishes; one for a round finished so long ago that its result is no
 // longer kept gets a 32-byte "gone", so the asker re-syncs another way at
 // once instead of waiting.
-func (r *Ring) answer(ctx context.Context, from PeerID, round uint64) {
+func (r *Ring) answer(ctx context.Context, from PeerID, round uint64, waiting bool) {
 	r.mu.Lock()
 	d, ok := r.done[round]
 	if !ok && len(r.doneList) > 0 && round < slices.Max(r.doneList) {
@@ -272,7 +271,11 @@ func (r *Ring) answer(ctx context.Context, from PeerID, round uint64) {
 			}
 			r.queried[round] = map[PeerID]time.Time{}
 		}
-		r.queried[round][from] = time.Now()
+		if waiting {
+			r.queried[round][from] = time.Now()
+		} else if _, seen := r.queried[round][from]; !seen {
+			r.queried[round][from] = time.Time{}
+		}
 	}
 	// Members of that round's group, and members of the run now (a late
 	// joiner that fell behind), get the result; strangers get nothing.
