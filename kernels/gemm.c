@@ -32,7 +32,10 @@
 // 360 KiB) stays in L2; the B micro-panel (384x32, 48 KiB) is reloaded from
 // L2 as A streams past, which Zen 5's L2 bandwidth absorbs (measured: KC from
 // 192 to 512 and MC from 120 to 960 are within a few percent at 1024^3).
-// Row-major A is packed with an in-register 12x16 transpose (avx512).
+// Row-major A is packed with an in-register 12x16 transpose and transposed B
+// (the forward's weights) with a 16x16 one (avx512). skein_sgemm_ex can add a
+// bias row in the first write of C and sum the rows of op(A) while packing
+// them (the layer kernels' matmul bias and dbias).
 // SKEIN_GEMM_ISA=portable|avx2|avx512 in the environment forces a lower
 // instruction set; skein_gemm_force_isa does the same at run time (tests).
 //
@@ -53,6 +56,8 @@ typedef struct {
     int lda, ldb, ldc;
     int tm, tn;    // thread grid: tm thread rows split M, tn split N
     float *bpack;  // shared packed B block, KC x roundup(min(N,NC), NR)
+    const float *bias;  // N, added by the first KC block (beta 0); or NULL
+    float *rowsum;      // M, += the rows of op(A); or NULL
 } gemm_job;
 
 static __thread float *tl_abuf, *tl_bbuf;
@@ -99,8 +104,11 @@ static float *gemm_thread_buffer(size_t n) { return grow_buffer(&tl_abuf, &tl_ac
 #endif
 #define AVX512_NR 32
 
+// The micro-kernels write C = alpha*acc + beta*C, or alpha*acc + bias (one
+// row of NR values, for every row of the tile) when bias is not NULL.
 static AVX512_TARGET void kernel_avx512(int kc, const float *restrict A, const float *restrict B,
-                                        float *restrict C, size_t ldc, float alpha, float beta) {
+                                        float *restrict C, size_t ldc, float alpha, float beta,
+                                        const float *restrict bias) {
     enum { MR = AVX512_MR };
     __m512 c0[MR], c1[MR];
 #pragma GCC unroll 16
@@ -125,7 +133,14 @@ static AVX512_TARGET void kernel_avx512(int kc, const float *restrict A, const f
         B += 32;
     }
     __m512 va = _mm512_set1_ps(alpha);
-    if (beta == 0.0f) {
+    if (bias != NULL) {
+        __m512 b0 = _mm512_loadu_ps(bias), b1 = _mm512_loadu_ps(bias + 16);
+#pragma GCC unroll 16
+        for (int i = 0; i < MR; i++) {
+            _mm512_storeu_ps(C + i * ldc, _mm512_fmadd_ps(va, c0[i], b0));
+            _mm512_storeu_ps(C + i * ldc + 16, _mm512_fmadd_ps(va, c1[i], b1));
+        }
+    } else if (beta == 0.0f) {
 #pragma GCC unroll 16
         for (int i = 0; i < MR; i++) {
             _mm512_storeu_ps(C + i * ldc, _mm512_mul_ps(va, c0[i]));
@@ -178,6 +193,40 @@ static AVX512_TARGET inline void pack_a_rows16_avx512(const float *const *src, i
 #define GEMM_PACK_A_ROWS16 pack_a_rows16_avx512
 #endif
 
+// Packs 16 rows of a row-major B block read transposed (src + j*ldb + k is
+// B(k, j) for j, k < 16) as 16 k-steps of 16 values, d + k*NR + j: a 16x16
+// in-register transpose, four stages that each swap one bit of the row and
+// column indices.
+static AVX512_TARGET inline void pack_b_trans16_avx512(const float *src, size_t ldb, float *restrict d) {
+    typedef int v16i __attribute__((vector_size(64)));
+    static const v16i lo[4] = {{0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+                               {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
+                               {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+                               {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30}};
+    static const v16i hi[4] = {{8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31},
+                               {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31},
+                               {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
+                               {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31}};
+    __m512 r[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + (size_t)i * ldb);
+#pragma GCC unroll 4
+    for (int s = 0; s < 4; s++) {
+        const int b = 8 >> s;
+        __m512i ml = (__m512i)lo[s], mh = (__m512i)hi[s];
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++)
+            if (!(i & b)) {
+                __m512 x = r[i], y = r[i + b];
+                r[i] = _mm512_permutex2var_ps(x, ml, y);
+                r[i + b] = _mm512_permutex2var_ps(x, mh, y);
+            }
+    }
+#pragma GCC unroll 16
+    for (int k = 0; k < 16; k++) _mm512_storeu_ps(d + (size_t)k * AVX512_NR, r[k]);
+}
+#define GEMM_PACK_B_TRANS16 pack_b_trans16_avx512
+
 #define GEMM_SFX avx512
 #define GEMM_TARGET AVX512_TARGET
 #define GEMM_MR AVX512_MR
@@ -196,6 +245,7 @@ static AVX512_TARGET inline void pack_a_rows16_avx512(const float *const *src, i
 #undef GEMM_NC
 #undef GEMM_KERNEL
 #undef GEMM_PACK_A_ROWS16
+#undef GEMM_PACK_B_TRANS16
 
 // ---------------------------------------------------------------- avx2
 
@@ -213,7 +263,8 @@ static AVX512_TARGET inline void pack_a_rows16_avx512(const float *const *src, i
 #define AVX2_NR 16
 
 static AVX2_TARGET void kernel_avx2(int kc, const float *restrict A, const float *restrict B,
-                                    float *restrict C, size_t ldc, float alpha, float beta) {
+                                    float *restrict C, size_t ldc, float alpha, float beta,
+                                    const float *restrict bias) {
     enum { MR = AVX2_MR };
     __m256 c0[MR], c1[MR];
 #pragma GCC unroll 8
@@ -230,7 +281,14 @@ static AVX2_TARGET void kernel_avx2(int kc, const float *restrict A, const float
         B += 16;
     }
     __m256 va = _mm256_set1_ps(alpha);
-    if (beta == 0.0f) {
+    if (bias != NULL) {
+        __m256 b0 = _mm256_loadu_ps(bias), b1 = _mm256_loadu_ps(bias + 8);
+#pragma GCC unroll 8
+        for (int i = 0; i < MR; i++) {
+            _mm256_storeu_ps(C + i * ldc, _mm256_fmadd_ps(va, c0[i], b0));
+            _mm256_storeu_ps(C + i * ldc + 8, _mm256_fmadd_ps(va, c1[i], b1));
+        }
+    } else if (beta == 0.0f) {
 #pragma GCC unroll 8
         for (int i = 0; i < MR; i++) {
             _mm256_storeu_ps(C + i * ldc, _mm256_mul_ps(va, c0[i]));
@@ -287,7 +345,7 @@ static AVX2_TARGET void kernel_avx2(int kc, const float *restrict A, const float
 #define PORTABLE_NR 8
 
 static void kernel_portable(int kc, const float *restrict A, const float *restrict B, float *restrict C,
-                            size_t ldc, float alpha, float beta) {
+                            size_t ldc, float alpha, float beta, const float *restrict bias) {
     enum { MR = PORTABLE_MR, NR = PORTABLE_NR };
     float acc[MR][NR];
     for (int i = 0; i < MR; i++)
@@ -300,7 +358,9 @@ static void kernel_portable(int kc, const float *restrict A, const float *restri
     }
     for (int i = 0; i < MR; i++) {
         float *c = C + i * ldc;
-        if (beta == 0.0f)
+        if (bias != NULL)
+            for (int j = 0; j < NR; j++) c[j] = alpha * acc[i][j] + bias[j];
+        else if (beta == 0.0f)
             for (int j = 0; j < NR; j++) c[j] = alpha * acc[i][j];
         else if (beta == 1.0f)
             for (int j = 0; j < NR; j++) c[j] = alpha * acc[i][j] + c[j];
@@ -390,15 +450,29 @@ int skein_gemm_force_isa(const char *name) {
 
 void skein_sgemm(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
                  const float *B, int ldb, float beta, float *C, int ldc, int nthreads) {
-    if (M <= 0 || N <= 0) return;
-    if (K <= 0 || alpha == 0.0f) {
-        for (int i = 0; i < M; i++) {
+    skein_sgemm_ex(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, NULL, NULL,
+                   nthreads);
+}
+
+void skein_sgemm_ex(int transA, int transB, int M, int N, int K, float alpha, const float *A,
+                    int lda, const float *B, int ldb, float beta, float *C, int ldc,
+                    const float *bias, float *rowsum, int nthreads) {
+    if (M <= 0 || (N <= 0 && rowsum == NULL)) return;
+    if (bias != NULL) beta = 0.0f;
+    if (N <= 0 || K <= 0 || alpha == 0.0f) {
+        for (int i = 0; i < M && N > 0; i++) {
             float *c = C + (size_t)i * ldc;
-            if (beta == 0.0f)
+            if (bias != NULL)
+                memcpy(c, bias, (size_t)N * sizeof(float));
+            else if (beta == 0.0f)
                 memset(c, 0, (size_t)N * sizeof(float));
             else if (beta != 1.0f)
                 for (int j = 0; j < N; j++) c[j] *= beta;
         }
+        if (rowsum != NULL)
+            for (int i = 0; i < M; i++)
+                for (int k = 0; k < K; k++)
+                    rowsum[i] += transA ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k];
         return;
     }
     const gemm_isa *isa = isa_current();
@@ -425,7 +499,7 @@ void skein_sgemm(int transA, int transB, int M, int N, int K, float alpha, const
     int ncr = (ncb + isa->nr - 1) / isa->nr * isa->nr;
     int kcb = K < isa->kc ? K : isa->kc;
     gemm_job job = {transA, transB, M, N, K, alpha, beta, A, B, C, lda, ldb, ldc, tm, tn,
-                    grow_buffer(&tl_bbuf, &tl_bcap, (size_t)kcb * ncr)};
+                    grow_buffer(&tl_bbuf, &tl_bcap, (size_t)kcb * ncr), bias, rowsum};
 
     if (nt == 1) {
         isa->body(&job, 0);

@@ -5,7 +5,7 @@
 //   GEMM_MR      rows of the micro-tile (broadcast from the packed A panel)
 //   GEMM_NR      columns of the micro-tile (vector loads from the packed B panel)
 //   GEMM_MC, GEMM_KC, GEMM_NC  cache blocking (see gemm.c)
-//   GEMM_KERNEL  the micro-kernel: kernel(kc, Apanel, Bpanel, C, ldc, alpha, beta)
+//   GEMM_KERNEL  the micro-kernel: kernel(kc, Apanel, Bpanel, C, ldc, alpha, beta, bias)
 // and this file defines gemm_body_<GEMM_SFX>, the work of one thread.
 
 #define GEMM_CAT2(a, b) a##_##b
@@ -14,9 +14,12 @@
 
 // Packs rows [i0, i0+mc) and depth [p0, p0+kc) of op(A) into micro-panels of
 // GEMM_MR rows: panel r holds, for each k, the GEMM_MR values A(i0+r*MR+i, p0+k)
-// contiguously. Rows past mc are zero.
+// contiguously. Rows past mc are zero. If rowsum is not NULL, rowsum[i0+i]
+// += the sum of A(i0+i, p0+k) over the block, summed in a fixed order (from
+// the packed panel, while it is in L1).
 static GEMM_TARGET void GEMM_FN(pack_a)(int trans, const float *A, size_t lda, int i0, int mc,
-                                        int p0, int kc, float *restrict dst) {
+                                        int p0, int kc, float *restrict dst,
+                                        float *restrict rowsum) {
     enum { MR = GEMM_MR };
     for (int ir = 0; ir < mc; ir += MR) {
         int mr = mc - ir < MR ? mc - ir : MR;
@@ -48,6 +51,21 @@ static GEMM_TARGET void GEMM_FN(pack_a)(int trans, const float *A, size_t lda, i
                         d[(size_t)k * MR + i] = i < mr ? src[(size_t)k * lda + i] : 0.0f;
             }
         }
+        if (rowsum != NULL) {
+            // Four partial sums (k mod 4) so that the adds are not one
+            // latency-bound chain, then the block's sum is added to rowsum.
+            float acc[4][MR];
+            for (int u = 0; u < 4; u++)
+                for (int i = 0; i < MR; i++) acc[u][i] = 0.0f;
+            int k = 0;
+            for (; k + 4 <= kc; k += 4)
+                for (int u = 0; u < 4; u++)
+                    for (int i = 0; i < MR; i++) acc[u][i] += d[(size_t)(k + u) * MR + i];
+            for (; k < kc; k++)
+                for (int i = 0; i < MR; i++) acc[0][i] += d[(size_t)k * MR + i];
+            float *rs = rowsum + i0 + ir;
+            for (int i = 0; i < mr; i++) rs[i] += (acc[0][i] + acc[1][i]) + (acc[2][i] + acc[3][i]);
+        }
     }
 }
 
@@ -75,7 +93,16 @@ static GEMM_TARGET void GEMM_FN(pack_b)(int trans, const float *B, size_t ldb, i
             // B(k,j) = B[j*ldb + k]: transpose NR rows of B, KB deep at a time
             // so that the reads stay within a few cache lines per row.
             enum { KB = 16 };
-            for (int k0 = 0; k0 < kc; k0 += KB) {
+            int k0 = 0;
+#ifdef GEMM_PACK_B_TRANS16
+            // Whole 16x16 blocks with an in-register transpose.
+            if (nr == NR)
+                for (; k0 + 16 <= kc; k0 += 16)
+                    for (int j = 0; j < NR; j += 16)
+                        GEMM_PACK_B_TRANS16(B + (size_t)(j0 + jr + j) * ldb + p0 + k0, ldb,
+                                            d + (size_t)k0 * NR + j);
+#endif
+            for (; k0 < kc; k0 += KB) {
                 int kb = kc - k0 < KB ? kc - k0 : KB;
                 for (int j = 0; j < NR; j++) {
                     if (j < nr) {
@@ -95,7 +122,10 @@ static GEMM_TARGET void GEMM_FN(pack_b)(int trans, const float *B, size_t ldb, i
 // tid % tn a range of B micro-panels in every NC block. B blocks are packed by
 // the whole team into the shared j->bpack. Every element of C is computed by
 // the same micro-kernel with the same k order whatever the partition, so the
-// result does not depend on the thread count.
+// result does not depend on the thread count. The first KC block writes
+// alpha*acc + bias[j] when j->bias is set (beta is then 0). j->rowsum, if
+// set, gets each row of op(A) summed, KC block by KC block, by the thread of
+// column 0 that owns the row, while it packs the first NC block.
 static GEMM_TARGET void GEMM_FN(gemm_body)(const gemm_job *j, int tid) {
     enum { MR = GEMM_MR, NR = GEMM_NR, MC = GEMM_MC, KC = GEMM_KC, NC = GEMM_NC };
     const int M = j->M, N = j->N, K = j->K;
@@ -132,9 +162,11 @@ static GEMM_TARGET void GEMM_FN(gemm_body)(const gemm_job *j, int tid) {
 #pragma omp barrier
             }
             const float beta = pc == 0 ? j->beta : 1.0f;
+            const float *bias = pc == 0 && j->bias != NULL ? j->bias + jc : NULL;
+            float *rowsum = jc == 0 && tc == 0 ? j->rowsum : NULL;
             for (int ic = m0; ic < m1; ic += MC) {
                 const int mc = m1 - ic < MC ? m1 - ic : MC;
-                GEMM_FN(pack_a)(j->transA, j->A, (size_t)j->lda, ic, mc, pc, kc, abuf);
+                GEMM_FN(pack_a)(j->transA, j->A, (size_t)j->lda, ic, mc, pc, kc, abuf, rowsum);
                 for (int jp = cp0; jp < cp1; jp++) {
                     const int jr = jp * NR;
                     const int nr = nc - jr < NR ? nc - jr : NR;
@@ -144,14 +176,21 @@ static GEMM_TARGET void GEMM_FN(gemm_body)(const gemm_job *j, int tid) {
                         float *c = j->C + (size_t)(ic + ir) * ldc + jc + jr;
                         const float *ap = abuf + (size_t)ir * kc;
                         if (mr == MR && nr == NR) {
-                            GEMM_KERNEL(kc, ap, bp, c, ldc, j->alpha, beta);
+                            GEMM_KERNEL(kc, ap, bp, c, ldc, j->alpha, beta, bias ? bias + jr : NULL);
                         } else {
                             // Edge tile: run the same kernel on a full tile in
-                            // ctile so the arithmetic matches interior tiles.
-                            if (beta != 0.0f)
+                            // ctile so the arithmetic matches interior tiles
+                            // (a bias row in ctile with beta 1 is the bias path).
+                            float tbeta = beta;
+                            if (bias != NULL) {
+                                for (int i = 0; i < mr; i++)
+                                    for (int jj = 0; jj < nr; jj++) ctile[i * NR + jj] = bias[jr + jj];
+                                tbeta = 1.0f;
+                            } else if (beta != 0.0f) {
                                 for (int i = 0; i < mr; i++)
                                     for (int jj = 0; jj < nr; jj++) ctile[i * NR + jj] = c[i * ldc + jj];
-                            GEMM_KERNEL(kc, ap, bp, ctile, NR, j->alpha, beta);
+                            }
+                            GEMM_KERNEL(kc, ap, bp, ctile, NR, j->alpha, tbeta, NULL);
                             for (int i = 0; i < mr; i++)
                                 for (int jj = 0; jj < nr; jj++) c[i * ldc + jj] = ctile[i * NR + jj];
                         }

@@ -9,15 +9,25 @@
 // them before inlining, which would lose the target attribute.
 //
 // Determinism. No kernel uses atomics or scheduling-dependent reductions.
-// Reductions across rows (dbias, LayerNorm dweight/dbias, encoder dwte/dwpe)
-// are parallelized over fixed column blocks, each column summed over rows in
-// row order; SumSquares uses a chunking that depends only on the length.
-// Results are therefore bit-identical across runs and across thread counts
-// (given skein_sgemm's own guarantee, which splits M and N only).
+// Reductions across rows are either done by one thread per column in an
+// order fixed by the shape (the matmul's dbias, summed by the dweight GEMM
+// while it packs dout; the encoder's dwte/dwpe, over fixed column blocks) or
+// over fixed chunks of rows whose partial sums are added in chunk order
+// (LayerNorm dweight/dbias); SumSquares uses a chunking that depends only on
+// the length. Results are therefore bit-identical across runs and across
+// thread counts (given skein_sgemm's own guarantee, which splits M and N
+// only).
+//
+// Fusion. The matmul's bias is added by the GEMM's first write of its output
+// and dbias is summed inside the dweight GEMM, so neither costs a pass over
+// memory; LayerNorm backward reads each row once for dinp, dweight and dbias.
 #include "skein_kernels.h"
 
 #include <math.h>
 #include <omp.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,7 +35,7 @@
 
 // Column block width for cross-row reductions, and chunk length for
 // elementwise kernels. Both are fixed so results never depend on threads.
-enum { COLBLOCK = 32, CHUNK = 16384, SSQ_PARTS = 1024, ATT_RB = 32 };
+enum { COLBLOCK = 32, CHUNK = 16384, SSQ_PARTS = 1024, ATT_RB = 32, LN_RB = 64 };
 
 // Lanes of the explicit vectors used by the attention softmax rows.
 #define VB 16
@@ -140,46 +150,46 @@ INLINE void k_ln_fwd_row(float *out, float *mean, float *rstd, const float *x,
     *rstd = rs;
 }
 
-INLINE void k_ln_bwd_row(float *dx, const float *dout, const float *x, const float *w,
-                         float m, float rs, int C) {
-    float a = 0.0f, bsum = 0.0f;
-#pragma omp simd reduction(+ : a, bsum)
-    for (int i = 0; i < C; i++) {
-        float dn = w[i] * dout[i];
-        a += dn;
-        bsum += dn * (x[i] - m) * rs;
-    }
-    a /= (float)C;
-    bsum /= (float)C;
+// LayerNorm backward of rows [n0, n1): dx += the input gradient, and pdw, pdb
+// (C each, overwritten) get this chunk's dweight and dbias, summed in row
+// order. One pass: each row is read once and is in L1 for the second loop.
+INLINE void k_ln_bwd_rows(float *dx, float *pdw, float *pdb, const float *dout, const float *x,
+                          const float *w, const float *mean, const float *rstd, int n0, int n1,
+                          int C) {
 #pragma omp simd
-    for (int i = 0; i < C; i++) {
-        float nrm = (x[i] - m) * rs;
-        dx[i] += rs * (w[i] * dout[i] - a - nrm * bsum);
-    }
-}
-
-// LayerNorm dweight/dbias for columns [c0, c0+nc), summed over rows in order.
-INLINE void k_ln_dwdb_block(float *dw, float *db, const float *dout, const float *x,
-                            const float *mean, const float *rstd, int N, int C, int c0,
-                            int nc) {
-    for (int n = 0; n < N; n++) {
-        const float *d = dout + (size_t)n * C + c0;
-        const float *xr = x + (size_t)n * C + c0;
+    for (int i = 0; i < C; i++) pdw[i] = pdb[i] = 0.0f;
+    for (int n = n0; n < n1; n++) {
+        size_t o = (size_t)n * C;
+        const float *d = dout + o, *xr = x + o;
+        float *dxr = dx + o;
         float m = mean[n], rs = rstd[n];
+        float a = 0.0f, bsum = 0.0f;
+#pragma omp simd reduction(+ : a, bsum)
+        for (int i = 0; i < C; i++) {
+            float dn = w[i] * d[i];
+            a += dn;
+            bsum += dn * (xr[i] - m) * rs;
+        }
+        a /= (float)C;
+        bsum /= (float)C;
 #pragma omp simd
-        for (int i = 0; i < nc; i++) {
-            dw[c0 + i] += (xr[i] - m) * rs * d[i];
-            db[c0 + i] += d[i];
+        for (int i = 0; i < C; i++) {
+            float nrm = (xr[i] - m) * rs;
+            dxr[i] += rs * (w[i] * d[i] - a - nrm * bsum);
+            pdw[i] += nrm * d[i];
+            pdb[i] += d[i];
         }
     }
 }
 
-// dst[c0..c0+nc) += column sums of src (rows x ld), rows in order.
-INLINE void k_colsum_block(float *dst, const float *src, int rows, int ld, int c0, int nc) {
-    for (int n = 0; n < rows; n++) {
-        const float *s = src + (size_t)n * ld + c0;
+// dst[c0..c0+nc) += the sum, in order, of np partial rows (leading dimension
+// ld) of parts.
+INLINE void k_sum_parts(float *dst, const float *parts, int np, int ld, int c0, int nc) {
 #pragma omp simd
-        for (int i = 0; i < nc; i++) dst[c0 + i] += s[i];
+    for (int i = c0; i < c0 + nc; i++) {
+        float s = parts[i];
+        for (int p = 1; p < np; p++) s += parts[(size_t)p * ld + i];
+        dst[i] += s;
     }
 }
 
@@ -403,25 +413,39 @@ INLINE v16 vsplat(float x) { return (v16){0} + x; }
 INLINE v16 vsel(v16i m, v16 a, v16 b) { return (v16)((m & (v16i)a) | (~m & (v16i)b)); }
 INLINE v16 vmax(v16 a, v16 b) { return vsel(a > b, a, b); }
 
-// fast_expf on 16 lanes (same formula).
-INLINE v16 vexp(v16 x) {
-    v16 xc = vsel(x > 88.0f, vsplat(88.0f), x);
-    xc = vsel(xc < -87.0f, vsplat(-87.0f), xc);
-    const float magic = 12582912.0f;
-    v16 t = xc * 1.44269504088896341f + magic;
-    v16 n = t - magic;
-    v16i ni = __builtin_convertvector(n, v16i);
-    v16 r = xc - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    v16 p = vsplat(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    v16 y = p * r * r + r + 1.0f;
-    y = y * (v16)((ni + 127) << 23);
-    return vsel(x < -87.0f, vsplat(0.0f), y);
+// The rest of the small-head path, and the AVX-512 workers after it, are
+// compiled for the avx512 variant only (X512), with intrinsics where the
+// generic vectors have no operator (rcp14, scalef, masked loads).
+#if defined(__x86_64__)
+#define X512 __attribute__((target("arch=x86-64-v4,prefer-vector-width=512")))
+
+// 1/d within about one ulp: the 14-bit estimate and one Newton step.
+X512 static inline v16 x512_rcp(v16 d) {
+    v16 r = (v16)_mm512_rcp14_ps((__m512)d);
+    return r + r * (1.0f - d * r);
+}
+
+X512 static inline __mmask16 x512_tail(long left) { return (__mmask16)((1u << left) - 1); }
+
+// exp(x) with x clamped to [-87, 88] (so x < -87 gives e^-87, about 1.6e-38,
+// where fast_expf gives 0): fast_expf's range reduction and polynomial
+// (relative error about 2e-7), the polynomial evaluated in Estrin form and
+// 2^n applied with scalef, for fewer instructions and a shorter dependency
+// chain than the scalar formula vectorized.
+X512 static inline v16 x512_exp(v16 x) {
+    __m512 xc = _mm512_min_ps(_mm512_max_ps((__m512)x, _mm512_set1_ps(-87.0f)),
+                              _mm512_set1_ps(88.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v16 r = (v16)_mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
+    r = (v16)_mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), (__m512)r);
+    v16 r2 = r * r;
+    v16 p01 = 1.9875691500e-4f * r + 1.3981999507e-3f;
+    v16 p23 = 8.3334519073e-3f * r + 4.1665795894e-2f;
+    v16 p45 = 1.6666665459e-1f * r + 5.0000001201e-1f;
+    v16 p = (p01 * r2 + p23) * r2 + p45;
+    v16 y = p * r2 + (r + 1.0f);
+    return (v16)_mm512_scalef_ps((__m512)y, n);
 }
 
 // Tree reductions of the 16 lanes, in a fixed order.
@@ -447,33 +471,6 @@ INLINE float vhmax(v16 v) {
 }
 
 #define LANES ((v16i){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15})
-
-// Causal softmax of row t (T a multiple of 16): pre[0..t] -> a; the
-// entries after t are set to 0 in both.
-INLINE void att_softmax_row(float *pre, float *a, int t, int T) {
-    int nb = t / 16, jd = 16 * nb; // full blocks, then the diagonal block at jd
-    v16i in = LANES <= t - jd;
-    v16 xd = vsel(in, ld16(pre + jd), vsplat(-INFINITY));
-    v16 m = xd;
-    for (int j = 0; j < jd; j += 16) m = vmax(m, ld16(pre + j));
-    float mx = vhmax(m);
-    v16 s = {0};
-    for (int j = 0; j < jd; j += 16) {
-        v16 e = vexp(ld16(pre + j) - mx);
-        st16(a + j, e);
-        s += e;
-    }
-    v16 ed = vsel(in, vexp(xd - mx), vsplat(0.0f));
-    s += ed;
-    st16(pre + jd, vsel(in, xd, vsplat(0.0f)));
-    float inv = 1.0f / vhsum(s);
-    for (int j = 0; j < jd; j += 16) st16(a + j, ld16(a + j) * inv);
-    st16(a + jd, ed * inv);
-    for (int j = jd + 16; j < T; j += 16) {
-        st16(a + j, vsplat(0.0f));
-        st16(pre + j, vsplat(0.0f));
-    }
-}
 
 // dp[j] = a[j] (da[j] - sum_k a[k] da[k]) for j <= t, 0 for the rest of the
 // diagonal block; dp after that block is left as is (scratch).
@@ -548,12 +545,12 @@ INLINE void att_softmax_out(const int NT, int aligned, const float *s, float *pr
     float mx = vhmax(m);
     v16 sum = {0};
     for (int j = 0; j < jd; j += 16) {
-        v16 x = ld16(s + j), e = vexp(x - mx);
+        v16 x = ld16(s + j), e = x512_exp(x - mx);
         st16nt(NT, aligned, pre + j, x);
         st16(al + j, e);
         sum += e;
     }
-    v16 ed = vsel(in, vexp(xd - mx), vsplat(0.0f));
+    v16 ed = vsel(in, x512_exp(xd - mx), vsplat(0.0f));
     sum += ed;
     st16nt(NT, aligned, pre + jd, vsel(in, xd, vsplat(0.0f)));
     float inv = 1.0f / vhsum(sum);
@@ -642,6 +639,83 @@ static size_t att_bwd_scratch(int T, int hs) {
     return (size_t)hs * T + (size_t)T * T + (size_t)ATT_MAXR * T;
 }
 
+// The avx512 variant's heads: 8-row micro-tiles of two vectors, and
+// non-temporal stores of pre and att.
+X512 static void att_fwd_head_x512(float *o, float *p, float *a, const float *q, const float *k,
+                                   const float *v, int T, int hs, int C, float sc, float *kt) {
+    k_att_fwd_head(8, 2, 1, o, p, a, q, k, v, T, hs, C, sc, kt);
+}
+
+X512 static void att_bwd_head_x512(float *dq, const float *dO, const float *q, const float *k,
+                                   const float *v, const float *a, int T, int hs, int C,
+                                   float sc, float *scr) {
+    k_att_bwd_head(8, 2, dq, dO, q, k, v, a, T, hs, C, sc, scr);
+}
+
+// --- other AVX-512 workers ---
+//
+// GELU forward and backward, which the generic code leaves compute-bound on
+// AVX-512 (a division and a long dependency chain per vector): x512_exp, and
+// a reciprocal estimate refined by one Newton step instead of the division.
+// Tails use masked loads and stores, so a tail element gets exactly the
+// arithmetic of the others. (AdamW, SumSquares and the elementwise kernels
+// are memory-bound; the generic code is as fast.)
+
+// gelu(x) = x * sigmoid(2u), u = s x (1 + k x^2). For large |x| the
+// clamped exp gives x (x > 0) or x e^-88, about 0 (x < 0), as gelu does.
+X512 static inline v16 x512_gelu(v16 x) {
+    v16 m2u = x * ((-2.0f * GELU_S) + (-2.0f * GELU_S * GELU_K) * (x * x));
+    return x * x512_rcp(1.0f + x512_exp(m2u));
+}
+
+// gelu'(x) = sig (1 + 2 x (1 - sig) u'), sig = sigmoid(2u).
+X512 static inline v16 x512_gelu_grad(v16 x) {
+    v16 x2 = x * x;
+    v16 m2u = x * ((-2.0f * GELU_S) + (-2.0f * GELU_S * GELU_K) * x2);
+    v16 du2x = (2.0f * x) * (GELU_S + (3.0f * GELU_S * GELU_K) * x2);
+    v16 sig = x512_rcp(1.0f + x512_exp(m2u));
+    return sig + sig * ((1.0f - sig) * du2x);
+}
+
+X512 static void gelu_fwd_x512(float *out, const float *inp, long n) {
+    long i = 0;
+    for (; i + 16 <= n; i += 16) st16(out + i, x512_gelu(ld16(inp + i)));
+    if (i < n) {
+        __mmask16 k = x512_tail(n - i);
+        v16 y = x512_gelu((v16)_mm512_maskz_loadu_ps(k, inp + i));
+        _mm512_mask_storeu_ps(out + i, k, (__m512)y);
+    }
+}
+
+X512 static void gelu_bwd_x512(float *dinp, const float *inp, const float *dout, long n) {
+    long i = 0;
+    for (; i + 16 <= n; i += 16)
+        st16(dinp + i, ld16(dinp + i) + x512_gelu_grad(ld16(inp + i)) * ld16(dout + i));
+    if (i < n) {
+        __mmask16 k = x512_tail(n - i);
+        v16 x = (v16)_mm512_maskz_loadu_ps(k, inp + i);
+        v16 d = (v16)_mm512_maskz_loadu_ps(k, dout + i);
+        v16 dx = (v16)_mm512_maskz_loadu_ps(k, dinp + i);
+        _mm512_mask_storeu_ps(dinp + i, k, (__m512)(dx + x512_gelu_grad(x) * d));
+    }
+}
+
+// The avx512 variant's workers that differ from the generic ones.
+#define ATT_FWD_v4 att_fwd_head_x512
+#define ATT_BWD_v4 att_bwd_head_x512
+#define ATT_FWD_v3 NULL
+#define ATT_BWD_v3 NULL
+#define GELU_FWD_v4 gelu_fwd_x512
+#define GELU_BWD_v4 gelu_bwd_x512
+#define GELU_FWD_v3 gelu_fwd_v3
+#define GELU_BWD_v3 gelu_bwd_v3
+#endif
+#define ATT_FWD_v0 NULL
+#define ATT_BWD_v0 NULL
+#define GELU_FWD_v0 gelu_fwd_v0
+#define GELU_BWD_v0 gelu_bwd_v0
+#define ISA_FN(NAME, SUF) NAME##_##SUF
+
 // --- ISA variants ---
 
 struct isa {
@@ -653,10 +727,9 @@ struct isa {
     void (*gelu_bwd)(float *, const float *, const float *, long);
     void (*ln_fwd_row)(float *, float *, float *, const float *, const float *, const float *,
                        int);
-    void (*ln_bwd_row)(float *, const float *, const float *, const float *, float, float, int);
-    void (*ln_dwdb_block)(float *, float *, const float *, const float *, const float *,
-                          const float *, int, int, int, int);
-    void (*colsum_block)(float *, const float *, int, int, int, int);
+    void (*ln_bwd_rows)(float *, float *, float *, const float *, const float *, const float *,
+                        const float *, const float *, int, int, int);
+    void (*sum_parts)(float *, const float *, int, int, int, int);
     void (*enc_bwd_block)(float *, float *, const float *, const int32_t *, int, int, int, int,
                           int);
     void (*softmax_causal_row)(float *, float *, int, int);
@@ -672,8 +745,8 @@ struct isa {
                          const float *, int, int, int, float, float *);
 };
 
-#define DEFINE_ISA(SUF, NAME, TGT, AMR, ANV, ANT)                                               \
-    TGT static void add_##SUF(float *o, const float *a, const float *b, long n) {             \
+#define DEFINE_ISA(SUF, NAME, TGT)                                                             \
+    TGT static void add_##SUF(float *o, const float *a, const float *b, long n) {              \
         k_add(o, a, b, n);                                                                     \
     }                                                                                          \
     TGT static void acc_##SUF(float *d, const float *s, long n) { k_acc(d, s, n); }            \
@@ -686,18 +759,13 @@ struct isa {
                                      const float *w, const float *b, int C) {                  \
         k_ln_fwd_row(o, m, r, x, w, b, C);                                                     \
     }                                                                                          \
-    TGT static void ln_bwd_row_##SUF(float *dx, const float *d, const float *x, const float *w, \
-                                     float m, float r, int C) {                                \
-        k_ln_bwd_row(dx, d, x, w, m, r, C);                                                    \
+    TGT static void ln_bwd_rows_##SUF(float *dx, float *pw, float *pb, const float *d,         \
+                                      const float *x, const float *w, const float *m,          \
+                                      const float *r, int n0, int n1, int C) {                 \
+        k_ln_bwd_rows(dx, pw, pb, d, x, w, m, r, n0, n1, C);                                   \
     }                                                                                          \
-    TGT static void ln_dwdb_block_##SUF(float *dw, float *db, const float *d, const float *x,  \
-                                        const float *m, const float *r, int N, int C, int c0,  \
-                                        int nc) {                                              \
-        k_ln_dwdb_block(dw, db, d, x, m, r, N, C, c0, nc);                                     \
-    }                                                                                          \
-    TGT static void colsum_block_##SUF(float *d, const float *s, int rows, int ld, int c0,     \
-                                       int nc) {                                               \
-        k_colsum_block(d, s, rows, ld, c0, nc);                                                \
+    TGT static void sum_parts_##SUF(float *d, const float *p, int np, int ld, int c0, int nc) { \
+        k_sum_parts(d, p, np, ld, c0, nc);                                                     \
     }                                                                                          \
     TGT static void enc_bwd_block_##SUF(float *we, float *pe, const float *d,                  \
                                         const int32_t *tok, int B, int T, int C, int c0,       \
@@ -723,35 +791,23 @@ struct isa {
         k_adamw(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2);                                 \
     }                                                                                          \
     TGT static double sumsq_##SUF(const float *x, long n) { return k_sumsq(x, n); }            \
-    TGT static void att_fwd_head_##SUF(float *o, float *p, float *a, const float *q,           \
-                                       const float *k, const float *v, int T, int hs, int C,   \
-                                       float sc, float *kt) {                                  \
-        k_att_fwd_head(AMR, ANV, ANT, o, p, a, q, k, v, T, hs, C, sc, kt);                   \
-    }                                                                                          \
-    TGT static void att_bwd_head_##SUF(float *dq, const float *dO, const float *q,             \
-                                       const float *k, const float *v, const float *a, int T,  \
-                                       int hs, int C, float sc, float *scr) {                  \
-        k_att_bwd_head(AMR, ANV, dq, dO, q, k, v, a, T, hs, C, sc, scr);                       \
-    }                                                                                          \
     static const struct isa isa_##SUF = {                                                      \
         NAME,           add_##SUF,           acc_##SUF,          scale_##SUF,                  \
-        gelu_fwd_##SUF, gelu_bwd_##SUF,      ln_fwd_row_##SUF,   ln_bwd_row_##SUF,             \
-        ln_dwdb_block_##SUF, colsum_block_##SUF, enc_bwd_block_##SUF,                          \
+        ISA_FN(GELU_FWD, SUF), ISA_FN(GELU_BWD, SUF), ln_fwd_row_##SUF, ln_bwd_rows_##SUF,     \
+        sum_parts_##SUF, enc_bwd_block_##SUF,                                                  \
         softmax_causal_row_##SUF, softmax_bwd_row_##SUF, smce_fwd_row_##SUF,                   \
-        smce_bwd_row_##SUF, adamw_##SUF, sumsq_##SUF, AMR ? att_fwd_head_##SUF : NULL,         \
-        AMR ? att_bwd_head_##SUF : NULL,                                                       \
+        smce_bwd_row_##SUF, adamw_##SUF, sumsq_##SUF,                                          \
+        ISA_FN(ATT_FWD, SUF), ISA_FN(ATT_BWD, SUF),                                            \
     };
 
-// The last three arguments parameterize the small-head attention path: rows
-// per micro-tile (0: the variant does not use the path), 16-float vectors per
-// micro-tile row, non-temporal stores. Only AVX-512 uses it: with 16-lane
+// Only AVX-512 uses the small-head attention path (ATT_FWD_v4): with 16-lane
 // generic vectors split into halves or quarters, AVX2 and baseline code was
 // slower than their GEMM-based path.
 #if defined(__x86_64__)
-DEFINE_ISA(v4, "avx512", __attribute__((target("arch=x86-64-v4,prefer-vector-width=512"))), 8, 2, 1)
-DEFINE_ISA(v3, "avx2", __attribute__((target("arch=x86-64-v3"))), 0, 1, 0)
+DEFINE_ISA(v4, "avx512", X512)
+DEFINE_ISA(v3, "avx2", __attribute__((target("arch=x86-64-v3"))))
 #endif
-DEFINE_ISA(v0, "portable", , 0, 1, 0)
+DEFINE_ISA(v0, "portable", )
 
 static const struct isa *K = &isa_v0;
 
@@ -806,6 +862,22 @@ static float *att_scratch(size_t n) {
 // att_small says whether the small-head path handles this shape.
 static int att_small(int T, int hs) { return T % 16 == 0 && hs % 16 == 0 && T > 0 && hs > 0; }
 
+// red_scratch is the calling thread's buffer of n floats for the partial
+// sums of row reductions (LayerNorm backward), shared with its team for the
+// call, grown on demand and reused.
+static __thread float *tl_red;
+static __thread size_t tl_red_cap;
+
+static float *red_scratch(size_t n) {
+    if (n > tl_red_cap) {
+        free(tl_red);
+        tl_red = aligned_alloc(64, (n * sizeof(float) + 63) & ~(size_t)63);
+        if (tl_red == NULL) abort();
+        tl_red_cap = n;
+    }
+    return tl_red;
+}
+
 static inline long nchunks(long n) { return (n + CHUNK - 1) / CHUNK; }
 static inline long mn(long a, long b) { return a < b ? a : b; }
 
@@ -842,54 +914,47 @@ void skein_layernorm_forward(float *out, float *mean, float *rstd, const float *
     }
 }
 
+// LayerNorm backward in one pass over fixed chunks of LN_RB rows: each chunk
+// writes its partial dweight and dbias to scratch, and the partials are then
+// summed in chunk order per column. The chunking depends only on N.
 void skein_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                               const float *inp, const float *weight, const float *mean,
                               const float *rstd, int N, int C, int nthreads) {
     const struct isa *k = K;
-    int nb = (C + COLBLOCK - 1) / COLBLOCK;
-#pragma omp parallel num_threads(nthreads) if (nthreads > 1)
+    int np = (N + LN_RB - 1) / LN_RB, nb = (C + COLBLOCK - 1) / COLBLOCK;
+    size_t ld = 2 * (size_t)C;
+    float *part = red_scratch((size_t)np * ld);
+#pragma omp parallel num_threads(nthreads) if (nthreads > 1 && np > 1)
     {
-#pragma omp for schedule(static) nowait
-        for (int n = 0; n < N; n++) {
-            size_t o = (size_t)n * C;
-            k->ln_bwd_row(dinp + o, dout + o, inp + o, weight, mean[n], rstd[n], C);
-        }
 #pragma omp for schedule(static)
-        for (int blk = 0; blk < nb; blk++) {
-            int c0 = blk * COLBLOCK;
-            k->ln_dwdb_block(dweight, dbias, dout, inp, mean, rstd, N, C, c0,
-                             (int)mn(COLBLOCK, C - c0));
+        for (int p = 0; p < np; p++)
+            k->ln_bwd_rows(dinp, part + p * ld, part + p * ld + C, dout, inp, weight, mean, rstd,
+                           p * LN_RB, (int)mn((long)p * LN_RB + LN_RB, N), C);
+#pragma omp for schedule(static)
+        for (int blk = 0; blk < 2 * nb; blk++) {
+            int c0 = (blk % nb) * COLBLOCK;
+            float *dst = blk < nb ? dweight : dbias;
+            k->sum_parts(dst, part + (blk < nb ? 0 : C), np, (int)ld, c0,
+                         (int)mn(COLBLOCK, C - c0));
         }
     }
 }
 
+// The bias is added by the GEMM's first write of out, and dbias is summed
+// while the dweight GEMM packs dout: neither costs a pass of its own.
 void skein_matmul_forward(float *out, const float *inp, const float *weight, const float *bias,
                           int N, int C, int OC, int nthreads) {
-    float beta = 0.0f;
-    if (bias != NULL) {
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
-        for (int n = 0; n < N; n++) memcpy(out + (size_t)n * OC, bias, sizeof(float) * OC);
-        beta = 1.0f;
-    }
-    skein_sgemm(0, 1, N, OC, C, 1.0f, inp, C, weight, C, beta, out, OC, nthreads);
+    skein_sgemm_ex(0, 1, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, bias, NULL, nthreads);
 }
 
 void skein_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                            const float *inp, const float *weight, int N, int C, int OC,
                            int nthreads) {
-    const struct isa *k = K;
     // dinp (N,C) += dout (N,OC) @ weight (OC,C)
     skein_sgemm(0, 0, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C, nthreads);
-    // dweight (OC,C) += dout^T (OC,N) @ inp (N,C)
-    skein_sgemm(1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, nthreads);
-    if (dbias != NULL) {
-        int nb = (OC + COLBLOCK - 1) / COLBLOCK;
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1 && nb > 1)
-        for (int blk = 0; blk < nb; blk++) {
-            int c0 = blk * COLBLOCK;
-            k->colsum_block(dbias, dout, N, OC, c0, (int)mn(COLBLOCK, OC - c0));
-        }
-    }
+    // dweight (OC,C) += dout^T (OC,N) @ inp (N,C); dbias (OC) += rows of dout^T
+    skein_sgemm_ex(1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, NULL, dbias,
+                   nthreads);
 }
 
 // Attention works per (b,h) on one thread: the small-head path above when T
@@ -902,6 +967,7 @@ void skein_attention_forward(float *out, float *preatt, float *att, const float 
     int C3 = 3 * C;
     float scale = 1.0f / sqrtf((float)hs);
     int BH = B * NH;
+#if defined(__x86_64__)
     if (k->att_fwd_head != NULL && att_small(T, hs)) {
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
         for (int bh = 0; bh < BH; bh++) {
@@ -913,6 +979,7 @@ void skein_attention_forward(float *out, float *preatt, float *att, const float 
         }
         return;
     }
+#endif
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
     for (int bh = 0; bh < BH; bh++) {
         int b = bh / NH, h = bh % NH;
@@ -942,6 +1009,7 @@ void skein_attention_backward(float *dinp, float *dpreatt, float *datt, const fl
     int C3 = 3 * C;
     float scale = 1.0f / sqrtf((float)hs);
     int BH = B * NH;
+#if defined(__x86_64__)
     if (k->att_bwd_head != NULL && att_small(T, hs)) {
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
         for (int bh = 0; bh < BH; bh++) {
@@ -954,6 +1022,7 @@ void skein_attention_backward(float *dinp, float *dpreatt, float *datt, const fl
         }
         return;
     }
+#endif
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
     for (int bh = 0; bh < BH; bh++) {
         int b = bh / NH, h = bh % NH;

@@ -16,6 +16,16 @@ void skein_sgemm(int transA, int transB, int M, int N, int K, float alpha,
                  const float *A, int lda, const float *B, int ldb, float beta,
                  float *C, int ldc, int nthreads);
 
+// skein_sgemm_ex is skein_sgemm with two optional fusions (NULL: off), for
+// the layer kernels: bias (N) makes the result alpha * op(A) @ op(B) + bias
+// (beta and C's old contents are ignored), and rowsum (M) gets += each row
+// of op(A) summed in an order that depends only on K (the dbias of a matmul
+// backward, read while A is packed). Both keep skein_sgemm's bit-identity
+// across thread counts.
+void skein_sgemm_ex(int transA, int transB, int M, int N, int K, float alpha, const float *A,
+                    int lda, const float *B, int ldb, float beta, float *C, int ldc,
+                    const float *bias, float *rowsum, int nthreads);
+
 // skein_gemm_isa names the instruction set the dispatcher chose:
 // "avx512", "avx2" or "portable".
 const char *skein_gemm_isa(void);
