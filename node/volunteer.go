@@ -243,6 +243,20 @@ func Volunteer(ctx context.Context, cfg VolunteerConfig) error {
 			log.Debug("announcing state", "err", err)
 		}
 	}
+	// resynced takes the run's state when this member's differs from it
+	// (divergedFrom; DESIGN.md, consistency) and says whether it did.
+	resynced := func() bool {
+		ids := divergedFrom(pn, dl)
+		if len(ids) == 0 {
+			return false
+		}
+		log.Warn("state differs from the run's; re-syncing", "round", dl.Round)
+		if err := adoptFrom(ctx, pn, dl, n, ids); err != nil {
+			log.Warn("re-sync failed", "err", err)
+			return false
+		}
+		return true
+	}
 	// adopted installs the run's state just taken and reports the rounds it
 	// covers; the inner steps since the last round are dropped.
 	lastReported := dl.Round
@@ -284,16 +298,11 @@ func Volunteer(ctx context.Context, cfg VolunteerConfig) error {
 			adopted(lossSum)
 			continue
 		}
-		// Ended the last round with another state than the run's (see
-		// divergedFrom): take the run's state and train from it.
-		if ids := divergedFrom(pn, dl); len(ids) > 0 {
-			log.Warn("state differs from the run's; re-syncing", "round", dl.Round)
-			if err := adoptFrom(ctx, pn, dl, n, ids); err != nil {
-				log.Warn("re-sync failed", "err", err)
-			} else {
-				adopted(lossSum)
-				continue
-			}
+		// Ended the last round with another state than the run's (the
+		// others' announcements have arrived by now): train from theirs.
+		if resynced() {
+			adopted(lossSum)
+			continue
 		}
 		dev.CopyOut(theta, stage.Params)
 		var st optimizer.RoundStats
@@ -328,16 +337,9 @@ func Volunteer(ctx context.Context, cfg VolunteerConfig) error {
 			adopted(lossSum) // the run's state if newer; else back to phi
 			continue
 		}
-		install() // OuterStep left theta = phi
-		if majority := divergedFrom(pn, dl); len(majority) > 0 {
-			// The others finished this round with another result: take
-			// theirs (DESIGN.md, consistency).
-			log.Warn("state differs from the run's; re-syncing", "round", dl.Round)
-			if err := adoptFrom(ctx, pn, dl, n, majority); err != nil {
-				log.Warn("re-sync failed", "err", err)
-			} else {
-				install()
-			}
+		install()       // OuterStep left theta = phi
+		if resynced() { // the others finished this round with another result
+			install()
 		}
 		lastReported = dl.Round
 		rep := RoundReport{Round: dl.Round, Loss: float32(lossSum / float64(cfg.InnerSteps)), Members: len(peers.Members()),

@@ -372,11 +372,12 @@ func (r *Ring) AllReduceMean(ctx context.Context, round uint64, x, out []float32
 		if !slices.Contains(group, self) {
 			return st, fmt.Errorf("%w: %s", ErrNotMember, self)
 		}
+		gh := groupHash(round, group)
 		r.mu.Lock()
 		if attempt == 1 {
 			r.initial, r.attempts = group, r.attempts[:0]
 		}
-		r.attempts = append(r.attempts, groupHash(round, group))
+		r.attempts = append(r.attempts, gh)
 		r.mu.Unlock()
 		st.Group = group
 		var chunks [][]byte
@@ -392,7 +393,7 @@ func (r *Ring) AllReduceMean(ctx context.Context, round uint64, x, out []float32
 			err = errSelfSuspected
 		}
 		if err == nil {
-			chunks, err = r.attempt(ctx, round, group, suspects, x, out, &st)
+			chunks, err = r.attempt(ctx, round, gh, group, suspects, x, out, &st)
 		}
 		r.log.Debug("attempt", "self", self, "round", round, "attempt", attempt, "group", len(group), "err", err)
 		var adopted adoptedError
@@ -413,7 +414,7 @@ func (r *Ring) AllReduceMean(ctx context.Context, round uint64, x, out []float32
 		case errors.As(err, &sus):
 			suspects[sus.peer] = true
 			r.log.Info("redoing round without peer", "round", round, "peer", sus.peer, "err", sus.err)
-			r.broadcast(ctx, group, header{kind: kindSuspect, round: round, group: groupHash(round, group)}, []byte(sus.peer), &st)
+			r.broadcast(ctx, group, header{kind: kindSuspect, round: round, group: gh}, []byte(sus.peer), &st)
 			r.broadcast(ctx, group, header{kind: kindQuery, round: round}, nil, &st)
 			continue
 		case errors.Is(err, errRegroup):
@@ -496,10 +497,11 @@ func (r *Ring) finish(round uint64, chunks [][]byte) {
 	// Members that asked before we finished (they were excluded, or gave up
 	// on the ring) get the result now rather than at their next query.
 	for p := range r.queried[round] {
-		if r.ctx != nil {
-			d.answered[p] = true
-			r.sendDone(r.ctx, p, round, d)
+		if r.ctx == nil { // not started: nobody to answer with
+			break
 		}
+		d.answered[p] = true
+		r.sendDone(r.ctx, p, round, d)
 	}
 	delete(r.queried, round)
 	kept := r.stash[:0]
@@ -532,10 +534,9 @@ func (r *Ring) broadcast(ctx context.Context, group []PeerID, h header, body []b
 }
 
 // attempt runs reduce-scatter then all-gather once in a fixed group.
-func (r *Ring) attempt(ctx context.Context, round uint64, group []PeerID, suspects map[PeerID]bool, x, out []float32, st *RoundStats) ([][]byte, error) {
+func (r *Ring) attempt(ctx context.Context, round, gh uint64, group []PeerID, suspects map[PeerID]bool, x, out []float32, st *RoundStats) ([][]byte, error) {
 	M, n := len(group), len(x)
 	pos := slices.Index(group, r.peers.Self())
-	gh := groupHash(round, group)
 	chunks := make([][]byte, M)
 	if M == 1 {
 		q, err := r.enc.Append(nil, x, round)
