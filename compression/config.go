@@ -3,6 +3,7 @@ package compression
 import (
 	"fmt"
 	"runtime"
+	"strings"
 )
 
 // Codec identifies how float32 values are turned into bytes. Its numeric value
@@ -40,6 +41,25 @@ func (c Codec) String() string {
 
 // Codecs lists every codec, in id order.
 func Codecs() []Codec { return []Codec{FP32, BF16, FP16, Int8, Int4, MinMax8} }
+
+// CodecNames lists the codecs' names, in id order.
+func CodecNames() []string {
+	var out []string
+	for _, c := range Codecs() {
+		out = append(out, c.String())
+	}
+	return out
+}
+
+// ParseCodec returns the codec named name (as Codec.String spells it).
+func ParseCodec(name string) (Codec, error) {
+	for _, c := range Codecs() {
+		if c.String() == name {
+			return c, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: codec %q: want one of %s", ErrConfig, name, strings.Join(CodecNames(), ", "))
+}
 
 // Lossy reports whether decoding can differ from the input.
 func (c Codec) Lossy() bool { return c != FP32 }

@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"math"
 	"os"
-	"path/filepath"
 	"strconv"
+
+	"github.com/skein-ml/skein/internal/atomicfile"
 )
 
 // Checkpoint format identifiers, stored in the safetensors metadata.
@@ -110,35 +112,7 @@ func SaveCheckpoint(path string, ck *Checkpoint) error {
 		}
 		meta[k] = v
 	}
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("model: creating checkpoint directory: %w", err)
-	}
-	f, err := os.CreateTemp(dir, ".ckpt-*.tmp")
-	if err != nil {
-		return fmt.Errorf("model: creating checkpoint: %w", err)
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // no-op after a successful rename
-	if err := WriteSafetensors(f, tensors, meta); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("model: syncing checkpoint: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("model: closing checkpoint: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("model: installing checkpoint: %w", err)
-	}
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
-	}
-	return nil
+	return atomicfile.Write(path, 0o644, func(w io.Writer) error { return WriteSafetensors(w, tensors, meta) })
 }
 
 // LoadCheckpoint reads a checkpoint written by SaveCheckpoint. Every size is

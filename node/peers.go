@@ -13,28 +13,28 @@ import (
 )
 
 // P2PPeers implements optimizer.Peers on a p2p.Node: each message travels on
-// its own short framed stream of protocol /skein/<run>/<name>/1 (one stream
+// its own short framed stream of its protocol (p2p.ProtoReduce for the ring) (one stream
 // per message worked better than a reused stream, P2P-NOTES.md), and the
 // group is the run's members whose role is volunteer (the bootstrap seed
 // and relays do not train).
 type P2PPeers struct {
 	n     *p2p.Node
-	name  string
+	proto p2p.Protocol
 	cfg   p2p.FrameConfig
 	inbox chan optimizer.Message
 }
 
 // NewP2PPeers registers the protocol and returns the endpoint. maxMessage
 // bounds one message (a chunk of the all-reduce), checked before allocation.
-func NewP2PPeers(n *p2p.Node, name string, maxMessage uint32, timeout time.Duration) (*P2PPeers, error) {
+func NewP2PPeers(n *p2p.Node, proto p2p.Protocol, maxMessage uint32, timeout time.Duration) (*P2PPeers, error) {
 	cfg := p2p.DefaultFrameConfig()
 	cfg.MaxSize = maxMessage
 	cfg.ReadTimeout, cfg.WriteTimeout = timeout, timeout
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	p := &P2PPeers{n: n, name: name, cfg: cfg, inbox: make(chan optimizer.Message, 1024)}
-	err := n.Handle(name, 1, cfg, func(ctx context.Context, s *p2p.Stream) error {
+	p := &P2PPeers{n: n, proto: proto, cfg: cfg, inbox: make(chan optimizer.Message, 1024)}
+	err := n.Handle(proto, cfg, func(ctx context.Context, s *p2p.Stream) error {
 		if m, ok := n.Member(s.Peer()); !ok || m.Meta.Role != p2p.RoleVolunteer {
 			return fmt.Errorf("node: %s is not a volunteer of this run", s.Peer())
 		}
@@ -56,7 +56,7 @@ func NewP2PPeers(n *p2p.Node, name string, maxMessage uint32, timeout time.Durat
 }
 
 // Close unregisters the protocol.
-func (p *P2PPeers) Close() { p.n.Unhandle(p.name, 1) }
+func (p *P2PPeers) Close() { p.n.Unhandle(p.proto) }
 
 // Self implements optimizer.Peers.
 func (p *P2PPeers) Self() optimizer.PeerID { return optimizer.PeerID(p.n.ID().String()) }
@@ -101,7 +101,7 @@ func (p *P2PPeers) Send(ctx context.Context, to optimizer.PeerID, payload []byte
 }
 
 func (p *P2PPeers) sendOnce(ctx context.Context, id peer.ID, payload []byte) error {
-	s, err := p.n.Open(ctx, id, p.name, 1, p.cfg)
+	s, err := p.n.Open(ctx, id, p.proto, p.cfg)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/skein-ml/skein/optimizer"
+	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/p2p/p2ptest"
 )
 
@@ -49,7 +50,7 @@ func TestDiLoCoOverP2P(t *testing.T) {
 	ds := make([]*optimizer.DiLoCo, len(trainers))
 	thetas := make([][]float32, len(trainers))
 	for i, n := range trainers {
-		pp, err := NewP2PPeers(n, "reduce", 1<<22, 10*time.Second)
+		pp, err := NewP2PPeers(n, p2p.ProtoReduce, 1<<22, 10*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}

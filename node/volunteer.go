@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"log/slog"
 	"os"
@@ -17,11 +16,11 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
-	"github.com/skein-ml/skein/data"
-	"github.com/skein-ml/skein/kernels"
+	"github.com/skein-ml/skein/internal/atomicfile"
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
+	"github.com/skein-ml/skein/trainer"
 )
 
 // VolunteerConfig configures `skein node join`: a volunteer that joins a run
@@ -79,125 +78,205 @@ func DefaultVolunteerConfig(runID string) VolunteerConfig {
 
 const volunteerCheckpoint = "volunteer.safetensors"
 
-// Volunteer runs until ctx ends or Rounds are done, then saves its state and
-// leaves the run gracefully.
-func Volunteer(ctx context.Context, cfg VolunteerConfig) error {
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	mc, err := model.Preset(cfg.Preset)
+// Volunteer is one machine lent to a run: its p2p node, its model and data
+// (trainer.Setup), the ring and the DiLoCo state it shares with the others.
+// Its methods are the phases of a volunteer's life: NewVolunteer joins,
+// Run trains and contributes round after round (re-syncing when it falls
+// behind or diverges), Close checkpoints and leaves.
+type Volunteer struct {
+	cfg   VolunteerConfig
+	log   *slog.Logger
+	pn    *p2p.Node
+	su    *trainer.Setup
+	peers *P2PPeers
+	ring  *optimizer.Ring
+	dl    *optimizer.DiLoCo
+
+	theta     []float32 // the stage's weights, host copy
+	n         int       // parameters
+	innerStep int       // inner steps trained so far (the AdamW schedule's clock)
+	ckPath    string    // local checkpoint; "" = none
+	// lastReported is the last round told to the user and OnRound.
+	lastReported uint64
+
+	cancelRing context.CancelFunc
+	mu         sync.Mutex
+	served     []byte // the encoded shared state served to joiners
+}
+
+// Join runs a volunteer until ctx ends or cfg.Rounds are done, then saves
+// its state and leaves the run gracefully.
+func Join(ctx context.Context, cfg VolunteerConfig) error {
+	v, err := NewVolunteer(ctx, cfg)
 	if err != nil {
 		return err
 	}
+	err = v.Run(ctx)
+	if cerr := v.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// NewVolunteer joins the run: starts the p2p node, builds the model and data
+// stream, resumes the local checkpoint if there is one, and serves the
+// shared state to joiners. Close undoes it.
+func NewVolunteer(ctx context.Context, cfg VolunteerConfig) (_ *Volunteer, err error) {
+	v := &Volunteer{cfg: cfg, log: cfg.Logger}
+	if v.log == nil {
+		v.log = slog.New(slog.DiscardHandler)
+	}
+	if _, err := model.Preset(cfg.Preset); err != nil {
+		return nil, err
+	}
 	if cfg.Batch <= 0 || cfg.InnerSteps <= 0 || cfg.Rounds < 0 || cfg.MinPeers < 1 {
-		return fmt.Errorf("%w: batch %d, inner steps %d, rounds %d, min peers %d", ErrConfig, cfg.Batch, cfg.InnerSteps, cfg.Rounds, cfg.MinPeers)
+		return nil, fmt.Errorf("%w: batch %d, inner steps %d, rounds %d, min peers %d", ErrConfig, cfg.Batch, cfg.InnerSteps, cfg.Rounds, cfg.MinPeers)
 	}
-	T := cfg.SeqLen
-	if T == 0 {
-		T = mc.MaxT
-	}
+	defer func() {
+		if err != nil {
+			v.close()
+		}
+	}()
 	ncfg := p2p.DefaultNodeConfig(cfg.RunID)
-	ncfg.DataDir, ncfg.Bootstrap, ncfg.Timing, ncfg.Logger = cfg.DataDir, cfg.Bootstrap, cfg.Timing, log
+	ncfg.DataDir, ncfg.Bootstrap, ncfg.Timing, ncfg.Logger = cfg.DataDir, cfg.Bootstrap, cfg.Timing, v.log
 	if len(cfg.Listen) > 0 {
 		ncfg.ListenAddrs = cfg.Listen
 	}
 	ncfg.Meta.Role, ncfg.Meta.Device = p2p.RoleVolunteer, "cpu"
-	pn, err := p2p.NewNode(ctx, ncfg)
-	if err != nil {
-		return err
+	if v.pn, err = p2p.NewNode(ctx, ncfg); err != nil {
+		return nil, err
 	}
-	defer pn.Close() // graceful leave
-	say(cfg.Progress, "joined run %q as %s; %d members", cfg.RunID, pn.ID(), pn.NumMembers())
+	say(cfg.Progress, "joined run %q as %s; %d members", cfg.RunID, v.pn.ID(), v.pn.NumMembers())
 
-	corpus, err := openCorpus(cfg.Corpus)
-	if err != nil {
-		return err
-	}
-	defer corpus.Close()
-	// Volunteers are not numbered: each draws its stream by a hash of its
-	// peer ID among 2^16 slots, disjoint from the others' unless two collide.
-	h := fnv.New64a()
-	h.Write([]byte(pn.ID()))
 	const slots = 1 << 16
-	loader, err := data.NewLoader(corpus, data.Train, data.LoaderConfig{Seed: cfg.Seed, Worker: int(h.Sum64() % slots), Workers: slots, B: cfg.Batch, T: T})
-	if err != nil {
-		return err
+	if v.su, err = trainer.NewSetup(trainer.SetupConfig{Preset: cfg.Preset, Batch: cfg.Batch, SeqLen: cfg.SeqLen,
+		Seed: cfg.Seed, Threads: cfg.Threads, CorpusPaths: cfg.Corpus, Worker: trainer.WorkerSlot(v.pn.ID().String(), slots),
+		Workers: slots, AdamW: cfg.AdamW}); err != nil {
+		return nil, err
 	}
-	dev := kernels.NewCPU(cfg.Threads)
-	stage, err := model.NewStage(dev, mc, model.FullSpec(mc), cfg.Batch, T, cfg.Seed)
-	if err != nil {
-		return err
+	v.n = v.su.Stage.NumParams()
+	maxMsg := uint32(min(stateSize(v.n)+1<<20, 1<<30))
+	if v.peers, err = NewP2PPeers(v.pn, p2p.ProtoReduce, maxMsg, 60*time.Second); err != nil {
+		return nil, err
 	}
-	opt, err := optimizer.NewAdamW(cfg.AdamW)
-	if err != nil {
-		return err
-	}
-	n := stage.NumParams()
-	maxMsg := uint32(min(stateSize(n)+1<<20, 1<<30))
-	peers, err := NewP2PPeers(pn, "reduce", maxMsg, 60*time.Second)
-	if err != nil {
-		return err
-	}
-	defer peers.Close()
-	rctx, cancel := context.WithCancel(context.Background()) // the ring outlives ctx long enough to finish cleanly
-	defer cancel()
 	if cfg.Ring.Logger == nil {
-		cfg.Ring.Logger = log
+		cfg.Ring.Logger = v.log
 	}
-	ring, err := optimizer.NewRing(peers, cfg.Ring)
-	if err != nil {
-		return err
+	if v.ring, err = optimizer.NewRing(v.peers, cfg.Ring); err != nil {
+		return nil, err
 	}
-	ring.Start(rctx)
-	defer ring.Close()
-	theta := make([]float32, n)
-	dev.CopyOut(theta, stage.Params)
-	dl, err := optimizer.NewDiLoCo(cfg.DiLoCo, ring, theta)
-	if err != nil {
-		return err
+	// The ring outlives ctx long enough to finish cleanly; Close stops it.
+	var rctx context.Context
+	rctx, v.cancelRing = context.WithCancel(context.Background())
+	v.ring.Start(rctx)
+	v.theta = make([]float32, v.n)
+	v.su.Dev.CopyOut(v.theta, v.su.Stage.Params)
+	if v.dl, err = optimizer.NewDiLoCo(cfg.DiLoCo, v.ring, v.theta); err != nil {
+		return nil, err
 	}
+	v.resume()
+	v.served = encodeState(v.dl.State())
+	if err := v.pn.ServeBulk(v.serveBulk, 0); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
 
-	// Local checkpoint: parameters, AdamW moments, the round and phi/momentum.
-	ckPath := ""
-	innerStep := 0
-	if cfg.DataDir != "" {
-		ckPath = filepath.Join(cfg.DataDir, volunteerCheckpoint)
-		if step, err := resumeVolunteer(ckPath, stage, dl); err == nil {
-			innerStep = step
-			copy(theta, dl.Phi)
-			dev.CopyIn(stage.Params, theta)
-			say(cfg.Progress, "resumed local checkpoint at round %d", dl.Round)
-		} else if !errors.Is(err, os.ErrNotExist) {
-			log.Warn("ignoring unusable local checkpoint", "path", ckPath, "err", err)
+// resume loads the local checkpoint (weights, AdamW moments, the round and
+// phi/momentum), if any; the weights restart from phi.
+func (v *Volunteer) resume() {
+	if v.cfg.DataDir == "" {
+		return
+	}
+	v.ckPath = filepath.Join(v.cfg.DataDir, volunteerCheckpoint)
+	step, err := resumeVolunteer(v.ckPath, v.su.Stage, v.dl)
+	switch {
+	case err == nil:
+		v.innerStep = step
+		v.setWeights()
+		say(v.cfg.Progress, "resumed local checkpoint at round %d", v.dl.Round)
+	case !errors.Is(err, os.ErrNotExist):
+		v.log.Warn("ignoring unusable local checkpoint", "path", v.ckPath, "err", err)
+	}
+}
+
+// serveBulk serves the shared state to joiners (bulk key stateKey).
+func (v *Volunteer) serveBulk(_ context.Context, _ peer.ID, key string) (io.ReaderAt, int64, error) {
+	if key != stateKey {
+		return nil, 0, fmt.Errorf("node: no bulk key %q", key)
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return bytes.NewReader(v.served), int64(len(v.served)), nil
+}
+
+// Close saves the local checkpoint and leaves the run gracefully.
+func (v *Volunteer) Close() error {
+	v.save()
+	return v.close()
+}
+
+func (v *Volunteer) close() error {
+	if v.ring != nil {
+		v.ring.Close()
+	}
+	if v.cancelRing != nil {
+		v.cancelRing()
+	}
+	if v.peers != nil {
+		v.peers.Close()
+	}
+	if v.su != nil {
+		v.su.Close()
+	}
+	if v.pn != nil {
+		return v.pn.Close() // graceful leave
+	}
+	return nil
+}
+
+// Run trains until ctx ends (nil error) or cfg.Rounds rounds are done:
+// first it waits for enough volunteers and catches up with the run, then
+// each round is an inner phase followed by a contribution.
+func (v *Volunteer) Run(ctx context.Context) error {
+	if !v.waitForPeers(ctx) {
+		return nil
+	}
+	if err := catchUp(ctx, v.pn, v.dl, v.n, v.log); err != nil {
+		v.log.Warn("could not fetch the run's state; starting from the local one", "err", err)
+	} else {
+		v.setWeights()
+	}
+	v.announce(ctx)
+	v.lastReported = v.dl.Round
+	// --rounds counts rounds the run completes while this volunteer is in
+	// it (a round adopted from the others counts; a failed one does not).
+	stopAt := v.dl.Round + uint64(v.cfg.Rounds)
+	for v.cfg.Rounds == 0 || v.dl.Round < stopAt {
+		began := time.Now()
+		lossSum, err := v.trainPhase(ctx)
+		if err != nil || ctx.Err() != nil {
+			return err
+		}
+		if err := v.contribute(ctx, lossSum, began); err != nil || ctx.Err() != nil {
+			return err
 		}
 	}
+	return nil
+}
 
-	// Serve the shared state to joiners; refreshed after every round.
-	var mu sync.Mutex
-	latest := encodeState(dl.State())
-	if err := pn.ServeBulk(func(_ context.Context, _ peer.ID, key string) (io.ReaderAt, int64, error) {
-		if key != stateKey {
-			return nil, 0, fmt.Errorf("node: no bulk key %q", key)
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		return bytes.NewReader(latest), int64(len(latest)), nil
-	}, 0); err != nil {
-		return err
-	}
-
-	// Wait for enough volunteers and for the view to settle (unchanged for a
-	// second), so that the first round's group is the same everywhere; then
-	// catch up with the furthest member.
+// waitForPeers waits for cfg.MinPeers volunteers and for the view to settle
+// (unchanged for a second), so that the first round's group is the same
+// everywhere. It reports false when ctx ended first.
+func (v *Volunteer) waitForPeers(ctx context.Context) bool {
 	var last []optimizer.PeerID
 	for stable := 0; stable < 2; {
-		cur := peers.Members()
+		cur := v.peers.Members()
 		slices.Sort(cur)
 		switch {
-		case len(cur) < cfg.MinPeers:
+		case len(cur) < v.cfg.MinPeers:
 			stable = 0
-			say(cfg.Progress, "waiting for volunteers: %d of %d", len(cur), cfg.MinPeers)
+			say(v.cfg.Progress, "waiting for volunteers: %d of %d", len(cur), v.cfg.MinPeers)
 		case slices.Equal(cur, last):
 			stable++
 		default:
@@ -209,149 +288,176 @@ func Volunteer(ctx context.Context, cfg VolunteerConfig) error {
 		}
 		select {
 		case <-ctx.Done():
-			return nil
+			return false
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
-	if err := catchUp(ctx, pn, dl, n, log); err != nil {
-		log.Warn("could not fetch the run's state; starting from the local one", "err", err)
-	} else {
-		copy(theta, dl.Phi)
-		dev.CopyIn(stage.Params, theta)
-	}
-	announce(ctx, pn, dl)
+	return true
+}
 
-	in, tg := make([]int32, cfg.Batch*T), make([]int32, cfg.Batch*T)
-	save := func() {
-		if ckPath == "" {
-			return
-		}
-		if err := saveVolunteer(ckPath, stage, innerStep, dl); err != nil {
-			log.Error("saving checkpoint", "err", err)
-		}
-	}
-	defer save()
-	// install makes dl's shared state the stage's weights, what this member
-	// serves to joiners and what it announces.
-	install := func() {
-		copy(theta, dl.Phi)
-		dev.CopyIn(stage.Params, theta)
-		mu.Lock()
-		latest = encodeState(dl.State())
-		mu.Unlock()
-		if err := announce(ctx, pn, dl); err != nil {
-			log.Debug("announcing state", "err", err)
-		}
-	}
-	// resynced takes the run's state when this member's differs from it
-	// (divergedFrom; DESIGN.md, consistency) and says whether it did.
-	resynced := func() bool {
-		ids := divergedFrom(pn, dl)
-		if len(ids) == 0 {
-			return false
-		}
-		log.Warn("state differs from the run's; re-syncing", "round", dl.Round)
-		if err := adoptFrom(ctx, pn, dl, n, ids); err != nil {
-			log.Warn("re-sync failed", "err", err)
-			return false
-		}
-		return true
-	}
-	// adopted installs the run's state just taken and reports the rounds it
-	// covers; the inner steps since the last round are dropped.
-	lastReported := dl.Round
-	adopted := func(lossSum float64) {
-		install()
-		if dl.Round == lastReported {
-			return
-		}
-		lastReported = dl.Round
-		rep := RoundReport{Round: dl.Round, Loss: float32(lossSum / float64(cfg.InnerSteps)), Members: len(peers.Members()),
-			StateHash: dl.StateHash(), Adopted: true}
-		say(cfg.Progress, "round %d: adopted the run's state (state %016x)", rep.Round, rep.StateHash)
-		if cfg.OnRound != nil {
-			cfg.OnRound(rep)
-		}
-		save()
-	}
-	// --rounds counts rounds the run completes while this volunteer is in
-	// it (a round adopted from the others counts; a failed one does not).
-	stopAt := dl.Round + uint64(cfg.Rounds)
-	for cfg.Rounds == 0 || dl.Round < stopAt {
-		began := time.Now()
-		var lossSum float64
-		for s := 0; s < cfg.InnerSteps; s++ {
-			if ctx.Err() != nil {
-				return nil
-			}
-			r, err := trainStep(stage, opt, loader, innerStep, in, tg)
-			if err != nil {
-				return err
-			}
-			innerStep++
-			lossSum += float64(r.loss)
-		}
-		// Fell behind (joined late, or slow): take the run's state instead of
-		// offering a pseudo-gradient for a round the others have finished.
-		if before := dl.Round; catchUp(ctx, pn, dl, n, log) == nil && dl.Round > before {
-			say(cfg.Progress, "behind the run: jumped from round %d to %d", before, dl.Round)
-			adopted(lossSum)
-			continue
-		}
-		// Ended the last round with another state than the run's (the
-		// others' announcements have arrived by now): train from theirs.
-		if resynced() {
-			adopted(lossSum)
-			continue
-		}
-		dev.CopyOut(theta, stage.Params)
-		var st optimizer.RoundStats
-		var err error
-		for try := 1; ; try++ {
-			if st, err = dl.OuterStep(ctx, theta); err == nil || ctx.Err() != nil {
-				break
-			}
-			log.Warn("round failed", "round", dl.Round+1, "try", try, "err", err)
-			say(cfg.Progress, "round %d did not complete (%v); re-syncing and retrying", dl.Round+1, err)
-			before := dl.Round
-			if cerr := catchUp(ctx, pn, dl, n, log); cerr != nil {
-				return fmt.Errorf("round %d: %w (re-sync: %v)", dl.Round+1, err, cerr)
-			}
-			if dl.Round > before || try == roundTries {
-				break // the others finished it without us (adopted), or give this pseudo-gradient up
-			}
-			// Nobody finished the round: offer the same pseudo-gradient
-			// again at once (OuterStep left theta and the error feedback as
-			// they were), so that members that failed together retry
-			// together; retraining first would spread them an inner phase
-			// apart, and the first back would exclude the others.
-			select {
-			case <-ctx.Done():
-			case <-time.After(time.Duration(try) * 500 * time.Millisecond):
-			}
-		}
+// trainPhase runs the round's inner steps and returns the sum of their losses.
+func (v *Volunteer) trainPhase(ctx context.Context) (float64, error) {
+	var lossSum float64
+	for s := 0; s < v.cfg.InnerSteps; s++ {
 		if ctx.Err() != nil {
-			return nil
+			return lossSum, nil
 		}
+		r, err := v.su.Step(v.innerStep)
 		if err != nil {
-			adopted(lossSum) // the run's state if newer; else back to phi
-			continue
+			return lossSum, err
 		}
-		install()       // OuterStep left theta = phi
-		if resynced() { // the others finished this round with another result
-			install()
-		}
-		lastReported = dl.Round
-		rep := RoundReport{Round: dl.Round, Loss: float32(lossSum / float64(cfg.InnerSteps)), Members: len(peers.Members()),
-			Stats: st, StateHash: dl.StateHash()}
-		say(cfg.Progress, "round %d: loss %.4f, %d in group, %.1f kB sent, %.1fs (state %016x)", rep.Round, rep.Loss,
-			len(st.Group), float64(st.BytesSent)/1e3, time.Since(began).Seconds(), rep.StateHash)
-		if cfg.OnRound != nil {
-			cfg.OnRound(rep)
-		}
-		save()
+		v.innerStep++
+		lossSum += float64(r.Loss)
 	}
+	return lossSum, nil
+}
+
+// contribute offers the round's pseudo-gradient to the ring and installs
+// the result; or, when this member fell behind or diverged, takes the run's
+// state instead.
+func (v *Volunteer) contribute(ctx context.Context, lossSum float64, began time.Time) error {
+	// Fell behind (joined late, or slow): take the run's state instead of
+	// offering a pseudo-gradient for a round the others have finished.
+	if before := v.dl.Round; catchUp(ctx, v.pn, v.dl, v.n, v.log) == nil && v.dl.Round > before {
+		say(v.cfg.Progress, "behind the run: jumped from round %d to %d", before, v.dl.Round)
+		v.adopted(ctx, lossSum)
+		return nil
+	}
+	// Ended the last round with another state than the run's (the others'
+	// announcements have arrived by now): train from theirs.
+	if v.resynced(ctx) {
+		v.adopted(ctx, lossSum)
+		return nil
+	}
+	v.su.Dev.CopyOut(v.theta, v.su.Stage.Params)
+	st, err := v.outerStep(ctx)
+	if ctx.Err() != nil {
+		return nil
+	}
+	if err != nil {
+		if _, fatal := err.(fatalRoundError); fatal {
+			return err
+		}
+		v.adopted(ctx, lossSum) // the run's state if newer; else back to phi
+		return nil
+	}
+	v.install(ctx)       // OuterStep left theta = phi
+	if v.resynced(ctx) { // the others finished this round with another result
+		v.install(ctx)
+	}
+	v.lastReported = v.dl.Round
+	rep := RoundReport{Round: v.dl.Round, Loss: float32(lossSum / float64(v.cfg.InnerSteps)), Members: len(v.peers.Members()),
+		Stats: st, StateHash: v.dl.StateHash()}
+	say(v.cfg.Progress, "round %d: loss %.4f, %d in group, %.1f kB sent, %.1fs (state %016x)", rep.Round, rep.Loss,
+		len(st.Group), float64(st.BytesSent)/1e3, time.Since(began).Seconds(), rep.StateHash)
+	v.report(rep)
 	return nil
+}
+
+// fatalRoundError ends the volunteer: a round failed and the run's state
+// could not be fetched either.
+type fatalRoundError struct{ error }
+
+// outerStep offers theta to the round, retrying a failed round at once with
+// the same pseudo-gradient (up to roundTries) while nobody finishes it.
+func (v *Volunteer) outerStep(ctx context.Context) (optimizer.RoundStats, error) {
+	for try := 1; ; try++ {
+		st, err := v.dl.OuterStep(ctx, v.theta)
+		if err == nil || ctx.Err() != nil {
+			return st, err
+		}
+		v.log.Warn("round failed", "round", v.dl.Round+1, "try", try, "err", err)
+		say(v.cfg.Progress, "round %d did not complete (%v); re-syncing and retrying", v.dl.Round+1, err)
+		before := v.dl.Round
+		if cerr := catchUp(ctx, v.pn, v.dl, v.n, v.log); cerr != nil {
+			return st, fatalRoundError{fmt.Errorf("round %d: %w (re-sync: %v)", v.dl.Round+1, err, cerr)}
+		}
+		if v.dl.Round > before || try == roundTries {
+			return st, err // the others finished it without us (adopted), or give this pseudo-gradient up
+		}
+		// Nobody finished the round: offer the same pseudo-gradient again at
+		// once (OuterStep left theta and the error feedback as they were),
+		// so that members that failed together retry together; retraining
+		// first would spread them an inner phase apart, and the first back
+		// would exclude the others.
+		select {
+		case <-ctx.Done():
+			return st, ctx.Err()
+		case <-time.After(time.Duration(try) * 500 * time.Millisecond):
+		}
+	}
+}
+
+// setWeights makes phi the stage's weights.
+func (v *Volunteer) setWeights() {
+	copy(v.theta, v.dl.Phi)
+	v.su.Dev.CopyIn(v.su.Stage.Params, v.theta)
+}
+
+// install makes the shared state the stage's weights, what this member
+// serves to joiners and what it announces.
+func (v *Volunteer) install(ctx context.Context) {
+	v.setWeights()
+	blob := encodeState(v.dl.State())
+	v.mu.Lock()
+	v.served = blob
+	v.mu.Unlock()
+	v.announce(ctx)
+}
+
+// announce gossips this member's round and state hash in its metadata.
+func (v *Volunteer) announce(ctx context.Context) {
+	round, hash := v.dl.Round, v.dl.StateHash()
+	if err := v.pn.UpdateMeta(ctx, func(m *p2p.Meta) { m.Round, m.StateHash = round, hash }); err != nil {
+		v.log.Debug("announcing state", "err", err)
+	}
+}
+
+// resynced takes the run's state when this member's differs from it
+// (divergedFrom; DESIGN.md, consistency) and says whether it did.
+func (v *Volunteer) resynced(ctx context.Context) bool {
+	ids := divergedFrom(v.pn, v.dl)
+	if len(ids) == 0 {
+		return false
+	}
+	v.log.Warn("state differs from the run's; re-syncing", "round", v.dl.Round)
+	if err := adoptFrom(ctx, v.pn, v.dl, v.n, ids); err != nil {
+		v.log.Warn("re-sync failed", "err", err)
+		return false
+	}
+	return true
+}
+
+// adopted installs the run's state just taken and reports the rounds it
+// covers; the inner steps since the last round are dropped.
+func (v *Volunteer) adopted(ctx context.Context, lossSum float64) {
+	v.install(ctx)
+	if v.dl.Round == v.lastReported {
+		return
+	}
+	v.lastReported = v.dl.Round
+	rep := RoundReport{Round: v.dl.Round, Loss: float32(lossSum / float64(v.cfg.InnerSteps)), Members: len(v.peers.Members()),
+		StateHash: v.dl.StateHash(), Adopted: true}
+	say(v.cfg.Progress, "round %d: adopted the run's state (state %016x)", rep.Round, rep.StateHash)
+	v.report(rep)
+}
+
+// report tells OnRound about a finished round and checkpoints.
+func (v *Volunteer) report(rep RoundReport) {
+	if v.cfg.OnRound != nil {
+		v.cfg.OnRound(rep)
+	}
+	v.save()
+}
+
+// save writes the local checkpoint, if there is one.
+func (v *Volunteer) save() {
+	if v.ckPath == "" || v.su == nil || v.dl == nil {
+		return
+	}
+	if err := saveVolunteer(v.ckPath, v.su.Stage, v.innerStep, v.dl); err != nil {
+		v.log.Error("saving checkpoint", "err", err)
+	}
 }
 
 // catchUp adopts the shared state of the most advanced volunteer when its
@@ -392,7 +498,7 @@ func saveVolunteer(path string, stage *model.Stage, step int, dl *optimizer.DiLo
 	if err := model.SaveCheckpoint(path, stage.Snapshot(step, nil)); err != nil {
 		return err
 	}
-	return writeFileAtomic(path+".state", encodeState(dl.State()))
+	return atomicfile.WriteFile(path+".state", encodeState(dl.State()), 0o644)
 }
 
 // resumeVolunteer loads both files and returns the inner step reached.
@@ -413,35 +519,6 @@ func resumeVolunteer(path string, stage *model.Stage, dl *optimizer.DiLoCo) (int
 		return 0, err
 	}
 	return ck.Step, dl.SetState(round, phi, mom)
-}
-
-func writeFileAtomic(path string, b []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), ".state-*.tmp")
-	if err != nil {
-		return fmt.Errorf("node: %w", err)
-	}
-	defer os.Remove(f.Name())
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return fmt.Errorf("node: writing %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("node: syncing %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("node: closing %s: %w", path, err)
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		return fmt.Errorf("node: installing %s: %w", path, err)
-	}
-	return nil
-}
-
-// announce gossips this member's round and state hash in its metadata.
-func announce(ctx context.Context, pn *p2p.Node, dl *optimizer.DiLoCo) error {
-	round, hash := dl.Round, dl.StateHash()
-	return pn.UpdateMeta(ctx, func(m *p2p.Meta) { m.Round, m.StateHash = round, hash })
 }
 
 // divergedFrom returns the members whose state this member should take:
@@ -504,4 +581,10 @@ func adoptFrom(ctx context.Context, pn *p2p.Node, dl *optimizer.DiLoCo, n int, i
 		lastErr = err
 	}
 	return lastErr
+}
+
+func say(w io.Writer, format string, args ...any) {
+	if w != nil {
+		fmt.Fprintf(w, format+"\n", args...)
+	}
 }

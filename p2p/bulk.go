@@ -152,7 +152,7 @@ func (n *Node) ServeBulk(src BulkSource, ioTimeout time.Duration) error {
 	if ioTimeout <= 0 {
 		ioTimeout = DefaultFrameTimeout
 	}
-	return n.Handle(protoBulk, 1, bulkFrameConfig(ioTimeout), func(ctx context.Context, s *Stream) error {
+	return n.Handle(ProtoBulk, bulkFrameConfig(ioTimeout), func(ctx context.Context, s *Stream) error {
 		buf := pool.Get(bulkIOBlock)
 		defer pool.Put(buf)
 		for {
@@ -247,7 +247,7 @@ func (n *Node) Fetch(ctx context.Context, p peer.ID, key string, w io.WriterAt, 
 		}
 		hosts = append(hosts, lanes...)
 	}
-	first, err := n.Open(ctx, p, protoBulk, 1, fcfg)
+	first, err := n.Open(ctx, p, ProtoBulk, fcfg)
 	if err != nil {
 		return 0, err
 	}
@@ -291,7 +291,7 @@ func (n *Node) Fetch(ctx context.Context, p peer.ID, key string, w io.WriterAt, 
 			st := first
 			if i > 0 {
 				var err error
-				if st, err = n.openOn(ctx, hosts[i%len(hosts)], p, protoBulk, 1, fcfg); err != nil {
+				if st, err = n.openOn(ctx, hosts[i%len(hosts)], p, ProtoBulk, fcfg); err != nil {
 					n.log.Debug("bulk stripe not opened", "peer", p, "stripe", i, "err", err)
 					errMu.Lock()
 					firstErr = cmpErr(firstErr, err)

@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/skein-ml/skein/internal/atomicfile"
+
 	"github.com/libp2p/go-libp2p/core/crypto"
 )
 
@@ -61,15 +63,8 @@ func LoadOrCreateIdentity(dir string) (crypto.PrivKey, error) {
 	if err != nil {
 		return nil, fmt.Errorf("p2p: identity: %w", err)
 	}
-	// Write to a temporary file and rename, so a crash never leaves half a key.
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return nil, fmt.Errorf("p2p: identity: %w", err)
-	}
-	if err := os.Chmod(tmp, 0o600); err != nil { // umask-proof
-		return nil, fmt.Errorf("p2p: identity: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
+	// Atomic and umask-proof: a crash never leaves half a key.
+	if err := atomicfile.WriteFile(path, b, 0o600); err != nil {
 		return nil, fmt.Errorf("p2p: identity: %w", err)
 	}
 	return k, nil

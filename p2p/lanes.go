@@ -83,9 +83,9 @@ func (n *Node) closeLanes() {
 
 // openOn opens a framed stream to p on host h (the main host or a lane),
 // teaching a lane the peer's direct addresses first.
-func (n *Node) openOn(ctx context.Context, h host.Host, p peer.ID, name string, version int, cfg FrameConfig) (*Stream, error) {
+func (n *Node) openOn(ctx context.Context, h host.Host, p peer.ID, proto Protocol, cfg FrameConfig) (*Stream, error) {
 	if h == n.h {
-		return n.Open(ctx, p, name, version, cfg)
+		return n.Open(ctx, p, proto, cfg)
 	}
 	var direct []ma.Multiaddr
 	addrs := n.h.Peerstore().Addrs(p)
@@ -101,9 +101,9 @@ func (n *Node) openOn(ctx context.Context, h host.Host, p peer.ID, name string, 
 		return nil, errors.New("p2p: lane: no direct address for peer")
 	}
 	h.Peerstore().AddAddrs(p, direct, peerstore.TempAddrTTL)
-	s, err := h.NewStream(ctx, p, ProtocolID(n.cfg.RunID, name, version))
+	s, err := h.NewStream(ctx, p, proto.ID(n.cfg.RunID))
 	if err != nil {
-		return nil, fmt.Errorf("p2p: lane open %s to %s: %w", name, p, err)
+		return nil, fmt.Errorf("p2p: lane open %s to %s: %w", proto, p, err)
 	}
 	return &Stream{FrameStream: NewFrameStream(s, cfg), s: s}, nil
 }

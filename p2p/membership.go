@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"strings"
 	"sync"
 	"time"
 
@@ -55,6 +56,23 @@ func FastTiming() Timing {
 		PushPullInterval: 3 * time.Second, StreamTimeout: 3 * time.Second,
 		DeadNodeReclaimTime: time.Second, GossipToTheDeadTime: 5 * time.Second,
 	}
+}
+
+// TimingNames lists the names TimingByName knows.
+func TimingNames() []string { return []string{"wan", "lan", "fast"} }
+
+// TimingByName returns the profile named "wan" (internet), "lan" or "fast"
+// (tests).
+func TimingByName(name string) (Timing, error) {
+	switch name {
+	case "wan":
+		return WANTiming(), nil
+	case "lan":
+		return LANTiming(), nil
+	case "fast":
+		return FastTiming(), nil
+	}
+	return Timing{}, fmt.Errorf("p2p: timing %q: want one of %s", name, strings.Join(TimingNames(), ", "))
 }
 
 func fromConfig(c *memberlist.Config) Timing {

@@ -263,7 +263,7 @@ func TestNATHelper(t *testing.T) {
 	}
 	defer n.Shutdown()
 	fcfg := p2p.DefaultFrameConfig()
-	n.Handle("echo", 1, fcfg, func(ctx context.Context, s *p2p.Stream) error {
+	n.Handle(p2p.Protocol{Name: "echo", Version: 1}, fcfg, func(ctx context.Context, s *p2p.Stream) error {
 		typ, p, err := s.ReadFrame()
 		if err != nil {
 			return err
@@ -293,7 +293,7 @@ func TestNATHelper(t *testing.T) {
 		}
 		say("member", time.Since(t0).Round(time.Millisecond))
 		t0 = time.Now()
-		s, err := n.Open(network.WithAllowLimitedConn(ctx, "test"), other, "echo", 1, fcfg)
+		s, err := n.Open(network.WithAllowLimitedConn(ctx, "test"), other, p2p.Protocol{Name: "echo", Version: 1}, fcfg)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -204,7 +204,7 @@ func NewNode(ctx context.Context, cfg NodeConfig) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, log: log, bw: newAccounting(maxTrafficPairs), book: book, seeds: seeds, key: key,
 		handlers: make(map[protocol.ID]network.StreamHandler),
-		byeID:    ProtocolID(cfg.RunID, protoMembersBye, 1)}
+		byeID:    ProtoMembersBye.ID(cfg.RunID)}
 	var relays []peer.AddrInfo
 	if !cfg.RelayService {
 		relays = seeds
@@ -505,7 +505,7 @@ func (n *Node) checkRun(id peer.ID) error {
 		if p == n.tr.streamID {
 			return nil
 		}
-		if r := runOfProtocol(p); r != "" && strings.HasSuffix(string(p), "/"+protoMembersStream+"/1") {
+		if r := runOfProtocol(p); r != "" && strings.HasSuffix(string(p), "/"+ProtoMembersStream.String()) {
 			other = r
 		}
 	}

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/skein-ml/skein/internal/atomicfile"
+
 	"github.com/libp2p/go-libp2p/core/peer"
 	ma "github.com/multiformats/go-multiaddr"
 )
@@ -224,11 +226,7 @@ func (pb *peerBook) save() error {
 	if err != nil {
 		return err
 	}
-	tmp := pb.path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return fmt.Errorf("p2p: peer book: %w", err)
-	}
-	if err := os.Rename(tmp, pb.path); err != nil {
+	if err := atomicfile.WriteFile(pb.path, b, 0o600); err != nil {
 		return fmt.Errorf("p2p: peer book: %w", err)
 	}
 	return nil

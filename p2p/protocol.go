@@ -7,12 +7,38 @@ import (
 	"github.com/libp2p/go-libp2p/core/protocol"
 )
 
-// Protocol names used by this package itself.
-const (
-	protoMembersPacket = "members-packet"
-	protoMembersStream = "members-stream"
-	protoMembersBye    = "members-bye"
-	protoBulk          = "bulk"
+// Protocol names one protocol of a run; on the wire it is
+// /skein/<run>/<Name>/<Version> (see ID). Every protocol a run speaks is in
+// the table below, and nowhere else, so a reader sees them all at once.
+type Protocol struct {
+	Name    string
+	Version int
+}
+
+// ID returns /skein/<runID>/<name>/<version>.
+func (p Protocol) ID(runID string) protocol.ID { return ProtocolID(runID, p.Name, p.Version) }
+
+// String returns name/version.
+func (p Protocol) String() string { return fmt.Sprintf("%s/%d", p.Name, p.Version) }
+
+// The protocols of a run.
+var (
+	// ProtoMembersPacket carries one memberlist packet per stream.
+	ProtoMembersPacket = Protocol{"members-packet", 1}
+	// ProtoMembersStream carries memberlist's push/pull state exchange.
+	ProtoMembersStream = Protocol{"members-stream", 1}
+	// ProtoMembersBye is a leaving member's goodbye (leave, not failure).
+	ProtoMembersBye = Protocol{"members-bye", 1}
+	// ProtoBulk is the striped, resumable bulk transfer (states, shards).
+	ProtoBulk = Protocol{"bulk", 1}
+	// ProtoReduce carries the DiLoCo ring all-reduce's messages.
+	ProtoReduce = Protocol{"reduce", 1}
+	// ProtoGossip carries NoLoCo's partial averaging with random peers.
+	ProtoGossip = Protocol{"gossip", 1}
+	// ProtoManifest serves the run's manifest and its hash.
+	ProtoManifest = Protocol{"manifest", 1}
+	// ProtoTelemetry carries volunteers' per-round reports to the bootstrap.
+	ProtoTelemetry = Protocol{"telemetry", 1}
 )
 
 // MaxRunIDLen bounds a run id (it rides in node metadata and protocol IDs).

@@ -37,16 +37,16 @@ func (s *Stream) Raw() network.Stream { return s.s }
 // returning nil closes it. ctx ends when the node closes.
 type Handler func(ctx context.Context, s *Stream) error
 
-// Handle serves protocol /skein/<run>/<name>/<version> with framed streams
+// Handle serves protocol proto (/skein/<run>/<name>/<version>) with framed streams
 // bounded by cfg. Like go-libp2p's ping: the stream is attached to a service
 // scope, every frame has a deadline, and any error resets the stream, so a
 // malformed, oversized or slow peer costs one stream and nothing else.
-func (n *Node) Handle(name string, version int, cfg FrameConfig, h Handler) error {
+func (n *Node) Handle(proto Protocol, cfg FrameConfig, h Handler) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	pid := ProtocolID(n.cfg.RunID, name, version)
-	svc := "skein." + name
+	pid := proto.ID(n.cfg.RunID)
+	svc := "skein." + proto.Name
 	n.setHandler(pid, func(s network.Stream) {
 		if err := s.Scope().SetService(svc); err != nil {
 			n.log.Debug("stream refused by resource manager", "protocol", pid, "err", err)
@@ -64,23 +64,23 @@ func (n *Node) Handle(name string, version int, cfg FrameConfig, h Handler) erro
 }
 
 // Unhandle removes a protocol handler.
-func (n *Node) Unhandle(name string, version int) {
-	n.removeHandler(ProtocolID(n.cfg.RunID, name, version))
+func (n *Node) Unhandle(proto Protocol) {
+	n.removeHandler(proto.ID(n.cfg.RunID))
 }
 
-// Open opens a framed stream of protocol name/version to p. Relayed
+// Open opens a framed stream of protocol proto to p. Relayed
 // (limited) connections are used only if ctx allows them
 // (network.WithAllowLimitedConn).
-func (n *Node) Open(ctx context.Context, p peer.ID, name string, version int, cfg FrameConfig) (*Stream, error) {
+func (n *Node) Open(ctx context.Context, p peer.ID, proto Protocol, cfg FrameConfig) (*Stream, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if n.ctx.Err() != nil {
 		return nil, ErrClosed
 	}
-	s, err := n.h.NewStream(ctx, p, ProtocolID(n.cfg.RunID, name, version))
+	s, err := n.h.NewStream(ctx, p, proto.ID(n.cfg.RunID))
 	if err != nil {
-		return nil, fmt.Errorf("p2p: open %s to %s: %w", name, p, err)
+		return nil, fmt.Errorf("p2p: open %s to %s: %w", proto, p, err)
 	}
 	return &Stream{FrameStream: NewFrameStream(s, cfg), s: s}, nil
 }

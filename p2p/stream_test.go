@@ -20,7 +20,7 @@ func TestBadFramesReset(t *testing.T) {
 	server, bad, good := s.Nodes[0], s.Nodes[1], s.Nodes[2]
 	cfg := p2p.FrameConfig{Version: 1, MaxSize: 1024, ReadTimeout: 300 * time.Millisecond, WriteTimeout: time.Second}
 	var served sync.Map
-	if err := server.Handle("echo", 1, cfg, func(ctx context.Context, st *p2p.Stream) error {
+	if err := server.Handle(p2p.Protocol{Name: "echo", Version: 1}, cfg, func(ctx context.Context, st *p2p.Stream) error {
 		for {
 			typ, p, err := st.ReadFrame()
 			if err == io.EOF {
@@ -77,7 +77,7 @@ func TestBadFramesReset(t *testing.T) {
 	}
 	// Meanwhile a good peer is served, repeatedly.
 	for i := range 20 {
-		st, err := good.Open(context.Background(), server.ID(), "echo", 1, cfg)
+		st, err := good.Open(context.Background(), server.ID(), p2p.Protocol{Name: "echo", Version: 1}, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

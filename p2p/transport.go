@@ -74,8 +74,8 @@ func newTransport(h host.Host, register func(protocol.ID, network.StreamHandler)
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &transport{
 		h: h, log: log,
-		packetID: ProtocolID(runID, protoMembersPacket, 1),
-		streamID: ProtocolID(runID, protoMembersStream, 1),
+		packetID: ProtoMembersPacket.ID(runID),
+		streamID: ProtoMembersStream.ID(runID),
 		advIP:    advIP, advPort: advPort, sendTO: sendTO,
 		packetCh: make(chan *memberlist.Packet, 1024),
 		streamCh: make(chan net.Conn, 64),

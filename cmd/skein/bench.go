@@ -6,9 +6,9 @@ import (
 	"os"
 	"strings"
 
+	"github.com/skein-ml/skein/experiment"
+	"github.com/skein-ml/skein/trainer"
 	"github.com/urfave/cli/v2"
-
-	"github.com/skein-ml/skein/node"
 )
 
 func benchCommand() *cli.Command {
@@ -29,7 +29,7 @@ func benchCommand() *cli.Command {
 				&cli.IntFlag{Name: "warmup", Value: 3, Usage: "untimed steps first"},
 			},
 			Action: func(c *cli.Context) error {
-				res, err := node.BenchTrain(c.Context, c.String("preset"), c.Int("batch"), c.Int("threads"), c.Int("steps"), c.Int("warmup"))
+				res, err := trainer.BenchTrain(c.Context, c.String("preset"), c.Int("batch"), c.Int("threads"), c.Int("steps"), c.Int("warmup"))
 				if err != nil {
 					return err
 				}
@@ -49,7 +49,7 @@ func convergenceCommand() *cli.Command {
 			"validated on the same held-out batches. Workers run in this process and talk through an in-memory\n" +
 			"network, so the benchmark measures the algorithms, not the network. Writes results.json, results.md\n" +
 			"(the table for BENCHMARKS.md) and curves.svg (validation loss curves) to --out.\n\n" +
-			"Arms: " + strings.Join(node.ArmNames(), ", "),
+			"Arms: " + strings.Join(experiment.ArmNames(), ", "),
 		Flags: []cli.Flag{
 			&cli.StringFlag{Name: "preset", Value: "tiny", Usage: "model preset"},
 			&cli.IntFlag{Name: "workers", Value: 4, Usage: "workers M of the distributed arms"},
@@ -68,7 +68,7 @@ func convergenceCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			res, err := node.RunConvergence(c.Context, node.ConvergenceConfig{
+			res, err := experiment.RunConvergence(c.Context, experiment.ConvergenceConfig{
 				Preset: c.String("preset"), Workers: c.Int("workers"), Batch: c.Int("batch"), SeqLen: c.Int("seq-len"),
 				Steps: c.Int("steps"), WarmSteps: c.Int("warm-steps"), EvalBatches: c.Int("eval-batches"),
 				Seed: c.Uint64("seed"), LR: c.Float64("lr"), Arms: c.StringSlice("arm"), Out: c.Path("out"),

@@ -7,6 +7,7 @@ import (
 	"github.com/urfave/cli/v2"
 	"github.com/urfave/cli/v2/altsrc"
 
+	"github.com/skein-ml/skein/bootstrap"
 	"github.com/skein-ml/skein/p2p"
 )
 
@@ -39,38 +40,20 @@ func bootstrapCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			cfg := p2p.DefaultSeedConfig(c.String("run-id"), c.Path("data-dir"))
-			if l := c.StringSlice("listen"); len(l) > 0 {
-				cfg.ListenAddrs = l
+			cfg := bootstrap.DefaultConfig(c.String("run-id"), c.Path("data-dir"))
+			cfg.Listen, cfg.Advertise = c.StringSlice("listen"), c.String("advertise")
+			cfg.Version, cfg.Logger, cfg.Out = version, log, os.Stderr
+			if cfg.Timing, err = p2p.TimingByName(c.String("timing")); err != nil {
+				return fmt.Errorf("--timing: %w", err)
 			}
-			cfg.AdvertiseAddr = c.String("advertise")
-			cfg.Version = version
-			cfg.Logger = log
-			if cfg.Timing, err = timing(c.String("timing")); err != nil {
-				return err
-			}
-			seed, err := p2p.NewSeed(c.Context, cfg)
-			if err != nil {
-				return err
-			}
-			fmt.Fprintf(os.Stdout, "%s\n", seed.FullAddr())
-			fmt.Fprintf(os.Stderr, "skein bootstrap: run %q; volunteers join with\n  skein node join --run-id %s --bootstrap %s\n",
-				cfg.RunID, cfg.RunID, seed.FullAddr())
-			sub := seed.Subscribe()
-			defer sub.Close()
-			for {
-				select {
-				case <-c.Context.Done():
-					fmt.Fprintln(os.Stderr, "skein bootstrap: leaving")
-					return seed.Close()
-				case ev, ok := <-sub.C:
-					if !ok {
-						return seed.Close()
-					}
-					log.Info("membership", "event", ev.Kind, "peer", ev.Member.ID, "role", ev.Member.Meta.Role,
-						"members", seed.NumMembers())
+			// The first line on stdout is the address to join through, alone,
+			// for scripts; everything for people goes to stderr.
+			cfg.Ready = func(info bootstrap.Info) {
+				if len(info.Addrs) > 0 {
+					fmt.Fprintln(os.Stdout, info.Addrs[0])
 				}
 			}
+			return bootstrap.Run(c.Context, cfg)
 		},
 	}
 }

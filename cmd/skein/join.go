@@ -11,6 +11,7 @@ import (
 	"github.com/skein-ml/skein/compression"
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/node"
+	"github.com/skein-ml/skein/p2p"
 )
 
 func nodeCommand() *cli.Command {
@@ -53,24 +54,23 @@ func nodeCommand() *cli.Command {
 			}
 			cfg := node.DefaultVolunteerConfig(c.String("run-id"))
 			cfg.Bootstrap, cfg.DataDir, cfg.Listen = c.StringSlice("bootstrap"), c.Path("data-dir"), c.StringSlice("listen")
-			if cfg.Timing, err = timing(c.String("timing")); err != nil {
-				return err
+			if cfg.Timing, err = p2p.TimingByName(c.String("timing")); err != nil {
+				return fmt.Errorf("--timing: %w", err)
 			}
 			cfg.Preset, cfg.Batch, cfg.SeqLen = c.String("preset"), c.Int("batch"), c.Int("seq-len")
 			cfg.InnerSteps, cfg.Rounds, cfg.MinPeers = c.Int("inner-steps"), c.Int("rounds"), c.Int("min-peers")
 			cfg.AdamW.LR, cfg.Seed, cfg.Threads = c.Float64("lr"), c.Uint64("seed"), c.Int("threads")
 			cfg.Corpus = c.StringSlice("corpus")
-			codec, ok := map[string]compression.Codec{"minmax8": compression.MinMax8, "int8": compression.Int8,
-				"int4": compression.Int4, "bf16": compression.BF16, "fp16": compression.FP16, "fp32": compression.FP32}[c.String("codec")]
-			if !ok {
-				return fmt.Errorf("--codec %q: want minmax8, int8, int4, bf16, fp16 or fp32", c.String("codec"))
+			codec, err := compression.ParseCodec(c.String("codec"))
+			if err != nil {
+				return fmt.Errorf("--codec: %w", err)
 			}
 			cfg.Ring.Codec.Codec = codec
 			if len(cfg.Bootstrap) == 0 {
 				fmt.Fprintln(os.Stderr, "skein node join: no --bootstrap given; trying peers known from earlier runs")
 			}
 			cfg.Logger, cfg.Progress = log, os.Stderr
-			return node.Volunteer(c.Context, cfg)
+			return node.Join(c.Context, cfg)
 		},
 	}
 	return &cli.Command{Name: "node", Usage: "volunteer commands", Subcommands: []*cli.Command{join}}

@@ -17,8 +17,6 @@ import (
 	"syscall"
 
 	"github.com/urfave/cli/v2"
-
-	"github.com/skein-ml/skein/p2p"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -63,19 +61,6 @@ func newApp() *cli.App {
 // name in upper case with dashes as underscores (--seq-len: SKEIN_SEQ_LEN).
 func envVars(flag string) []string {
 	return []string{"SKEIN_" + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))}
-}
-
-// timing maps a --timing value to membership timers.
-func timing(name string) (p2p.Timing, error) {
-	switch name {
-	case "wan":
-		return p2p.WANTiming(), nil
-	case "lan":
-		return p2p.LANTiming(), nil
-	case "fast":
-		return p2p.FastTiming(), nil
-	}
-	return p2p.Timing{}, fmt.Errorf("--timing %q: want wan, lan or fast", name)
 }
 
 func logger(c *cli.Context) (*slog.Logger, error) {

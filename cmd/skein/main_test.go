@@ -5,9 +5,8 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/skein-ml/skein/trainer"
 	"github.com/urfave/cli/v2"
-
-	"github.com/skein-ml/skein/node"
 )
 
 // TestTrainConfigPrecedence checks flags > SKEIN_* environment > --config
@@ -19,7 +18,7 @@ func TestTrainConfigPrecedence(t *testing.T) {
 	t.Setenv("SKEIN_BATCH", "5")
 	t.Setenv("SKEIN_LR", "0.002")
 
-	var got node.TrainConfig
+	var got trainer.TrainConfig
 	app := newApp()
 	for _, cmd := range app.Commands {
 		if cmd.Name == "train" {
@@ -33,7 +32,7 @@ func TestTrainConfigPrecedence(t *testing.T) {
 	if err := app.Run([]string{"skein", "train", "--config", file, "--lr", "0.003"}); err != nil {
 		t.Fatal(err)
 	}
-	def := node.DefaultTrainConfig()
+	def := trainer.DefaultTrainConfig()
 	tests := []struct {
 		name      string
 		got, want any

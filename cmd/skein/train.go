@@ -9,11 +9,11 @@ import (
 	"github.com/urfave/cli/v2/altsrc"
 
 	"github.com/skein-ml/skein/model"
-	"github.com/skein-ml/skein/node"
+	"github.com/skein-ml/skein/trainer"
 )
 
 func trainCommand() *cli.Command {
-	d := node.DefaultTrainConfig()
+	d := trainer.DefaultTrainConfig()
 	flags := []cli.Flag{
 		&cli.StringFlag{Name: "config", EnvVars: envVars("config"), Usage: "TOML file of settings (keys are flag names, e.g. steps = 500)"},
 		altsrc.NewStringFlag(&cli.StringFlag{Name: "preset", Value: d.Preset, EnvVars: envVars("preset"),
@@ -59,7 +59,7 @@ func runTrain(c *cli.Context) error {
 	mc, _ := model.Preset(cfg.Preset)
 	fmt.Fprintf(os.Stderr, "skein train: %s model (%.2fM parameters), batch %d, %d steps\n",
 		mc.Name, float64(mc.NumParams())/1e6, cfg.Batch, cfg.Steps)
-	res, err := node.Train(c.Context, cfg)
+	res, err := trainer.Train(c.Context, cfg)
 	if res != nil {
 		fmt.Fprintf(os.Stderr, "device %s: steps %d..%d at %.0f tokens/s\n", res.Device, res.StartStep, res.EndStep, res.TokensPerSec)
 		if n := len(res.Losses); n > 0 {
@@ -77,15 +77,15 @@ func runTrain(c *cli.Context) error {
 
 // trainConfig builds the trainer's settings from flags, environment and the
 // config file (already merged by urfave/cli and altsrc, in that order).
-func trainConfig(c *cli.Context) (node.TrainConfig, error) {
+func trainConfig(c *cli.Context) (trainer.TrainConfig, error) {
 	if c.NArg() > 0 {
-		return node.TrainConfig{}, fmt.Errorf("unexpected arguments %q (corpora go in --corpus)", c.Args().Slice())
+		return trainer.TrainConfig{}, fmt.Errorf("unexpected arguments %q (corpora go in --corpus)", c.Args().Slice())
 	}
 	log, err := logger(c)
 	if err != nil {
-		return node.TrainConfig{}, err
+		return trainer.TrainConfig{}, err
 	}
-	cfg := node.DefaultTrainConfig()
+	cfg := trainer.DefaultTrainConfig()
 	cfg.Preset = c.String("preset")
 	cfg.Steps = c.Int("steps")
 	cfg.Batch = c.Int("batch")

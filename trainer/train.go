@@ -1,11 +1,12 @@
-// Package node owns a Skein process's lifecycle: single-process training
-// (skein train), and later joining a run, fetching state, training,
-// contributing and leaving; local checkpoints, resume and telemetry. It is the
-// only package that wires data, model, kernels, optimizer and p2p together.
+// Package trainer trains one model in one process: the single setup chain
+// (preset -> corpus -> loader -> device -> stage -> AdamW) shared by `skein
+// train`, volunteers and experiments, the training step, evaluation, the
+// progress bar, and single-process runs with checkpoints and bit-exact
+// resume (`skein train`, `skein bench train`).
 //
-// node must not implement numerics, codecs or network protocols itself: it
-// calls the packages that own them.
-package node
+// trainer must not talk to the network or implement numerics itself: it
+// calls data, model, kernels and optimizer.
+package trainer
 
 import (
 	"bytes"
@@ -22,18 +23,18 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/skein-ml/skein/data"
+	"github.com/skein-ml/skein/internal/atomicfile"
 	"github.com/skein-ml/skein/kernels"
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/optimizer"
 )
 
 // ErrConfig is returned (wrapped) for invalid training settings.
-var ErrConfig = errors.New("node: invalid config")
+var ErrConfig = errors.New("trainer: invalid config")
 
 // ErrResumeMismatch is returned when --resume finds a checkpoint made with
 // settings that would change the run (model, seed, batch shape or corpus).
-var ErrResumeMismatch = errors.New("node: checkpoint does not match this run")
+var ErrResumeMismatch = errors.New("trainer: checkpoint does not match this run")
 
 // CheckpointFile is the name of the latest checkpoint inside TrainConfig.Out.
 const CheckpointFile = "checkpoint.safetensors"
@@ -136,45 +137,22 @@ func Train(ctx context.Context, cfg TrainConfig) (*TrainResult, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	mc, _ := model.Preset(cfg.Preset)
-	T := cfg.SeqLen
-	if T == 0 {
-		T = mc.MaxT
+	acfg := cfg.AdamW
+	acfg.TotalSteps = cfg.Steps
+	valBatches := 0
+	if cfg.EvalEvery > 0 {
+		valBatches = cfg.EvalBatches
 	}
-	if T > mc.MaxT {
-		return nil, fmt.Errorf("%w: sequence length %d exceeds the %s context of %d", ErrConfig, T, mc.Name, mc.MaxT)
-	}
-	corpus, err := openCorpus(cfg.Corpus)
+	su, err := NewSetup(SetupConfig{Preset: cfg.Preset, Batch: cfg.Batch, SeqLen: cfg.SeqLen, Seed: cfg.Seed,
+		Threads: cfg.Threads, CorpusPaths: cfg.Corpus, AdamW: acfg, ValBatches: valBatches})
 	if err != nil {
 		return nil, err
 	}
-	defer corpus.Close()
+	defer su.Close()
+	mc, T, corpus, stage, dev := su.Model, su.T, su.Corpus, su.Stage, su.Dev
 	st := corpus.Stats()
 	log.Info("corpus", "train_files", st.Train.Files, "train_bytes", st.Train.Bytes,
 		"val_files", st.Validation.Files, "val_bytes", st.Validation.Bytes)
-
-	loader, err := data.NewLoader(corpus, data.Train, data.LoaderConfig{Seed: cfg.Seed, Workers: 1, B: cfg.Batch, T: T})
-	if err != nil {
-		return nil, err
-	}
-	var val *data.Loader
-	if cfg.EvalEvery > 0 && cfg.EvalBatches > 0 {
-		if val, err = data.NewValidationLoader(corpus, cfg.Batch, T); err != nil {
-			return nil, err
-		}
-	}
-
-	dev := kernels.NewCPU(cfg.Threads)
-	stage, err := model.NewStage(dev, mc, model.FullSpec(mc), cfg.Batch, T, cfg.Seed)
-	if err != nil {
-		return nil, err
-	}
-	acfg := cfg.AdamW
-	acfg.TotalSteps = cfg.Steps
-	opt, err := optimizer.NewAdamW(acfg)
-	if err != nil {
-		return nil, err
-	}
 	id := runIdentity{Preset: mc.Name, Seed: cfg.Seed, Batch: cfg.Batch, SeqLen: T,
 		Corpus: strconv.FormatUint(corpus.Fingerprint(), 16)}
 	idJSON, _ := json.Marshal(id)
@@ -209,7 +187,7 @@ func Train(ctx context.Context, cfg TrainConfig) (*TrainResult, error) {
 	var metrics *os.File
 	if cfg.Out != "" {
 		if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
-			return nil, fmt.Errorf("node: creating output directory: %w", err)
+			return nil, fmt.Errorf("trainer: creating output directory: %w", err)
 		}
 		mpath := filepath.Join(cfg.Out, "metrics.jsonl")
 		if err := trimMetrics(mpath, start); err != nil {
@@ -217,7 +195,7 @@ func Train(ctx context.Context, cfg TrainConfig) (*TrainResult, error) {
 		}
 		metrics, err = os.OpenFile(mpath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {
-			return nil, fmt.Errorf("node: opening metrics: %w", err)
+			return nil, fmt.Errorf("trainer: opening metrics: %w", err)
 		}
 		defer metrics.Close()
 	}
@@ -232,40 +210,37 @@ func Train(ctx context.Context, cfg TrainConfig) (*TrainResult, error) {
 		res.Checkpoint = ckPath
 		return nil
 	}
-	in, tg := make([]int32, cfg.Batch*T), make([]int32, cfg.Batch*T)
-	// evaluate reuses the step's batch buffers; it runs after a step is done.
-	evaluate := func() (float32, error) { return evalLoss(stage, val, cfg.EvalBatches, in, tg) }
 
-	bar := newProgress(cfg.Progress, start, cfg.Steps, cfg.Batch*T)
+	bar := NewProgress(cfg.Progress, start, cfg.Steps, cfg.Batch*T)
 	began := time.Now()
 	for step := start; step < cfg.Steps; step++ {
 		if ctx.Err() != nil {
 			res.Interrupted = true
 			break
 		}
-		r, err := trainStep(stage, opt, loader, step, in, tg)
+		r, err := su.Step(step)
 		if err != nil {
 			return res, err
 		}
-		loss := r.loss
+		loss := r.Loss
 		res.Losses = append(res.Losses, loss)
 		res.EndStep = step + 1
-		rec := map[string]any{"step": step, "loss": loss, "lr": r.lr, "grad_norm": r.gradNorm}
-		if val != nil && ((step+1)%cfg.EvalEvery == 0 || step+1 == cfg.Steps) {
-			vl, err := evaluate()
+		rec := map[string]any{"step": step, "loss": loss, "lr": r.LR, "grad_norm": r.GradNorm}
+		if su.Val != nil && ((step+1)%cfg.EvalEvery == 0 || step+1 == cfg.Steps) {
+			vl, err := su.Eval()
 			if err != nil {
 				return res, err
 			}
 			res.ValLosses[step+1] = vl
 			rec["val_loss"] = vl
-			bar.note(fmt.Sprintf("step %d: val loss %.4f", step+1, vl))
+			bar.Note(fmt.Sprintf("step %d: val loss %.4f", step+1, vl))
 			log.Debug("validation", "step", step+1, "val_loss", vl)
 		}
 		if metrics != nil {
 			b, _ := json.Marshal(rec)
 			metrics.Write(append(b, '\n'))
 		}
-		bar.update(step+1, loss)
+		bar.Update(step+1, loss)
 		if cfg.OnStep != nil {
 			cfg.OnStep(step, loss)
 		}
@@ -279,21 +254,14 @@ func Train(ctx context.Context, cfg TrainConfig) (*TrainResult, error) {
 	if n := res.EndStep - res.StartStep; n > 0 && elapsed > 0 {
 		res.TokensPerSec = float64(n*cfg.Batch*T) / elapsed
 	}
-	bar.done()
+	bar.Done()
 	if err := save(res.EndStep); err != nil {
 		return res, err
 	}
 	if n := len(res.Losses); n > 0 && (math.IsNaN(float64(res.Losses[n-1]))) {
-		return res, fmt.Errorf("node: training diverged")
+		return res, fmt.Errorf("trainer: training diverged")
 	}
 	return res, nil
-}
-
-func openCorpus(paths []string) (*data.Corpus, error) {
-	if len(paths) == 0 {
-		return data.OpenDefault()
-	}
-	return data.Open(data.CorpusConfig{Paths: paths})
 }
 
 // BenchResult is the measured training throughput of BenchTrain.
@@ -371,7 +339,7 @@ func trimMetrics(path string, start int) error {
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("node: reading metrics: %w", err)
+		return fmt.Errorf("trainer: reading metrics: %w", err)
 	}
 	var kept []byte
 	for _, line := range bytes.Split(raw, []byte("\n")) {
@@ -385,5 +353,5 @@ func trimMetrics(path string, start int) error {
 	if len(kept) == len(raw) {
 		return nil
 	}
-	return writeFileAtomic(path, kept)
+	return atomicfile.WriteFile(path, kept, 0o644)
 }

@@ -1,4 +1,4 @@
-package node
+package experiment
 
 import (
 	"context"
@@ -10,10 +10,10 @@ import (
 	"time"
 
 	"github.com/skein-ml/skein/compression"
-	"github.com/skein-ml/skein/data"
 	"github.com/skein-ml/skein/kernels"
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/optimizer"
+	"github.com/skein-ml/skein/trainer"
 )
 
 // Algorithm names a way of training with several workers.
@@ -81,15 +81,12 @@ type SwarmResult struct {
 }
 
 type swarmWorker struct {
-	stage  *model.Stage
-	loader *data.Loader
-	opt    *optimizer.AdamW
-	in, tg []int32
-	theta  []float32
+	*trainer.Setup
+	theta []float32
 }
 
 func (w *swarmWorker) step(step int) error {
-	_, err := trainStep(w.stage, w.opt, w.loader, step, w.in, w.tg)
+	_, err := w.Step(step)
 	return err
 }
 
@@ -112,7 +109,7 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 	if T == 0 {
 		T = mc.MaxT
 	}
-	corpus, err := openCorpus(cfg.Corpus)
+	corpus, err := trainer.OpenCorpus(cfg.Corpus)
 	if err != nil {
 		return nil, err
 	}
@@ -138,49 +135,33 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 		return nil, fmt.Errorf("%w: unknown algorithm %q", ErrConfig, cfg.Algorithm)
 	}
 	workers := make([]*swarmWorker, nw)
+	base := trainer.SetupConfig{Preset: cfg.Preset, Batch: batch, SeqLen: cfg.SeqLen, Seed: cfg.Seed, Dev: dev,
+		Corpus: corpus, Workers: workersForData, AdamW: acfg, Init: cfg.Init}
 	for i := range workers {
-		st, err := model.NewStage(dev, mc, model.FullSpec(mc), batch, T, cfg.Seed)
+		sc := base
+		sc.Worker = i
+		su, err := trainer.NewSetup(sc)
 		if err != nil {
 			return nil, err
 		}
-		if cfg.Init != nil {
-			init := *cfg.Init
-			init.M, init.V = nil, nil
-			if err := st.Restore(&init); err != nil {
-				return nil, err
-			}
-		}
-		ld, err := data.NewLoader(corpus, data.Train, data.LoaderConfig{Seed: cfg.Seed, Worker: i, Workers: workersForData, B: batch, T: T})
-		if err != nil {
-			return nil, err
-		}
-		opt, err := optimizer.NewAdamW(acfg)
-		if err != nil {
-			return nil, err
-		}
-		w := &swarmWorker{stage: st, loader: ld, opt: opt, in: make([]int32, batch*T), tg: make([]int32, batch*T),
-			theta: make([]float32, st.NumParams())}
-		dev.CopyOut(w.theta, st.Params)
+		w := &swarmWorker{Setup: su, theta: make([]float32, su.Stage.NumParams())}
+		dev.CopyOut(w.theta, su.Stage.Params)
 		workers[i] = w
 	}
 
-	// Evaluation model: a separate stage at the eval batch size.
-	evalB := cfg.Batch
-	evalStage, err := model.NewStage(dev, mc, model.FullSpec(mc), evalB, T, cfg.Seed)
+	// Evaluation model: a separate stage at the base batch size.
+	ec := base
+	ec.Batch, ec.Workers, ec.ValBatches, ec.Init = cfg.Batch, 1, cfg.EvalBatches, nil
+	eval, err := trainer.NewSetup(ec)
 	if err != nil {
 		return nil, err
 	}
-	val, err := data.NewValidationLoader(corpus, evalB, T)
-	if err != nil {
-		return nil, err
-	}
-	ein, etg := make([]int32, evalB*T), make([]int32, evalB*T)
 	evaluate := func(params []float32) (float32, error) {
-		dev.CopyIn(evalStage.Params, params)
-		return evalLoss(evalStage, val, cfg.EvalBatches, ein, etg)
+		dev.CopyIn(eval.Stage.Params, params)
+		return eval.Eval()
 	}
 
-	res := &SwarmResult{Config: cfg, Params: evalStage.NumParams()}
+	res := &SwarmResult{Config: cfg, Params: eval.Stage.NumParams()}
 	tokensPerStep := int64(cfg.Batch * T * cfg.Workers)
 	if cfg.Algorithm == Single {
 		tokensPerStep = int64(cfg.Batch * T)
@@ -258,7 +239,7 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 						return
 					}
 				}
-				dev.CopyOut(w.theta, w.stage.Params)
+				dev.CopyOut(w.theta, w.Stage.Params)
 				var err error
 				switch cfg.Algorithm {
 				case DiLoCo:
@@ -267,7 +248,7 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 					_, err = nolocos[i].OuterStep(ctx, w.theta)
 				}
 				if err == nil && nw > 1 {
-					dev.CopyIn(w.stage.Params, w.theta)
+					dev.CopyIn(w.Stage.Params, w.theta)
 				}
 				errs[i] = err
 			}()

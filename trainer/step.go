@@ -1,4 +1,4 @@
-package node
+package trainer
 
 import (
 	"fmt"
@@ -8,28 +8,28 @@ import (
 	"github.com/skein-ml/skein/optimizer"
 )
 
-// stepResult is what one training step reports.
-type stepResult struct {
-	loss         float32
-	gradNorm, lr float64
+// StepResult is what one training step reports.
+type StepResult struct {
+	Loss         float32
+	GradNorm, LR float64
 }
 
 // trainStep runs training step `step` on its batch: forward, backward and a
 // clipped AdamW update. in and tg are the caller's reused batch buffers.
-func trainStep(stage *model.Stage, opt *optimizer.AdamW, loader *data.Loader, step int, in, tg []int32) (stepResult, error) {
+func trainStep(stage *model.Stage, opt *optimizer.AdamW, loader *data.Loader, step int, in, tg []int32) (StepResult, error) {
 	if err := loader.Batch(step, in, tg); err != nil {
-		return stepResult{}, err
+		return StepResult{}, err
 	}
 	loss, err := stage.Forward(in, nil, tg)
 	if err != nil {
-		return stepResult{}, fmt.Errorf("node: step %d: %w", step, err)
+		return StepResult{}, fmt.Errorf("trainer: step %d: %w", step, err)
 	}
 	stage.ZeroGrad()
 	if err := stage.Backward(nil); err != nil {
-		return stepResult{}, err
+		return StepResult{}, err
 	}
 	norm, lr, err := opt.Step(stage, step)
-	return stepResult{loss: loss, gradNorm: norm, lr: lr}, err
+	return StepResult{Loss: loss, GradNorm: norm, LR: lr}, err
 }
 
 // evalLoss is the mean loss of the stage over the first n batches of val.

@@ -1,0 +1,14 @@
+// Package experiment runs in-process swarms and benchmarks on one machine:
+// several workers training one model with DiLoCo, NoLoCo or a synchronous
+// baseline, talking through optimizer.MemNetwork, and the convergence
+// benchmark (`skein bench convergence`) with its table and SVG curves.
+//
+// It measures algorithms, not networks: it must never open sockets or run
+// as a daemon (node does that), and it builds every worker through
+// trainer's one setup chain.
+package experiment
+
+import "errors"
+
+// ErrConfig is returned (wrapped) for invalid experiment settings.
+var ErrConfig = errors.New("experiment: invalid config")
