@@ -16,11 +16,23 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
+	"path/filepath"
 	"strings"
+	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
 	ma "github.com/multiformats/go-multiaddr"
 
+	"github.com/skein-ml/skein/bootstrap/manifest"
+	"github.com/skein-ml/skein/bootstrap/status"
+	"github.com/skein-ml/skein/bootstrap/telemetry"
+	"github.com/skein-ml/skein/data"
+	"github.com/skein-ml/skein/internal/atomicfile"
+	"github.com/skein-ml/skein/internal/dirlock"
+	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/p2p"
+	"github.com/skein-ml/skein/p2p/wan"
 )
 
 // ErrConfig is returned (wrapped) for invalid settings.
@@ -28,18 +40,29 @@ var ErrConfig = errors.New("bootstrap: invalid config")
 
 // Config configures Run.
 type Config struct {
-	RunID   string
-	DataDir string // identity key and known peers; required, kept across restarts
+	// Manifest is the run: its id, model, optimizer, data. A manifest whose
+	// data source is "shards" and lists none gets the shards of Corpus,
+	// packed into DataDir/shards at start.
+	Manifest manifest.Manifest
+	// Corpus is what to pack for a shards run (empty: the Go standard
+	// library sources).
+	Corpus  []string
+	DataDir string // identity, known peers, shards, history; required, kept across restarts
 	// Listen multiaddrs; default QUIC and TCP on port 4001, all IPv4 interfaces.
 	Listen []string
 	// Advertise is the public ip:port of the QUIC listener when it differs
 	// from the listen address (behind a port forward).
 	Advertise string
-	Timing    p2p.Timing
-	Version   string
-	Logger    *slog.Logger
+	// HTTPAddr serves the public status page, its JSON/SSE API and
+	// /metrics; "" serves none.
+	HTTPAddr string
+	Timing   p2p.Timing
+	// WAN, if set, emulates this link on every QUIC packet sent (demo).
+	WAN     *wan.Link
+	Version string
+	Logger  *slog.Logger
 	// Out receives what the operator must see: the addresses to give to
-	// volunteers and warnings about them. nil discards.
+	// volunteers, the status page's URL, and warnings. nil discards.
 	Out io.Writer
 	// Ready, if set, is called once the server listens.
 	Ready func(Info)
@@ -51,17 +74,32 @@ type Info struct {
 	// Addrs are the full multiaddrs (with /p2p/<id>) volunteers can join
 	// through, the best first.
 	Addrs []string
+	// StatusURL is the status page's address ("" when HTTPAddr is "").
+	StatusURL string
+	// Manifest is the run's manifest as served (shards filled in).
+	Manifest manifest.Manifest
 }
 
-// DefaultConfig returns WAN timing and the default listen addresses.
-func DefaultConfig(runID, dataDir string) Config {
-	return Config{RunID: runID, DataDir: dataDir, Timing: p2p.WANTiming()}
+// DefaultManifest is the run `skein bootstrap` and `skein demo` start
+// without a manifest file: manifest.Default (the tiny model, DiLoCo) with
+// its corpus packed into 4 MiB shards that travel with the run, so that a
+// volunteer needs no corpus of its own.
+func DefaultManifest() manifest.Manifest {
+	m := manifest.Default()
+	m.Data.Source, m.Data.ShardBytes = manifest.SourceShards, 4<<20
+	return m
+}
+
+// DefaultConfig returns the demo manifest, WAN timing and the default
+// listen addresses.
+func DefaultConfig(dataDir string) Config {
+	return Config{Manifest: manifest.Default(), DataDir: dataDir, Timing: p2p.WANTiming()}
 }
 
 // Validate names the first invalid field.
 func (c Config) Validate() error {
-	if err := p2p.ValidateRunID(c.RunID); err != nil {
-		return fmt.Errorf("%w: %v", ErrConfig, err)
+	if err := c.Manifest.ValidateTemplate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	if c.DataDir == "" {
 		return fmt.Errorf("%w: a data directory is required (the identity must survive restarts)", ErrConfig)
@@ -74,60 +112,263 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// server is a running bootstrap.
+type server struct {
+	cfg    Config
+	log    *slog.Logger
+	out    io.Writer
+	run    manifest.Manifest
+	seed   *p2p.Seed
+	shards *data.ShardStore
+	store  *status.Store
+	status *status.Server
+}
+
 // Run serves the run until ctx ends, then leaves the membership gracefully.
 func Run(ctx context.Context, cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
+	s := &server{cfg: cfg, log: cfg.Logger, out: cfg.Out, run: cfg.Manifest}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
 	}
-	out := cfg.Out
-	if out == nil {
-		out = io.Discard
+	if s.out == nil {
+		s.out = io.Discard
 	}
-	sc := p2p.DefaultSeedConfig(cfg.RunID, cfg.DataDir)
-	if len(cfg.Listen) > 0 {
-		sc.ListenAddrs = cfg.Listen
-	}
-	sc.AdvertiseAddr, sc.Version, sc.Logger = cfg.Advertise, cfg.Version, log
-	if cfg.Timing != (p2p.Timing{}) {
-		sc.Timing = cfg.Timing
-	}
-	seed, err := p2p.NewSeed(ctx, sc)
+	lock, err := dirlock.Acquire(cfg.DataDir)
 	if err != nil {
 		return err
 	}
-	defer seed.Close()
-	info := Info{PeerID: seed.ID().String()}
-	best := seed.FullAddr()
+	defer lock.Release()
+	if err := s.prepareData(); err != nil {
+		return err
+	}
+	if err := atomicfile.WriteFile(filepath.Join(cfg.DataDir, "run.toml"), s.run.Canonical(), 0o644); err != nil {
+		return err
+	}
+	if s.store, err = status.Open(filepath.Join(cfg.DataDir, "history.db"), status.DefaultStoreConfig()); err != nil {
+		return err
+	}
+	defer s.store.Close()
+
+	sc := p2p.DefaultSeedConfig(s.run.RunID, cfg.DataDir)
+	if len(cfg.Listen) > 0 {
+		sc.ListenAddrs = cfg.Listen
+	}
+	sc.AdvertiseAddr, sc.Version, sc.Logger = cfg.Advertise, cfg.Version, s.log
+	if cfg.Timing != (p2p.Timing{}) {
+		sc.Timing = cfg.Timing
+	}
+	if cfg.WAN != nil {
+		emu, err := wan.New(*cfg.WAN, uint64(time.Now().UnixNano()))
+		if err != nil {
+			return err
+		}
+		sc.ListenUDP = emu.ListenUDP
+	}
+	if s.seed, err = p2p.NewSeed(ctx, sc); err != nil {
+		return err
+	}
+	defer s.seed.Close()
+	if err := s.serve(); err != nil {
+		return err
+	}
+	info := Info{PeerID: s.seed.ID().String(), Manifest: s.run}
+	best := s.seed.FullAddr()
 	if best != nil {
 		info.Addrs = append(info.Addrs, best.String())
 	}
-	for _, a := range seed.Addrs() {
+	for _, a := range s.seed.Addrs() {
 		if best == nil || !a.Equal(best) {
 			info.Addrs = append(info.Addrs, a.String())
 		}
 	}
-	printAddrs(out, cfg, info)
+	if cfg.HTTPAddr != "" {
+		stop, url, err := s.serveHTTP(info)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		info.StatusURL = url
+	}
+	printAddrs(s.out, cfg, info)
 	if cfg.Ready != nil {
 		cfg.Ready(info)
 	}
+	return s.watch(ctx)
+}
 
-	sub := seed.Subscribe()
+// prepareData packs the corpus into shards when the manifest asks for
+// shards and lists none, and checks that every listed shard is here to
+// serve.
+func (s *server) prepareData() error {
+	m := &s.run
+	if m.Data.Source != manifest.SourceShards {
+		return nil
+	}
+	store, err := data.OpenShardStore(filepath.Join(s.cfg.DataDir, "shards"))
+	if err != nil {
+		return err
+	}
+	s.shards = store
+	if len(m.Data.Shards) == 0 {
+		began := time.Now()
+		corpus, err := data.OpenPaths(s.cfg.Corpus, m.Data.ValFraction)
+		if err != nil {
+			return err
+		}
+		infos, err := data.PackShards(corpus, store.Dir(), m.Data.ShardBytes)
+		corpus.Close()
+		if err != nil {
+			return err
+		}
+		var total int64
+		for _, in := range infos {
+			m.Data.Shards = append(m.Data.Shards, manifest.Shard{Hash: in.Hash, Bytes: in.Bytes, Files: in.Files})
+			total += in.Bytes
+		}
+		fmt.Fprintf(s.out, "skein bootstrap: packed the corpus into %d shards, %.1f MB, in %.1fs\n", len(infos),
+			float64(total)/1e6, time.Since(began).Seconds())
+		if err := m.Validate(); err != nil {
+			return fmt.Errorf("%w: after packing: %w", ErrConfig, err)
+		}
+	}
+	for _, sh := range m.Data.Shards {
+		if err := store.Verify(data.ShardInfo{Hash: sh.Hash, Bytes: sh.Bytes, Files: sh.Files}); err != nil {
+			return fmt.Errorf("%w: manifest lists shard %s, which %s does not hold intact: %w", ErrConfig, sh.Hash,
+				store.Dir(), err)
+		}
+	}
+	return nil
+}
+
+// serve registers the run's protocols: the manifest, the shards over bulk
+// transfer, and telemetry from volunteers.
+func (s *server) serve() error {
+	canon := s.run.Canonical()
+	mc := p2p.DefaultFrameConfig()
+	mc.MaxSize, mc.ReadTimeout, mc.WriteTimeout = manifest.MaxSize, 10*time.Second, 10*time.Second
+	if err := s.seed.Handle(p2p.ProtoManifest, mc, func(_ context.Context, st *p2p.Stream) error {
+		return st.WriteFrame(manifest.FrameType, canon)
+	}); err != nil {
+		return err
+	}
+	if s.shards != nil {
+		if err := s.seed.ServeBulk(func(_ context.Context, _ peer.ID, key string) (io.ReaderAt, int64, error) {
+			hash, ok := data.ParseShardKey(key)
+			if !ok {
+				return nil, 0, fmt.Errorf("bootstrap: no bulk key %q", key)
+			}
+			return s.shards.Open(hash)
+		}, 0); err != nil {
+			return err
+		}
+	}
+	tc := p2p.DefaultFrameConfig()
+	tc.MaxSize, tc.ReadTimeout, tc.WriteTimeout = telemetry.MaxReportSize, 10*time.Second, 10*time.Second
+	return s.seed.Handle(p2p.ProtoTelemetry, tc, s.telemetry)
+}
+
+// telemetry takes one report: only from a volunteer that is a member of
+// the run, well-formed and within the store's bounds.
+func (s *server) telemetry(_ context.Context, st *p2p.Stream) error {
+	from := st.Peer()
+	if m, ok := s.seed.Member(from); !ok || m.Meta.Role != p2p.RoleVolunteer {
+		s.countRefused()
+		return fmt.Errorf("bootstrap: telemetry from %s, not a volunteer of this run", from)
+	}
+	typ, b, err := st.ReadFrame()
+	if err != nil {
+		s.countRefused()
+		return err
+	}
+	var rep telemetry.Report
+	if typ != telemetry.FrameType {
+		err = fmt.Errorf("%w: frame type %d", telemetry.ErrBadReport, typ)
+	} else {
+		err = rep.UnmarshalBinary(b)
+	}
+	if err != nil {
+		s.countRefused()
+		return err
+	}
+	if err := s.store.Record(from.String(), rep, time.Now()); err != nil {
+		s.log.Debug("telemetry refused by the store", "peer", from, "err", err)
+		return err
+	}
+	return nil
+}
+
+func (s *server) countRefused() {
+	if s.status != nil {
+		s.status.CountRefused()
+	}
+}
+
+// members lists the live members for the status page.
+func (s *server) members() []status.Member {
+	var out []status.Member
+	for _, m := range s.seed.Members() {
+		out = append(out, status.Member{Peer: m.ID.String(), Role: m.Meta.Role.String(), Device: m.Meta.Device,
+			Round: m.Meta.Round, StateHash: m.Meta.StateHash})
+	}
+	return out
+}
+
+// serveHTTP starts the status page; stop shuts it down.
+func (s *server) serveHTTP(info Info) (stop func(), url string, err error) {
+	ln, err := net.Listen("tcp", s.cfg.HTTPAddr)
+	if err != nil {
+		return nil, "", fmt.Errorf("bootstrap: status page: %w", err)
+	}
+	params := 0
+	if mc, err := model.Preset(s.run.Model.Preset); err == nil {
+		params = mc.NumParams()
+	}
+	s.status = status.NewServer(s.store, status.RunInfo{RunID: s.run.RunID, ManifestHash: s.run.HashString(),
+		Preset: s.run.Model.Preset, ParamCount: params, InnerSteps: s.run.Optimizer.InnerSteps,
+		Optimizer: s.run.Optimizer.Kind, BootstrapAddrs: info.Addrs, Started: time.Now()}, s.members, status.WithLogger(s.log))
+	hs := s.status.HTTPServer(s.cfg.HTTPAddr)
+	go func() {
+		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("status page stopped", "err", err)
+		}
+	}()
+	host := ln.Addr().String()
+	if tcp, ok := ln.Addr().(*net.TCPAddr); ok && tcp.IP.IsUnspecified() {
+		host = net.JoinHostPort("127.0.0.1", fmt.Sprint(tcp.Port))
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		hs.Shutdown(ctx)
+	}, "http://" + host + "/", nil
+}
+
+// watch records membership changes until ctx ends.
+func (s *server) watch(ctx context.Context) error {
+	sub := s.seed.Subscribe()
 	defer sub.Close()
 	for {
 		select {
 		case <-ctx.Done():
-			fmt.Fprintln(out, "skein bootstrap: leaving")
+			fmt.Fprintln(s.out, "skein bootstrap: leaving")
 			return nil
 		case ev, ok := <-sub.C:
 			if !ok {
 				return nil
 			}
-			log.Debug("membership", "event", ev.Kind, "peer", ev.Member.ID, "role", ev.Member.Meta.Role,
-				"members", seed.NumMembers())
+			s.log.Debug("membership", "event", ev.Kind, "peer", ev.Member.ID, "role", ev.Member.Meta.Role,
+				"members", s.seed.NumMembers())
+			if kind := eventKind(ev.Kind); kind != "" && ev.Member.ID != s.seed.ID() {
+				if err := s.store.RecordEvent(status.Event{At: time.Now(), Peer: ev.Member.ID.String(), Kind: kind,
+					Role: ev.Member.Meta.Role.String(), Device: ev.Member.Meta.Device}); err != nil {
+					s.log.Debug("recording membership event", "err", err)
+				}
+			} else if s.status != nil {
+				s.status.Notify() // metadata update: round, state hash
+			}
 		}
 	}
 }
@@ -135,7 +376,7 @@ func Run(ctx context.Context, cfg Config) error {
 // printAddrs tells the operator every address volunteers can use, and warns
 // when none of them is reachable from the internet.
 func printAddrs(w io.Writer, cfg Config, info Info) {
-	fmt.Fprintf(w, "skein bootstrap: run %q, peer %s, listening on:\n", cfg.RunID, info.PeerID)
+	fmt.Fprintf(w, "skein bootstrap: run %q (manifest %s), peer %s, listening on:\n", info.Manifest.RunID, info.Manifest.ShortHash(), info.PeerID)
 	public := false
 	for _, a := range info.Addrs {
 		fmt.Fprintf(w, "  %s\n", a)
@@ -144,7 +385,10 @@ func printAddrs(w io.Writer, cfg Config, info Info) {
 		}
 	}
 	if len(info.Addrs) > 0 {
-		fmt.Fprintf(w, "volunteers join with:\n  skein node join --bootstrap %s\n", info.Addrs[0])
+		fmt.Fprintf(w, "volunteers join with:\n  skein node join --run-id %s --bootstrap %s\n", cfg.Manifest.RunID, info.Addrs[0])
+	}
+	if info.StatusURL != "" {
+		fmt.Fprintf(w, "status page: %s\n", info.StatusURL)
 	}
 	if !public && cfg.Advertise == "" {
 		fmt.Fprintln(w, "warning: every address above is private or loopback, so only machines on this network can join;\n"+
@@ -162,4 +406,18 @@ func isPublic(m ma.Multiaddr) bool {
 		}
 	}
 	return false
+}
+
+// eventKind maps a membership event to the status page's timeline kinds;
+// "" for a metadata update.
+func eventKind(k p2p.EventKind) string {
+	switch k {
+	case p2p.EventJoin:
+		return status.Join
+	case p2p.EventLeave:
+		return status.Leave
+	case p2p.EventFail:
+		return status.Fail
+	}
+	return ""
 }

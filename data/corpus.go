@@ -101,9 +101,12 @@ type CorpusConfig struct {
 
 // File describes one file of a corpus.
 type File struct {
-	Path string // path on disk
+	Path string // path on disk: the file itself, or the shard that holds it
 	Rel  string // slash-separated path relative to its root; the split key
 	Size int64  // bytes
+	// Offset is where the file's bytes start inside Path: 0 for a file of a
+	// directory corpus, the position inside its shard for OpenShards.
+	Offset int64
 }
 
 // SplitStats counts one split. With ByteTokenizer, Bytes is also the number
@@ -141,20 +144,12 @@ func Open(cfg CorpusConfig) (*Corpus, error) {
 	if len(cfg.Paths) == 0 {
 		return nil, fmt.Errorf("data: CorpusConfig.Paths is empty: %w", ErrInvalidConfig)
 	}
-	if cfg.ValFraction < 0 || cfg.ValFraction >= 1 || cfg.ValFraction != cfg.ValFraction {
-		return nil, fmt.Errorf("data: CorpusConfig.ValFraction = %v out of range [0, 1): %w", cfg.ValFraction, ErrInvalidConfig)
-	}
-	if cfg.MaxOpenFiles < 0 {
-		return nil, fmt.Errorf("data: CorpusConfig.MaxOpenFiles = %d, must be >= 0: %w", cfg.MaxOpenFiles, ErrInvalidConfig)
+	var err error
+	if cfg.ValFraction, cfg.MaxOpenFiles, err = indexOptions("CorpusConfig", cfg.ValFraction, cfg.MaxOpenFiles); err != nil {
+		return nil, err
 	}
 	if cfg.Filter == nil {
 		cfg.Filter = VisibleFiles
-	}
-	if cfg.ValFraction == 0 {
-		cfg.ValFraction = DefaultValFraction
-	}
-	if cfg.MaxOpenFiles == 0 {
-		cfg.MaxOpenFiles = DefaultMaxOpenFiles
 	}
 
 	files, err := collect(cfg.Paths, cfg.Filter)
@@ -164,13 +159,38 @@ func Open(cfg CorpusConfig) (*Corpus, error) {
 	if len(files) == 0 {
 		return nil, fmt.Errorf("data: no non-empty files under %q: %w", cfg.Paths, ErrEmptyCorpus)
 	}
+	return newCorpus(files, cfg.ValFraction, cfg.MaxOpenFiles), nil
+}
+
+// indexOptions checks the ValFraction and MaxOpenFiles fields of the config
+// type named typ and returns them with their defaults applied.
+func indexOptions(typ string, valFraction float64, maxOpen int) (float64, int, error) {
+	if valFraction < 0 || valFraction >= 1 || valFraction != valFraction {
+		return 0, 0, fmt.Errorf("data: %s.ValFraction = %v out of range [0, 1): %w", typ, valFraction, ErrInvalidConfig)
+	}
+	if maxOpen < 0 {
+		return 0, 0, fmt.Errorf("data: %s.MaxOpenFiles = %d, must be >= 0: %w", typ, maxOpen, ErrInvalidConfig)
+	}
+	if valFraction == 0 {
+		valFraction = DefaultValFraction
+	}
+	if maxOpen == 0 {
+		maxOpen = DefaultMaxOpenFiles
+	}
+	return valFraction, maxOpen, nil
+}
+
+// newCorpus indexes files, already in stream order (sorted by Rel), with the
+// normalized valFraction and maxOpen. Open and OpenShards share it, so a
+// corpus and its shards split and concatenate their files alike.
+func newCorpus(files []File, valFraction float64, maxOpen int) *Corpus {
 	c := &Corpus{files: files}
-	c.cache.init(cfg.MaxOpenFiles)
+	c.cache.init(maxOpen)
 	keys := make([]string, len(files))
 	for i, f := range files {
 		keys[i] = f.Rel
 	}
-	val := assignSplits(keys, cfg.ValFraction)
+	val := assignSplits(keys, valFraction)
 	for i, f := range files {
 		s := &c.splits[Train]
 		if val[i] {
@@ -187,7 +207,7 @@ func Open(cfg CorpusConfig) (*Corpus, error) {
 			c.splits[i].offsets = []int64{0}
 		}
 	}
-	return c, nil
+	return c
 }
 
 // collect walks paths and returns the kept files sorted by (Rel, Path), with
@@ -375,11 +395,12 @@ func (c *Corpus) ReadAt(s Split, p []byte, off int64) (int, error) {
 		fi := sp.files[i]
 		within := pos - sp.offsets[i]
 		want := min(int64(len(p)-n), c.files[fi].Size-within)
-		m, err := c.cache.readAt(fi, c.files[fi].Path, p[n:n+int(want)], within)
+		f := &c.files[fi]
+		m, err := c.cache.readAt(f.Path, p[n:n+int(want)], f.Offset+within)
 		n += m
 		if err != nil {
 			if errors.Is(err, io.EOF) {
-				return n, fmt.Errorf("data: %s is shorter than its indexed %d bytes: %w", c.files[fi].Path, c.files[fi].Size, ErrCorpusChanged)
+				return n, fmt.Errorf("data: %s is shorter than its indexed %d bytes at offset %d: %w", f.Path, f.Size, f.Offset, ErrCorpusChanged)
 			}
 			return n, err
 		}
@@ -392,13 +413,14 @@ func (c *Corpus) Close() error {
 	return c.cache.close()
 }
 
-// fileCache keeps at most max files open, evicting the least recently used.
-// Its mutex is held across reads so a file is never closed mid-read.
+// fileCache keeps at most max files open, keyed by path (the files of one
+// shard share a descriptor), evicting the least recently used. Its mutex is
+// held across reads so a file is never closed mid-read.
 type fileCache struct {
 	mu     sync.Mutex
 	max    int
 	tick   uint64
-	open   map[int]*openFile
+	open   map[string]*openFile
 	closed bool
 }
 
@@ -409,17 +431,17 @@ type openFile struct {
 
 func (fc *fileCache) init(max int) {
 	fc.max = max
-	fc.open = make(map[int]*openFile, max)
+	fc.open = make(map[string]*openFile, max)
 }
 
-func (fc *fileCache) readAt(idx int, path string, p []byte, off int64) (int, error) {
+func (fc *fileCache) readAt(path string, p []byte, off int64) (int, error) {
 	fc.mu.Lock()
 	defer fc.mu.Unlock()
 	if fc.closed {
 		return 0, fmt.Errorf("data: read from closed corpus: %w", os.ErrClosed)
 	}
 	fc.tick++
-	of := fc.open[idx]
+	of := fc.open[path]
 	if of == nil {
 		if len(fc.open) >= fc.max {
 			fc.evict()
@@ -429,7 +451,7 @@ func (fc *fileCache) readAt(idx int, path string, p []byte, off int64) (int, err
 			return 0, fmt.Errorf("data: opening corpus file: %w", err)
 		}
 		of = &openFile{f: f}
-		fc.open[idx] = of
+		fc.open[path] = of
 	}
 	of.used = fc.tick
 	n, err := of.f.ReadAt(p, off)
@@ -444,13 +466,13 @@ func (fc *fileCache) readAt(idx int, path string, p []byte, off int64) (int, err
 
 // evict closes the least recently used file. Called with mu held.
 func (fc *fileCache) evict() {
-	victim, oldest := -1, ^uint64(0)
-	for idx, of := range fc.open {
+	victim, oldest := "", ^uint64(0)
+	for path, of := range fc.open {
 		if of.used < oldest {
-			victim, oldest = idx, of.used
+			victim, oldest = path, of.used
 		}
 	}
-	if victim >= 0 {
+	if oldest != ^uint64(0) {
 		fc.open[victim].f.Close()
 		delete(fc.open, victim)
 	}
@@ -461,9 +483,9 @@ func (fc *fileCache) close() error {
 	defer fc.mu.Unlock()
 	fc.closed = true
 	var errs []error
-	for idx, of := range fc.open {
+	for path, of := range fc.open {
 		errs = append(errs, of.f.Close())
-		delete(fc.open, idx)
+		delete(fc.open, path)
 	}
 	return errors.Join(errs...)
 }

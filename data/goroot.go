@@ -61,3 +61,18 @@ func OpenDefault() (*Corpus, error) {
 	}
 	return Open(cfg)
 }
+
+// OpenPaths opens the corpus of paths (every visible file under them), or
+// the default corpus when paths is empty, holding out valFraction of the
+// files for validation (0: DefaultValFraction).
+func OpenPaths(paths []string, valFraction float64) (*Corpus, error) {
+	cfg := CorpusConfig{Paths: paths}
+	if len(paths) == 0 {
+		var err error
+		if cfg, err = DefaultCorpusConfig(); err != nil {
+			return nil, err
+		}
+	}
+	cfg.ValFraction = valFraction
+	return Open(cfg)
+}

@@ -2,12 +2,12 @@ package node
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,34 +16,57 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
-	"github.com/skein-ml/skein/internal/atomicfile"
-	"github.com/skein-ml/skein/model"
+	"github.com/skein-ml/skein/bootstrap/manifest"
+	"github.com/skein-ml/skein/bootstrap/telemetry"
+	"github.com/skein-ml/skein/data"
+	"github.com/skein-ml/skein/internal/dirlock"
+	"github.com/skein-ml/skein/kernels"
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
+	"github.com/skein-ml/skein/p2p/wan"
 	"github.com/skein-ml/skein/trainer"
 )
 
 // VolunteerConfig configures `skein node join`: a volunteer that joins a run
-// through its bootstrap (or any known member) and trains with DiLoCo.
+// through its bootstrap (or any known member), fetches the run's manifest
+// and corpus, and trains with the optimizer the manifest names. Every
+// run-wide setting comes from the manifest; this config holds only what is
+// the volunteer's own.
 type VolunteerConfig struct {
-	RunID     string
-	DataDir   string // identity, known peers and the local checkpoint
+	RunID     string // the run to join; must be the manifest's run id
+	DataDir   string // identity, known peers, manifest, corpus shards, local checkpoint
 	Bootstrap []string
 	Listen    []string // default: QUIC and TCP on all interfaces, any port
 	Timing    p2p.Timing
+	// WAN, if set, emulates this link on every QUIC packet the volunteer
+	// sends (the demo shows what the internet costs with it).
+	WAN *wan.Link
 
-	Preset     string
-	Batch      int
-	SeqLen     int
-	InnerSteps int // H
-	Rounds     int // stop after this many rounds (0: until interrupted)
-	Seed       uint64
-	Threads    int
-	AdamW      optimizer.AdamWConfig // TotalSteps: the schedule's length in inner steps
-	DiLoCo     optimizer.DiLoCoConfig
-	Ring       optimizer.RingConfig
-	Corpus     []string
-	MinPeers   int // volunteers (self included) to wait for before the first round
+	// Local holds the run-wide settings given on this volunteer's command
+	// line; each one set must agree with the manifest, or the volunteer is
+	// refused with the field's name (manifest.ErrMismatch).
+	Local manifest.Local
+	// Manifest, if set, pins the run: the manifest the members serve must
+	// have the same hash.
+	Manifest *manifest.Manifest
+	// ManifestWait bounds how long to keep asking members for the manifest.
+	ManifestWait time.Duration
+	// Corpus is the training data of a run whose manifest says source
+	// "local" (empty: the Go standard library sources).
+	Corpus []string
+
+	Rounds   int // stop after this many rounds (0: until interrupted)
+	Threads  int // CPU threads to lend (0: all cores)
+	MinPeers int // volunteers (self included) to wait for before the first round
+	// ValBatches is how many fixed held-out batches are evaluated after
+	// each round for the validation loss (0: none).
+	ValBatches int
+	// MetricsAddr, if set, serves Prometheus metrics on http://ADDR/metrics.
+	MetricsAddr string
+	Version     string
+	// Ring tunes the all-reduce's deadlines; its codec comes from the
+	// manifest.
+	Ring optimizer.RingConfig
 
 	Logger   *slog.Logger
 	Progress io.Writer
@@ -55,6 +78,7 @@ type VolunteerConfig struct {
 type RoundReport struct {
 	Round     uint64
 	Loss      float32 // mean training loss of the inner steps
+	ValLoss   float32 // on the run's fixed validation batches after the round; NaN if not measured
 	Members   int
 	Stats     optimizer.RoundStats
 	StateHash uint64
@@ -67,13 +91,10 @@ type RoundReport struct {
 // that fails before it trains again from the run's state.
 const roundTries = 3
 
-// DefaultVolunteerConfig returns settings for the tiny preset.
+// DefaultVolunteerConfig returns a volunteer of run runID with WAN timing.
 func DefaultVolunteerConfig(runID string) VolunteerConfig {
-	a := optimizer.DefaultAdamW()
-	a.LR, a.Warmup, a.TotalSteps = 1e-3, 20, 10000
-	rc := optimizer.DefaultRingConfig()
-	return VolunteerConfig{RunID: runID, Timing: p2p.WANTiming(), Preset: "tiny", Batch: 8, InnerSteps: 50, Seed: 1,
-		AdamW: a, DiLoCo: optimizer.DefaultDiLoCo(), Ring: rc, MinPeers: 1}
+	return VolunteerConfig{RunID: runID, Timing: p2p.WANTiming(), MinPeers: 1, ValBatches: 4,
+		ManifestWait: 2 * time.Minute, Ring: optimizer.DefaultRingConfig()}
 }
 
 const volunteerCheckpoint = "volunteer.safetensors"
@@ -99,6 +120,21 @@ type Volunteer struct {
 	// lastReported is the last round told to the user and OnRound.
 	lastReported uint64
 
+	run      manifest.Manifest
+	lock     *dirlock.Lock
+	corpus   *data.Corpus
+	shards   *data.ShardStore // nil for a "local" run
+	reporter *reporter
+	metrics  *metricsServer
+	device   string
+	joinedAt time.Time
+	// firstStepAt is when the first inner step finished (join time).
+	firstStepAt time.Time
+	// stats of the last round, for telemetry and metrics
+	last roundMeasure
+
+	nl *nolocoState // set for a NoLoCo run (noloco.go); the DiLoCo fields above are nil then
+
 	cancelRing context.CancelFunc
 	mu         sync.Mutex
 	served     []byte // the encoded shared state served to joiners
@@ -118,90 +154,166 @@ func Join(ctx context.Context, cfg VolunteerConfig) error {
 	return err
 }
 
-// NewVolunteer joins the run: starts the p2p node, builds the model and data
-// stream, resumes the local checkpoint if there is one, and serves the
-// shared state to joiners. Close undoes it.
+// NewVolunteer joins the run: locks the data directory, starts the p2p
+// node, fetches and checks the run's manifest, fetches the corpus shards it
+// lists, builds the model and data stream, resumes the local checkpoint if
+// there is one, and serves the manifest, the shards and the shared state to
+// others. Close undoes it.
 func NewVolunteer(ctx context.Context, cfg VolunteerConfig) (_ *Volunteer, err error) {
-	v := &Volunteer{cfg: cfg, log: cfg.Logger}
+	v := &Volunteer{cfg: cfg, log: cfg.Logger, joinedAt: time.Now()}
 	if v.log == nil {
 		v.log = slog.New(slog.DiscardHandler)
 	}
-	if _, err := model.Preset(cfg.Preset); err != nil {
-		return nil, err
-	}
-	if cfg.Batch <= 0 || cfg.InnerSteps <= 0 || cfg.Rounds < 0 || cfg.MinPeers < 1 {
-		return nil, fmt.Errorf("%w: batch %d, inner steps %d, rounds %d, min peers %d", ErrConfig, cfg.Batch, cfg.InnerSteps, cfg.Rounds, cfg.MinPeers)
+	if cfg.Rounds < 0 || cfg.MinPeers < 1 || cfg.Threads < 0 || cfg.ValBatches < 0 {
+		return nil, fmt.Errorf("%w: rounds %d, min peers %d, threads %d, validation batches %d", ErrConfig,
+			cfg.Rounds, cfg.MinPeers, cfg.Threads, cfg.ValBatches)
 	}
 	defer func() {
 		if err != nil {
 			v.close()
 		}
 	}()
+	if cfg.DataDir != "" {
+		if v.lock, err = dirlock.Acquire(cfg.DataDir); err != nil {
+			return nil, err
+		}
+	}
 	ncfg := p2p.DefaultNodeConfig(cfg.RunID)
 	ncfg.DataDir, ncfg.Bootstrap, ncfg.Timing, ncfg.Logger = cfg.DataDir, cfg.Bootstrap, cfg.Timing, v.log
 	if len(cfg.Listen) > 0 {
 		ncfg.ListenAddrs = cfg.Listen
 	}
-	ncfg.Meta.Role, ncfg.Meta.Device = p2p.RoleVolunteer, "cpu"
+	if cfg.WAN != nil {
+		emu, err := wan.New(*cfg.WAN, uint64(time.Now().UnixNano()))
+		if err != nil {
+			return nil, err
+		}
+		ncfg.ListenUDP = emu.ListenUDP
+	}
+	v.device = kernels.NewCPU(cfg.Threads).Name()
+	ncfg.Meta.Role, ncfg.Meta.Device, ncfg.Meta.Version = p2p.RoleVolunteer, v.device, cfg.Version
 	if v.pn, err = p2p.NewNode(ctx, ncfg); err != nil {
 		return nil, err
 	}
 	say(cfg.Progress, "joined run %q as %s; %d members", cfg.RunID, v.pn.ID(), v.pn.NumMembers())
+	if err := v.takeManifest(ctx); err != nil {
+		return nil, err
+	}
+	m := v.run
+	if m.Optimizer.Kind == manifest.KindDiLoCo && (m.Optimizer.Delayed || !m.Optimizer.Nesterov) {
+		return nil, fmt.Errorf("%w: run %q trains %s (delayed %v, nesterov %v); this volunteer runs plain Nesterov DiLoCo only",
+			ErrUnsupported, m.RunID, m.Optimizer.Kind, m.Optimizer.Delayed, m.Optimizer.Nesterov)
+	}
+	corpus, err := v.openCorpus(ctx)
+	if err != nil {
+		return nil, err
+	}
 
+	a := optimizer.DefaultAdamW()
+	a.LR, a.Warmup, a.TotalSteps, a.WeightDecay, a.Clip = m.Optimizer.InnerLR, m.Optimizer.Warmup,
+		m.Optimizer.TotalSteps, m.Optimizer.WeightDecay, m.Optimizer.GradClip
 	const slots = 1 << 16
-	if v.su, err = trainer.NewSetup(trainer.SetupConfig{Preset: cfg.Preset, Batch: cfg.Batch, SeqLen: cfg.SeqLen,
-		Seed: cfg.Seed, Threads: cfg.Threads, CorpusPaths: cfg.Corpus, Worker: trainer.WorkerSlot(v.pn.ID().String(), slots),
-		Workers: slots, AdamW: cfg.AdamW}); err != nil {
+	if v.su, err = trainer.NewSetup(trainer.SetupConfig{Preset: m.Model.Preset, Batch: m.Model.Batch, SeqLen: m.SeqLen(),
+		Seed: m.Model.Seed, Threads: cfg.Threads, Corpus: corpus, Worker: trainer.WorkerSlot(v.pn.ID().String(), slots),
+		Workers: slots, AdamW: a, ValBatches: cfg.ValBatches}); err != nil {
+		corpus.Close()
 		return nil, err
 	}
+	v.corpus = corpus
 	v.n = v.su.Stage.NumParams()
-	maxMsg := uint32(min(stateSize(v.n)+1<<20, 1<<30))
-	if v.peers, err = NewP2PPeers(v.pn, p2p.ProtoReduce, maxMsg, 60*time.Second); err != nil {
-		return nil, err
-	}
-	if cfg.Ring.Logger == nil {
-		cfg.Ring.Logger = v.log
-	}
-	if v.ring, err = optimizer.NewRing(v.peers, cfg.Ring); err != nil {
-		return nil, err
-	}
-	// The ring outlives ctx long enough to finish cleanly; Close stops it.
-	var rctx context.Context
-	rctx, v.cancelRing = context.WithCancel(context.Background())
-	v.ring.Start(rctx)
 	v.theta = make([]float32, v.n)
 	v.su.Dev.CopyOut(v.theta, v.su.Stage.Params)
-	if v.dl, err = optimizer.NewDiLoCo(cfg.DiLoCo, v.ring, v.theta); err != nil {
+	if m.Optimizer.Kind == manifest.KindNoLoCo {
+		err = v.initNoLoCo()
+	} else {
+		err = v.initDiLoCo()
+	}
+	if err != nil {
 		return nil, err
 	}
-	v.resume()
-	v.served = encodeState(v.dl.State())
 	if err := v.pn.ServeBulk(v.serveBulk, 0); err != nil {
 		return nil, err
+	}
+	v.reporter = newReporter(v.pn, v.log)
+	if cfg.MetricsAddr != "" {
+		if v.metrics, err = serveMetrics(cfg.MetricsAddr, v); err != nil {
+			return nil, err
+		}
 	}
 	return v, nil
 }
 
-// resume loads the local checkpoint (weights, AdamW moments, the round and
-// phi/momentum), if any; the weights restart from phi.
-func (v *Volunteer) resume() {
-	if v.cfg.DataDir == "" {
-		return
+// takeManifest fetches the run's manifest from its members and checks it
+// against what this volunteer was given and what its data directory trained
+// under; then serves it to others.
+func (v *Volunteer) takeManifest(ctx context.Context) error {
+	m, err := FetchManifest(ctx, v.pn, v.cfg.RunID, v.cfg.ManifestWait, v.log)
+	if err != nil {
+		return err
 	}
-	v.ckPath = filepath.Join(v.cfg.DataDir, volunteerCheckpoint)
-	step, err := resumeVolunteer(v.ckPath, v.su.Stage, v.dl)
-	switch {
-	case err == nil:
-		v.innerStep = step
-		v.setWeights()
-		say(v.cfg.Progress, "resumed local checkpoint at round %d", v.dl.Round)
-	case !errors.Is(err, os.ErrNotExist):
-		v.log.Warn("ignoring unusable local checkpoint", "path", v.ckPath, "err", err)
+	if p := v.cfg.Manifest; p != nil && p.Hash() != m.Hash() {
+		return fmt.Errorf("%w: run %q serves manifest %s, not the %s this volunteer was given", ErrManifest,
+			m.RunID, m.ShortHash(), p.ShortHash())
+	}
+	cached, err := loadCachedManifest(v.cfg.DataDir)
+	if err != nil {
+		v.log.Warn("ignoring unreadable cached manifest", "err", err)
+	} else if cached != nil && cached.Hash() != m.Hash() {
+		return fmt.Errorf("%w: %s trained under manifest %s, but run %q now serves %s; use a new --data-dir to join it",
+			ErrManifest, v.cfg.DataDir, cached.ShortHash(), m.RunID, m.ShortHash())
+	}
+	if err := m.Check(v.cfg.Local); err != nil {
+		return fmt.Errorf("refused by run %q: %w", m.RunID, err)
+	}
+	if err := saveManifest(v.cfg.DataDir, m); err != nil {
+		return err
+	}
+	v.run = m
+	say(v.cfg.Progress, "run %q: manifest %s: %s, batch %d x %d, %s H=%d, %s on the wire, data: %s", m.RunID, m.ShortHash(),
+		m.Model.Preset, m.Model.Batch, m.SeqLen(), m.Optimizer.Kind, m.Optimizer.InnerSteps, m.Wire.Codec, m.Data.Source)
+	return ServeManifest(v.pn, m)
+}
+
+// openCorpus opens the run's corpus: the manifest's shards (fetched into
+// the data directory first) or, for a "local" run, this machine's files.
+func (v *Volunteer) openCorpus(ctx context.Context) (*data.Corpus, error) {
+	m := v.run
+	if m.Data.Source != manifest.SourceShards {
+		return data.OpenPaths(v.cfg.Corpus, m.Data.ValFraction)
+	}
+	dir := filepath.Join(v.cfg.DataDir, "shards")
+	if v.cfg.DataDir == "" {
+		var err error
+		if dir, err = os.MkdirTemp("", "skein-shards-*"); err != nil {
+			return nil, fmt.Errorf("node: %w", err)
+		}
+	}
+	store, err := data.OpenShardStore(dir)
+	if err != nil {
+		return nil, err
+	}
+	v.shards = store
+	infos := shardInfos(m.Data.Shards)
+	for try := 0; ; try++ {
+		if err := fetchShards(ctx, v.pn, store, infos, v.cfg.Progress, v.log); err != nil {
+			return nil, err
+		}
+		c, err := data.OpenShards(store, infos, data.ShardCorpusConfig{ValFraction: m.Data.ValFraction})
+		// A shard found corrupt on disk was deleted: fetch it again.
+		if errors.Is(err, data.ErrShardCorrupt) && try < 2 {
+			v.log.Warn("a cached shard was corrupt; fetching it again", "err", err)
+			continue
+		}
+		return c, err
 	}
 }
 
-// serveBulk serves the shared state to joiners (bulk key stateKey).
+// serveBulk serves the shared state to joiners (bulk key stateKey) and
+// the corpus shards this volunteer holds (data.ShardKey).
 func (v *Volunteer) serveBulk(_ context.Context, _ peer.ID, key string) (io.ReaderAt, int64, error) {
+	if hash, ok := data.ParseShardKey(key); ok && v.shards != nil {
+		return v.shards.Open(hash)
+	}
 	if key != stateKey {
 		return nil, 0, fmt.Errorf("node: no bulk key %q", key)
 	}
@@ -212,11 +324,34 @@ func (v *Volunteer) serveBulk(_ context.Context, _ peer.ID, key string) (io.Read
 
 // Close saves the local checkpoint and leaves the run gracefully.
 func (v *Volunteer) Close() error {
-	v.save()
-	return v.close()
+	saved := v.save()
+	v.mu.Lock()
+	m := v.last
+	v.mu.Unlock()
+	if m.wallTotal > 0 {
+		say(v.cfg.Progress, "trained %d tokens in %d rounds (%d adopted); computing %.0f%% of the time (%.1fs of %.1fs)",
+			m.tokensTotal, m.contributed+m.adopted, m.adopted, 100*m.computeTotal/m.wallTotal, m.computeTotal, m.wallTotal)
+	}
+	err := v.close()
+	switch {
+	case saved && err == nil:
+		say(v.cfg.Progress, "saved the checkpoint (%s, round %d) and left the run; the same command resumes it", v.ckPath, v.round())
+	case err == nil:
+		say(v.cfg.Progress, "left the run")
+	}
+	return err
 }
 
 func (v *Volunteer) close() error {
+	if v.reporter != nil {
+		v.reporter.close()
+	}
+	if v.nl != nil {
+		v.nl.close()
+	}
+	if v.metrics != nil {
+		v.metrics.close()
+	}
 	if v.ring != nil {
 		v.ring.Close()
 	}
@@ -229,40 +364,28 @@ func (v *Volunteer) close() error {
 	if v.su != nil {
 		v.su.Close()
 	}
-	if v.pn != nil {
-		return v.pn.Close() // graceful leave
+	if v.corpus != nil {
+		v.corpus.Close()
 	}
-	return nil
+	var err error
+	if v.pn != nil {
+		err = v.pn.Close() // graceful leave
+	}
+	v.lock.Release()
+	return err
 }
 
 // Run trains until ctx ends (nil error) or cfg.Rounds rounds are done:
-// first it waits for enough volunteers and catches up with the run, then
-// each round is an inner phase followed by a contribution.
+// first it waits for enough volunteers, then runs the manifest's optimizer
+// round after round.
 func (v *Volunteer) Run(ctx context.Context) error {
 	if !v.waitForPeers(ctx) {
 		return nil
 	}
-	if err := catchUp(ctx, v.pn, v.dl, v.n, v.log); err != nil {
-		v.log.Warn("could not fetch the run's state; starting from the local one", "err", err)
-	} else {
-		v.setWeights()
+	if v.nl != nil {
+		return v.runNoLoCo(ctx)
 	}
-	v.announce(ctx)
-	v.lastReported = v.dl.Round
-	// --rounds counts rounds the run completes while this volunteer is in
-	// it (a round adopted from the others counts; a failed one does not).
-	stopAt := v.dl.Round + uint64(v.cfg.Rounds)
-	for v.cfg.Rounds == 0 || v.dl.Round < stopAt {
-		began := time.Now()
-		lossSum, err := v.trainPhase(ctx)
-		if err != nil || ctx.Err() != nil {
-			return err
-		}
-		if err := v.contribute(ctx, lossSum, began); err != nil || ctx.Err() != nil {
-			return err
-		}
-	}
-	return nil
+	return v.runDiLoCo(ctx)
 }
 
 // waitForPeers waits for cfg.MinPeers volunteers and for the view to settle
@@ -295,292 +418,139 @@ func (v *Volunteer) waitForPeers(ctx context.Context) bool {
 	return true
 }
 
-// trainPhase runs the round's inner steps and returns the sum of their losses.
-func (v *Volunteer) trainPhase(ctx context.Context) (float64, error) {
-	var lossSum float64
-	for s := 0; s < v.cfg.InnerSteps; s++ {
+// roundMeasure is what a volunteer measured of its last round.
+type roundMeasure struct {
+	round                uint64
+	trainLoss, valLoss   float32
+	tokens, tokensTotal  uint64
+	tokensPerSec         float64
+	computeSec, wallSec  float64
+	contributed, adopted uint64
+	// totals since the first round: inner-step time and round wall time
+	computeTotal, wallTotal float64
+	sentTotal, recvTotal    int64 // traffic counters at the last report
+}
+
+// phase is one round's inner phase as measured.
+type phase struct {
+	lossSum    float64
+	steps      int
+	computeSec float64
+	began      time.Time
+}
+
+func (p phase) meanLoss() float32 {
+	if p.steps == 0 {
+		return float32(math.NaN())
+	}
+	return float32(p.lossSum / float64(p.steps))
+}
+
+// trainPhase runs the round's inner steps.
+func (v *Volunteer) trainPhase(ctx context.Context) (phase, error) {
+	ph := phase{began: time.Now()}
+	for s := 0; s < v.run.Optimizer.InnerSteps; s++ {
 		if ctx.Err() != nil {
-			return lossSum, nil
+			break
 		}
 		r, err := v.su.Step(v.innerStep)
 		if err != nil {
-			return lossSum, err
+			return ph, err
+		}
+		if v.firstStepAt.IsZero() {
+			v.firstStepAt = time.Now()
+			say(v.cfg.Progress, "first training step %.1fs after starting", v.firstStepAt.Sub(v.joinedAt).Seconds())
 		}
 		v.innerStep++
-		lossSum += float64(r.Loss)
+		ph.steps++
+		ph.lossSum += float64(r.Loss)
 	}
-	return lossSum, nil
+	ph.computeSec = time.Since(ph.began).Seconds()
+	return ph, nil
 }
 
-// contribute offers the round's pseudo-gradient to the ring and installs
-// the result; or, when this member fell behind or diverged, takes the run's
-// state instead.
-func (v *Volunteer) contribute(ctx context.Context, lossSum float64, began time.Time) error {
-	// Fell behind (joined late, or slow): take the run's state instead of
-	// offering a pseudo-gradient for a round the others have finished.
-	if before := v.dl.Round; catchUp(ctx, v.pn, v.dl, v.n, v.log) == nil && v.dl.Round > before {
-		say(v.cfg.Progress, "behind the run: jumped from round %d to %d", before, v.dl.Round)
-		v.adopted(ctx, lossSum)
-		return nil
-	}
-	// Ended the last round with another state than the run's (the others'
-	// announcements have arrived by now): train from theirs.
-	if v.resynced(ctx) {
-		v.adopted(ctx, lossSum)
-		return nil
-	}
-	v.su.Dev.CopyOut(v.theta, v.su.Stage.Params)
-	st, err := v.outerStep(ctx)
-	if ctx.Err() != nil {
-		return nil
-	}
-	if err != nil {
-		if _, fatal := err.(fatalRoundError); fatal {
-			return err
-		}
-		v.adopted(ctx, lossSum) // the run's state if newer; else back to phi
-		return nil
-	}
-	v.install(ctx)       // OuterStep left theta = phi
-	if v.resynced(ctx) { // the others finished this round with another result
-		v.install(ctx)
-	}
-	v.lastReported = v.dl.Round
-	rep := RoundReport{Round: v.dl.Round, Loss: float32(lossSum / float64(v.cfg.InnerSteps)), Members: len(v.peers.Members()),
-		Stats: st, StateHash: v.dl.StateHash()}
-	say(v.cfg.Progress, "round %d: loss %.4f, %d in group, %.1f kB sent, %.1fs (state %016x)", rep.Round, rep.Loss,
-		len(st.Group), float64(st.BytesSent)/1e3, time.Since(began).Seconds(), rep.StateHash)
-	v.report(rep)
-	return nil
-}
+// ErrUnsupported is returned (wrapped) for a run this volunteer cannot
+// train (an optimizer variant not yet run over the network).
+var ErrUnsupported = errors.New("node: run not supported by this volunteer")
 
-// fatalRoundError ends the volunteer: a round failed and the run's state
-// could not be fetched either.
-type fatalRoundError struct{ error }
-
-// outerStep offers theta to the round, retrying a failed round at once with
-// the same pseudo-gradient (up to roundTries) while nobody finishes it.
-func (v *Volunteer) outerStep(ctx context.Context) (optimizer.RoundStats, error) {
-	for try := 1; ; try++ {
-		st, err := v.dl.OuterStep(ctx, v.theta)
-		if err == nil || ctx.Err() != nil {
-			return st, err
-		}
-		v.log.Warn("round failed", "round", v.dl.Round+1, "try", try, "err", err)
-		say(v.cfg.Progress, "round %d did not complete (%v); re-syncing and retrying", v.dl.Round+1, err)
-		before := v.dl.Round
-		if cerr := catchUp(ctx, v.pn, v.dl, v.n, v.log); cerr != nil {
-			return st, fatalRoundError{fmt.Errorf("round %d: %w (re-sync: %v)", v.dl.Round+1, err, cerr)}
-		}
-		if v.dl.Round > before || try == roundTries {
-			return st, err // the others finished it without us (adopted), or give this pseudo-gradient up
-		}
-		// Nobody finished the round: offer the same pseudo-gradient again at
-		// once (OuterStep left theta and the error feedback as they were),
-		// so that members that failed together retry together; retraining
-		// first would spread them an inner phase apart, and the first back
-		// would exclude the others.
-		select {
-		case <-ctx.Done():
-			return st, ctx.Err()
-		case <-time.After(time.Duration(try) * 500 * time.Millisecond):
+// report measures the round's validation loss, prints the round's line,
+// sends telemetry, updates the metrics, tells OnRound and checkpoints.
+func (v *Volunteer) report(rep RoundReport, ph phase, group int) {
+	wall := time.Since(ph.began).Seconds()
+	rep.ValLoss = float32(math.NaN())
+	if v.su.Val != nil {
+		if vl, err := v.su.Eval(); err == nil {
+			rep.ValLoss = vl
+		} else {
+			v.log.Warn("validation", "err", err)
 		}
 	}
-}
-
-// setWeights makes phi the stage's weights.
-func (v *Volunteer) setWeights() {
-	copy(v.theta, v.dl.Phi)
-	v.su.Dev.CopyIn(v.su.Stage.Params, v.theta)
-}
-
-// install makes the shared state the stage's weights, what this member
-// serves to joiners and what it announces.
-func (v *Volunteer) install(ctx context.Context) {
-	v.setWeights()
-	blob := encodeState(v.dl.State())
+	tokens := uint64(ph.steps * v.su.TokensPerStep())
+	tps := 0.0
+	if ph.computeSec > 0 {
+		tps = float64(tokens) / ph.computeSec
+	}
+	traffic := v.pn.Traffic().Total
 	v.mu.Lock()
-	v.served = blob
+	m := &v.last
+	sent, recv := traffic.Out-m.sentTotal, traffic.In-m.recvTotal
+	m.round, m.trainLoss, m.valLoss, m.tokens, m.tokensPerSec = rep.Round, rep.Loss, rep.ValLoss, tokens, tps
+	m.tokensTotal += tokens
+	m.computeSec, m.wallSec, m.sentTotal, m.recvTotal = ph.computeSec, wall, traffic.Out, traffic.In
+	m.computeTotal += ph.computeSec
+	m.wallTotal += wall
+	if rep.Adopted {
+		m.adopted++
+	} else {
+		m.contributed++
+	}
 	v.mu.Unlock()
-	v.announce(ctx)
-}
 
-// announce gossips this member's round and state hash in its metadata.
-func (v *Volunteer) announce(ctx context.Context) {
-	round, hash := v.dl.Round, v.dl.StateHash()
-	if err := v.pn.UpdateMeta(ctx, func(m *p2p.Meta) { m.Round, m.StateHash = round, hash }); err != nil {
-		v.log.Debug("announcing state", "err", err)
+	val := ""
+	if !math.IsNaN(float64(rep.ValLoss)) {
+		val = fmt.Sprintf(", val %.4f", rep.ValLoss)
 	}
-}
-
-// resynced takes the run's state when this member's differs from it
-// (divergedFrom; DESIGN.md, consistency) and says whether it did.
-func (v *Volunteer) resynced(ctx context.Context) bool {
-	ids := divergedFrom(v.pn, v.dl)
-	if len(ids) == 0 {
-		return false
+	if rep.Adopted {
+		say(v.cfg.Progress, "round %d: adopted the run's state (state %016x)", rep.Round, rep.StateHash)
+	} else {
+		say(v.cfg.Progress, "round %d: loss %.4f%s, %s tok/s, %d in group, %.1f kB sent, %.1fs (state %016x)", rep.Round,
+			rep.Loss, val, trainer.HumanRate(tps), group, float64(rep.Stats.BytesSent)/1e3, wall, rep.StateHash)
 	}
-	v.log.Warn("state differs from the run's; re-syncing", "round", v.dl.Round)
-	if err := adoptFrom(ctx, v.pn, v.dl, v.n, ids); err != nil {
-		v.log.Warn("re-sync failed", "err", err)
-		return false
-	}
-	return true
-}
-
-// adopted installs the run's state just taken and reports the rounds it
-// covers; the inner steps since the last round are dropped.
-func (v *Volunteer) adopted(ctx context.Context, lossSum float64) {
-	v.install(ctx)
-	if v.dl.Round == v.lastReported {
-		return
-	}
-	v.lastReported = v.dl.Round
-	rep := RoundReport{Round: v.dl.Round, Loss: float32(lossSum / float64(v.cfg.InnerSteps)), Members: len(v.peers.Members()),
-		StateHash: v.dl.StateHash(), Adopted: true}
-	say(v.cfg.Progress, "round %d: adopted the run's state (state %016x)", rep.Round, rep.StateHash)
-	v.report(rep)
-}
-
-// report tells OnRound about a finished round and checkpoints.
-func (v *Volunteer) report(rep RoundReport) {
+	v.reporter.send(telemetry.Report{Round: rep.Round, StateHash: rep.StateHash, Adopted: rep.Adopted,
+		TrainLoss: rep.Loss, ValLoss: rep.ValLoss, Tokens: tokens, TokensPerSec: tps,
+		BytesSent: uint64(max(sent, 0)), BytesRecv: uint64(max(recv, 0)), ComputeSeconds: ph.computeSec, WallSeconds: wall,
+		Members: rep.Members, Device: v.device, Version: v.cfg.Version, UnixMS: time.Now().UnixMilli()})
 	if v.cfg.OnRound != nil {
 		v.cfg.OnRound(rep)
 	}
 	v.save()
 }
 
-// save writes the local checkpoint, if there is one.
-func (v *Volunteer) save() {
+// round is the number of outer rounds this volunteer's state has seen.
+func (v *Volunteer) round() uint64 {
+	switch {
+	case v.nl != nil:
+		return v.nl.round()
+	case v.dl != nil:
+		return v.dl.Round
+	}
+	return 0
+}
+
+// save writes the local checkpoint, if there is one, and reports whether
+// it did.
+func (v *Volunteer) save() bool {
+	if v.nl != nil {
+		return v.nl.save(v)
+	}
 	if v.ckPath == "" || v.su == nil || v.dl == nil {
-		return
+		return false
 	}
 	if err := saveVolunteer(v.ckPath, v.su.Stage, v.innerStep, v.dl); err != nil {
 		v.log.Error("saving checkpoint", "err", err)
+		return false
 	}
-}
-
-// catchUp adopts the shared state of the most advanced volunteer when its
-// announced round (gossiped in membership metadata) is ahead of ours. Only
-// that member's state is downloaded, falling back to the next most advanced.
-func catchUp(ctx context.Context, pn *p2p.Node, dl *optimizer.DiLoCo, n int, log *slog.Logger) error {
-	type ahead struct {
-		id    optimizer.PeerID
-		round uint64
-	}
-	var cands []ahead
-	for _, m := range pn.Members() {
-		if m.Meta.Role == p2p.RoleVolunteer && m.ID != pn.ID() && m.Meta.Round > dl.Round {
-			cands = append(cands, ahead{optimizer.PeerID(m.ID.String()), m.Meta.Round})
-		}
-	}
-	if len(cands) == 0 {
-		return nil
-	}
-	slices.SortFunc(cands, func(a, b ahead) int { return cmp.Compare(b.round, a.round) })
-	ids := make([]optimizer.PeerID, len(cands))
-	for i, c := range cands {
-		ids[i] = c.id
-	}
-	if err := adoptFrom(ctx, pn, dl, n, ids); err != nil {
-		return err
-	}
-	log.Info("adopted the run's state", "round", dl.Round)
-	return nil
-}
-
-// The local checkpoint of a volunteer is two files written atomically one
-// after the other: the stage (weights and AdamW moments) in safetensors, and
-// the shared DiLoCo state beside it. On resume the weights are reset to the
-// shared phi, so a crash between the two writes loses at most one round of
-// local progress, never consistency.
-func saveVolunteer(path string, stage *model.Stage, step int, dl *optimizer.DiLoCo) error {
-	if err := model.SaveCheckpoint(path, stage.Snapshot(step, nil)); err != nil {
-		return err
-	}
-	return atomicfile.WriteFile(path+".state", encodeState(dl.State()), 0o644)
-}
-
-// resumeVolunteer loads both files and returns the inner step reached.
-func resumeVolunteer(path string, stage *model.Stage, dl *optimizer.DiLoCo) (int, error) {
-	raw, err := os.ReadFile(path + ".state")
-	if err != nil {
-		return 0, err
-	}
-	round, phi, mom, err := decodeState(raw, stage.NumParams())
-	if err != nil {
-		return 0, err
-	}
-	ck, err := model.LoadCheckpoint(path)
-	if err != nil {
-		return 0, err
-	}
-	if err := stage.Restore(ck); err != nil {
-		return 0, err
-	}
-	return ck.Step, dl.SetState(round, phi, mom)
-}
-
-// divergedFrom returns the members whose state this member should take:
-// among the volunteers announcing this member's round (itself included),
-// the state hash held by the most wins, a tie going to the smallest hash so
-// that every member picks the same one (two members that ended a round
-// differently must not each keep their own). nil when this member holds the
-// winning hash or nobody else has announced this round yet.
-func divergedFrom(pn *p2p.Node, dl *optimizer.DiLoCo) []optimizer.PeerID {
-	mine := dl.StateHash()
-	byHash := map[uint64][]optimizer.PeerID{}
-	for _, m := range pn.Members() {
-		if m.Meta.Role != p2p.RoleVolunteer || m.ID == pn.ID() || m.Meta.Round != dl.Round || m.Meta.StateHash == 0 {
-			continue
-		}
-		byHash[m.Meta.StateHash] = append(byHash[m.Meta.StateHash], optimizer.PeerID(m.ID.String()))
-	}
-	return winningState(mine, byHash)
-}
-
-// winningState applies divergedFrom's rule to the holders of each hash
-// (self not included in byHash).
-func winningState(mine uint64, byHash map[uint64][]optimizer.PeerID) []optimizer.PeerID {
-	best, bestN := mine, len(byHash[mine])+1
-	for h, ids := range byHash {
-		if h != mine && (len(ids) > bestN || (len(ids) == bestN && h < best)) {
-			best, bestN = h, len(ids)
-		}
-	}
-	if best == mine {
-		return nil
-	}
-	return byHash[best]
-}
-
-// adoptFrom downloads the shared state from the first of ids that serves a
-// valid one at this member's round or later, and installs it.
-func adoptFrom(ctx context.Context, pn *p2p.Node, dl *optimizer.DiLoCo, n int, ids []optimizer.PeerID) error {
-	var lastErr error = fmt.Errorf("node: no peer to re-sync from")
-	for _, m := range ids {
-		id, err := peer.Decode(string(m))
-		if err != nil {
-			continue
-		}
-		buf := make(memWriterAt, stateSize(n))
-		fctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		_, err = pn.Fetch(fctx, id, stateKey, buf, p2p.FetchOptions{Length: int64(len(buf))})
-		cancel()
-		if err == nil {
-			var round uint64
-			var phi, mom []float32
-			if round, phi, mom, err = decodeState(buf, n); err == nil {
-				if round < dl.Round {
-					err = fmt.Errorf("node: %s serves round %d, behind our %d", m, round, dl.Round)
-				} else if err = dl.SetState(round, phi, mom); err == nil {
-					return nil
-				}
-			}
-		}
-		lastErr = err
-	}
-	return lastErr
+	return true
 }
 
 func say(w io.Writer, format string, args ...any) {

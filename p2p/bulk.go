@@ -46,7 +46,8 @@ const (
 )
 
 // BulkSource serves bulk keys: it returns the data for key and its size. It is
-// called for each request; returning an error refuses the request (the
+// called for each request, and a source that is also an io.Closer is closed
+// when the request is served; returning an error refuses the request (the
 // client's Fetch fails with ErrBulk).
 type BulkSource func(ctx context.Context, from peer.ID, key string) (io.ReaderAt, int64, error)
 
@@ -181,6 +182,9 @@ func serveBulkRequest(ctx context.Context, s *Stream, src BulkSource, req bulkRe
 	r, total, err := src(ctx, s.Peer(), req.Key)
 	if err != nil {
 		return s.WriteFrame(bulkReply, bulkReplyHdr{Status: bulkNotFound, Msg: err.Error()}.marshal())
+	}
+	if c, ok := r.(io.Closer); ok {
+		defer c.Close()
 	}
 	if total < 0 || req.Offset > uint64(total) || req.Length > uint64(total)-req.Offset {
 		return s.WriteFrame(bulkReply, bulkReplyHdr{Status: bulkRange, Total: uint64(total),

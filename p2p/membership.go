@@ -472,6 +472,10 @@ func (d *metaDelegate) LocalState(join bool) []byte                { return nil 
 func (d *metaDelegate) MergeRemoteState(buf []byte, join bool)     {}
 
 // slogWriter maps memberlist's "[LEVEL] memberlist: ..." lines onto slog.
+// Its routine chatter goes to debug so that a volunteer's default output
+// stays readable: INFO lines (suspicions, members marked failed, which the
+// node reports itself as events) and the WARN lines of ordinary failure
+// detection on the internet (refuting a suspicion, a probe without an ack).
 type slogWriter struct{ log *slog.Logger }
 
 func (w slogWriter) Write(p []byte) (int, error) {
@@ -480,12 +484,18 @@ func (w slogWriter) Write(p []byte) (int, error) {
 	if i := bytes.IndexByte(line, '['); i >= 0 {
 		rest := line[i:]
 		switch {
-		case bytes.HasPrefix(rest, []byte("[DEBUG]")):
+		case bytes.HasPrefix(rest, []byte("[DEBUG]")), bytes.HasPrefix(rest, []byte("[INFO]")):
 			lvl = slog.LevelDebug
 		case bytes.HasPrefix(rest, []byte("[WARN]")):
 			lvl = slog.LevelWarn
+			if routineWarning(rest) {
+				lvl = slog.LevelDebug
+			}
 		case bytes.HasPrefix(rest, []byte("[ERR]")):
 			lvl = slog.LevelError
+			if bytes.Contains(rest, []byte(ErrClosed.Error())) {
+				lvl = slog.LevelDebug // a send racing this node's own shutdown
+			}
 		}
 		line = rest
 	}
@@ -494,3 +504,14 @@ func (w slogWriter) Write(p []byte) (int, error) {
 }
 
 var _ io.Writer = slogWriter{}
+
+// routineWarning reports memberlist warnings that are part of normal failure
+// detection over the internet rather than a problem to act on.
+func routineWarning(line []byte) bool {
+	for _, w := range []string{"Refuting", "suspect", "Suspect", "no acks", "Was able to connect", "Failed fallback ping", "Failed to send ping"} {
+		if bytes.Contains(line, []byte(w)) {
+			return true
+		}
+	}
+	return false
+}

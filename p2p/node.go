@@ -311,7 +311,7 @@ func (n *Node) start(ctx context.Context) error {
 	}
 	n.wg.Add(1)
 	go n.maintain()
-	n.log.Info("node started", "addrs", n.Addrs(), "members", n.ml.NumMembers())
+	n.log.Debug("node started", "addrs", n.Addrs(), "members", n.ml.NumMembers())
 	return nil
 }
 

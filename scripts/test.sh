@@ -19,6 +19,13 @@ if [ "$(id -u)" = 0 ] && { ! command -v nft >/dev/null || ! command -v ip >/dev/
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 nftables >/dev/null) ||
     echo "   could not install them; the NAT test will skip"
 fi
+# The status page's browser test drives headless Chromium; it skips itself
+# without it, so this install is best effort too.
+if [ "$(id -u)" = 0 ] && ! command -v chromium >/dev/null; then
+  echo "== installing chromium (status page browser test)"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ||
+    echo "   could not install it; the browser test will skip"
+fi
 command -v go >/dev/null || { echo "Go 1.26 is required: https://go.dev/dl/" >&2; exit 1; }
 export CGO_ENABLED=1
 

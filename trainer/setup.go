@@ -154,8 +154,5 @@ func WorkerSlot(name string, slots int) int {
 
 // OpenCorpus opens paths, or the default corpus when there are none.
 func OpenCorpus(paths []string) (*data.Corpus, error) {
-	if len(paths) == 0 {
-		return data.OpenDefault()
-	}
-	return data.Open(data.CorpusConfig{Paths: paths})
+	return data.OpenPaths(paths, 0)
 }

@@ -8,14 +8,19 @@ import (
 	"github.com/urfave/cli/v2/altsrc"
 
 	"github.com/skein-ml/skein/bootstrap"
+	"github.com/skein-ml/skein/bootstrap/manifest"
 	"github.com/skein-ml/skein/p2p"
 )
 
 func bootstrapCommand() *cli.Command {
 	flags := []cli.Flag{
 		&cli.StringFlag{Name: "config", EnvVars: envVars("config"), Usage: "TOML file of settings (keys are flag names)"},
-		altsrc.NewStringFlag(&cli.StringFlag{Name: "run-id", Value: "skein-demo", EnvVars: envVars("run-id"),
-			Usage: "name of the training run; nodes of another run are refused"}),
+		altsrc.NewPathFlag(&cli.PathFlag{Name: "manifest", EnvVars: envVars("manifest"),
+			Usage: "the run's manifest (TOML: run id, model, optimizer, data; see bootstrap/manifest); default: the demo run, tiny model, corpus packed into shards"}),
+		altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "corpus", EnvVars: envVars("corpus"),
+			Usage: "files or directories packed into the run's shards when the manifest's data source is \"shards\" and lists none (default: the Go standard library sources)"}),
+		altsrc.NewStringFlag(&cli.StringFlag{Name: "http", EnvVars: envVars("http"),
+			Usage: "serve the public status page, its JSON/SSE API and /metrics on ADDR (e.g. :8080); read-only, safe to expose"}),
 		altsrc.NewPathFlag(&cli.PathFlag{Name: "data-dir", Value: "skein-bootstrap", EnvVars: envVars("data-dir"),
 			Usage: "directory for the identity key (kept across restarts, mode 0600) and known peers"}),
 		altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "listen", EnvVars: envVars("listen"),
@@ -25,11 +30,14 @@ func bootstrapCommand() *cli.Command {
 		altsrc.NewStringFlag(&cli.StringFlag{Name: "timing", Value: "wan", EnvVars: envVars("timing"),
 			Usage: "membership timers: wan (internet), lan or fast (tests)"}),
 	}
+	flags = append(flags, emulationFlags()...)
 	return &cli.Command{
 		Name:  "bootstrap",
-		Usage: "run the entry point of a training run: membership seed and relay",
-		Description: "Starts a libp2p host with a stable identity that volunteers join through: it is the\n" +
-			"membership seed (memberlist gossip over libp2p) and a relay v2 for volunteers behind NAT. It is\n" +
+		Usage: "run the entry point of a training run: manifest, corpus shards, membership seed, relay, status page",
+		Description: "Starts a libp2p host with a stable identity that volunteers join through: it serves the run's\n" +
+			"manifest and corpus shards (packing the corpus at start when the manifest lists none), is the\n" +
+			"membership seed (memberlist gossip over libp2p) and a relay v2 for volunteers behind NAT, keeps the\n" +
+			"volunteers' telemetry in DATA-DIR/history.db and, with --http, serves the public status page. It is\n" +
 			"never on the training critical path: members keep training, and new ones join through any\n" +
 			"member, while it is down. Prints the full multiaddr to give to `skein node join --bootstrap`.\n" +
 			"Runs until Ctrl-C, then leaves the membership gracefully.",
@@ -40,8 +48,16 @@ func bootstrapCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			cfg := bootstrap.DefaultConfig(c.String("run-id"), c.Path("data-dir"))
+			cfg := bootstrap.DefaultConfig(c.Path("data-dir"))
+			cfg.Manifest = bootstrap.DefaultManifest()
+			if p := c.Path("manifest"); p != "" {
+				if cfg.Manifest, err = manifest.LoadTemplate(p); err != nil {
+					return fmt.Errorf("--manifest: %w", err)
+				}
+			}
+			cfg.Corpus, cfg.HTTPAddr = c.StringSlice("corpus"), c.String("http")
 			cfg.Listen, cfg.Advertise = c.StringSlice("listen"), c.String("advertise")
+			cfg.WAN = emulatedLink(c)
 			cfg.Version, cfg.Logger, cfg.Out = version, log, os.Stderr
 			if cfg.Timing, err = p2p.TimingByName(c.String("timing")); err != nil {
 				return fmt.Errorf("--timing: %w", err)

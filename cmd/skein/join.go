@@ -8,6 +8,7 @@ import (
 	"github.com/urfave/cli/v2"
 	"github.com/urfave/cli/v2/altsrc"
 
+	"github.com/skein-ml/skein/bootstrap/manifest"
 	"github.com/skein-ml/skein/compression"
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/node"
@@ -18,33 +19,40 @@ func nodeCommand() *cli.Command {
 	d := node.DefaultVolunteerConfig("skein-demo")
 	flags := []cli.Flag{
 		&cli.StringFlag{Name: "config", EnvVars: envVars("config"), Usage: "TOML file of settings (keys are flag names)"},
-		altsrc.NewStringFlag(&cli.StringFlag{Name: "run-id", Value: d.RunID, EnvVars: envVars("run-id"), Usage: "the run to join (as given by its bootstrap)"}),
+		altsrc.NewStringFlag(&cli.StringFlag{Name: "run-id", Value: d.RunID, EnvVars: envVars("run-id"), Usage: "the run to join (the bootstrap prints it)"}),
 		altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "bootstrap", EnvVars: envVars("bootstrap"),
 			Usage: "full multiaddr of the run's bootstrap (repeatable); known peers from earlier runs are tried too"}),
 		altsrc.NewPathFlag(&cli.PathFlag{Name: "data-dir", Value: "skein-node", EnvVars: envVars("data-dir"),
-			Usage: "directory for the identity key, known peers and the local checkpoint (resumed on restart)"}),
+			Usage: "directory for the identity key, known peers, the run's manifest and corpus shards, and the local checkpoint (resumed on restart); one process at a time"}),
 		altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "listen", EnvVars: envVars("listen"), Usage: "multiaddrs to listen on (default: QUIC and TCP, any port)"}),
-		altsrc.NewStringFlag(&cli.StringFlag{Name: "timing", Value: "wan", EnvVars: envVars("timing"), Usage: "membership timers: wan, lan or fast (tests)"}),
-		altsrc.NewStringFlag(&cli.StringFlag{Name: "preset", Value: d.Preset, EnvVars: envVars("preset"), Usage: "model preset: " + strings.Join(model.PresetNames(), ", ") + " (the whole run must agree)"}),
-		altsrc.NewIntFlag(&cli.IntFlag{Name: "batch", Value: d.Batch, EnvVars: envVars("batch"), Usage: "sequences per inner step"}),
-		altsrc.NewIntFlag(&cli.IntFlag{Name: "seq-len", Value: 0, EnvVars: envVars("seq-len"), Usage: "tokens per sequence (0: the preset's context)"}),
-		altsrc.NewIntFlag(&cli.IntFlag{Name: "inner-steps", Value: d.InnerSteps, EnvVars: envVars("inner-steps"), Usage: "inner AdamW steps between outer DiLoCo rounds (H)"}),
+		altsrc.NewStringFlag(&cli.StringFlag{Name: "timing", Value: "wan", EnvVars: envVars("timing"), Usage: "membership timers: " + strings.Join(p2p.TimingNames(), ", ") + " (tests)"}),
+		altsrc.NewIntFlag(&cli.IntFlag{Name: "threads", Value: 0, EnvVars: envVars("threads"), Usage: "CPU threads to lend (0: all cores)"}),
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "rounds", Value: 0, EnvVars: envVars("rounds"), Usage: "leave after this many rounds (0: until Ctrl-C)"}),
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "min-peers", Value: 1, EnvVars: envVars("min-peers"), Usage: "volunteers (self included) to wait for before the first round"}),
-		altsrc.NewFloat64Flag(&cli.Float64Flag{Name: "lr", Value: d.AdamW.LR, EnvVars: envVars("lr"), Usage: "inner AdamW learning rate"}),
-		altsrc.NewUint64Flag(&cli.Uint64Flag{Name: "seed", Value: d.Seed, EnvVars: envVars("seed"), Usage: "seed of the initial weights (the whole run must agree)"}),
-		altsrc.NewIntFlag(&cli.IntFlag{Name: "threads", Value: 0, EnvVars: envVars("threads"), Usage: "CPU threads to lend (0: all cores)"}),
-		altsrc.NewStringFlag(&cli.StringFlag{Name: "codec", Value: "minmax8", EnvVars: envVars("codec"), Usage: "pseudo-gradient codec on the wire: minmax8, int8, int4, bf16, fp16 or fp32"}),
-		altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "corpus", EnvVars: envVars("corpus"), Usage: "training files or directories (default: the Go standard library sources)"}),
+		altsrc.NewIntFlag(&cli.IntFlag{Name: "val-batches", Value: d.ValBatches, EnvVars: envVars("val-batches"), Usage: "held-out batches evaluated after each round for the validation loss (0: none)"}),
+		altsrc.NewStringFlag(&cli.StringFlag{Name: "metrics", EnvVars: envVars("metrics"), Usage: "serve Prometheus metrics on http://ADDR/metrics (e.g. 127.0.0.1:9101)"}),
+		altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "corpus", EnvVars: envVars("corpus"), Usage: "training files or directories, for a run whose manifest says data source \"local\" (default: the Go standard library sources); a \"shards\" run brings its own"}),
+		altsrc.NewPathFlag(&cli.PathFlag{Name: "manifest", EnvVars: envVars("manifest"), Usage: "pin the run: refuse to join unless it serves exactly this manifest file"}),
+		// Run-wide settings come from the run's manifest. Given here, each
+		// must agree with it, or the volunteer is refused with the field.
+		altsrc.NewStringFlag(&cli.StringFlag{Name: "preset", EnvVars: envVars("preset"), Usage: "check: the run's model preset must be this (" + strings.Join(model.PresetNames(), ", ") + ")"}),
+		altsrc.NewUint64Flag(&cli.Uint64Flag{Name: "seed", EnvVars: envVars("seed"), Usage: "check: the run's seed must be this"}),
+		altsrc.NewIntFlag(&cli.IntFlag{Name: "batch", EnvVars: envVars("batch"), Usage: "check: the run's batch must be this"}),
+		altsrc.NewIntFlag(&cli.IntFlag{Name: "seq-len", EnvVars: envVars("seq-len"), Usage: "check: the run's sequence length must be this"}),
+		altsrc.NewIntFlag(&cli.IntFlag{Name: "inner-steps", EnvVars: envVars("inner-steps"), Usage: "check: the run's inner steps per round (H) must be this"}),
+		altsrc.NewStringFlag(&cli.StringFlag{Name: "codec", EnvVars: envVars("codec"), Usage: "check: the run's wire codec must be this (" + strings.Join(compression.CodecNames(), ", ") + ")"}),
+		altsrc.NewStringFlag(&cli.StringFlag{Name: "optimizer", EnvVars: envVars("optimizer"), Usage: "check: the run's optimizer must be this (diloco, noloco)"}),
 	}
+	flags = append(flags, emulationFlags()...)
 	join := &cli.Command{
 		Name:  "join",
 		Usage: "lend this machine to a training run",
-		Description: "Joins a run through its bootstrap (or any member it has seen before), downloads the run's\n" +
-			"current weights from a member, and trains with DiLoCo: --inner-steps local AdamW steps, then a\n" +
+		Description: "Joins a run through its bootstrap (or any member it has seen before), fetches the run's\n" +
+			"manifest (model, optimizer, data: every run-wide setting) and its corpus shards from the members,\n" +
+			"downloads the run's current weights, and trains: the manifest's inner steps of local AdamW, then a\n" +
 			"fault-tolerant ring all-reduce of the quantized pseudo-gradient with the other volunteers.\n" +
-			"Shows one line per round. Ctrl-C saves a local checkpoint and leaves gracefully; running the\n" +
-			"same command again resumes it.",
+			"Shows one line per round (loss, validation loss, tokens/s) and reports it to the bootstrap's status\n" +
+			"page. Ctrl-C saves a local checkpoint and leaves gracefully; the same command resumes it.",
 		Flags:  flags,
 		Before: altsrc.InitInputSourceWithContext(flags, altsrc.NewTomlSourceFromFlagFunc("config")),
 		Action: func(c *cli.Context) error {
@@ -57,19 +65,26 @@ func nodeCommand() *cli.Command {
 			if cfg.Timing, err = p2p.TimingByName(c.String("timing")); err != nil {
 				return fmt.Errorf("--timing: %w", err)
 			}
-			cfg.Preset, cfg.Batch, cfg.SeqLen = c.String("preset"), c.Int("batch"), c.Int("seq-len")
-			cfg.InnerSteps, cfg.Rounds, cfg.MinPeers = c.Int("inner-steps"), c.Int("rounds"), c.Int("min-peers")
-			cfg.AdamW.LR, cfg.Seed, cfg.Threads = c.Float64("lr"), c.Uint64("seed"), c.Int("threads")
-			cfg.Corpus = c.StringSlice("corpus")
-			codec, err := compression.ParseCodec(c.String("codec"))
-			if err != nil {
-				return fmt.Errorf("--codec: %w", err)
+			cfg.Rounds, cfg.MinPeers, cfg.Threads = c.Int("rounds"), c.Int("min-peers"), c.Int("threads")
+			cfg.ValBatches, cfg.MetricsAddr, cfg.Corpus = c.Int("val-batches"), c.String("metrics"), c.StringSlice("corpus")
+			cfg.Local = manifest.Local{Preset: c.String("preset"), Batch: c.Int("batch"), SeqLen: c.Int("seq-len"),
+				InnerSteps: c.Int("inner-steps"), Codec: c.String("codec"), Optimizer: c.String("optimizer")}
+			if c.IsSet("seed") {
+				seed := c.Uint64("seed")
+				cfg.Local.Seed = &seed
 			}
-			cfg.Ring.Codec.Codec = codec
+			if p := c.Path("manifest"); p != "" {
+				m, err := manifest.Load(p)
+				if err != nil {
+					return fmt.Errorf("--manifest: %w", err)
+				}
+				cfg.Manifest = &m
+			}
 			if len(cfg.Bootstrap) == 0 {
 				fmt.Fprintln(os.Stderr, "skein node join: no --bootstrap given; trying peers known from earlier runs")
 			}
-			cfg.Logger, cfg.Progress = log, os.Stderr
+			cfg.WAN = emulatedLink(c)
+			cfg.Version, cfg.Logger, cfg.Progress = version, log, os.Stderr
 			return node.Join(c.Context, cfg)
 		},
 	}

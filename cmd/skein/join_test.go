@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -13,6 +14,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/skein-ml/skein/bootstrap/status"
+	"github.com/skein-ml/skein/data"
 )
 
 // TestBootstrapAndVolunteersTrainTogether runs the real binary: a bootstrap
@@ -25,7 +29,14 @@ func TestBootstrapAndVolunteersTrainTogether(t *testing.T) {
 	// LAN timers: the fast ones suspect members that are merely starved of
 	// CPU when other test packages run beside this one.
 	loop := []string{"--listen", "/ip4/127.0.0.1/udp/0/quic-v1", "--listen", "/ip4/127.0.0.1/tcp/0", "--timing", "lan"}
-	ctx, dir, bin, addr := startBootstrap(t, loop)
+	root, err := data.GoRoot()
+	if err != nil {
+		t.Skip(err)
+	}
+	goSrc := filepath.Join(root, "src")
+	run := startBootstrap(t, shardedRun, append([]string{"--corpus", filepath.Join(goSrc, "strings"),
+		"--corpus", filepath.Join(goSrc, "bufio")}, loop...))
+	ctx, dir, bin, addr := run.ctx, run.dir, run.bin, run.addr
 
 	const volunteers, rounds = 3, 2
 	hashes := make([][]string, volunteers)
@@ -37,9 +48,10 @@ func TestBootstrapAndVolunteersTrainTogether(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			// The manifest alone: no run-wide setting on the command line.
 			args := append([]string{"--log-level", logLevel(), "node", "join", "--bootstrap", addr,
-				"--data-dir", filepath.Join(dir, "n", string(rune('a'+i))), "--batch", "2", "--seq-len", "32",
-				"--inner-steps", "4", "--rounds", "2", "--min-peers", "3", "--threads", "1"}, loop[:2]...)
+				"--data-dir", filepath.Join(dir, "n", string(rune('a'+i))),
+				"--rounds", "2", "--min-peers", "3", "--threads", "1"}, loop[:2]...)
 			args = append(args, loop[4:]...)
 			out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
 			outs[i] = string(out)
@@ -69,13 +81,88 @@ func TestBootstrapAndVolunteersTrainTogether(t *testing.T) {
 			}
 		}
 	}
-	// A volunteer restarted on its data dir resumes its checkpoint.
+	for i, o := range outs {
+		if !strings.Contains(o, "fetching the run's corpus") {
+			t.Fatalf("volunteer %d did not fetch the corpus shards:\n%s", i, o)
+		}
+	}
+	// The status API saw every round: the validation loss fell, and every
+	// volunteer agrees with the majority's state hash.
+	snap := waitForStatus(t, run, func(s status.Snapshot) bool { return s.Round == rounds && len(s.Curve) == rounds })
+	first, last := snap.Curve[0].Val, snap.Curve[rounds-1].Val
+	if first == nil || last == nil || !(*last < *first) {
+		t.Fatalf("validation loss did not fall: curve %+v", snap.Curve)
+	}
+	vols := 0
+	for _, m := range snap.Members {
+		if m.Role == "volunteer" {
+			vols++
+			if m.Agreement != status.Agree || m.Round != rounds {
+				t.Fatalf("member %s: round %d, agreement %q; want round %d, agree", m.Peer, m.Round, m.Agreement, rounds)
+			}
+		}
+	}
+	if vols != volunteers {
+		t.Fatalf("status shows %d volunteers, want %d: %+v", vols, volunteers, snap.Members)
+	}
+
+	// A restarted bootstrap still has the history.
+	run.stop()
+	run.start(t)
+	snap = waitForStatus(t, run, func(s status.Snapshot) bool { return len(s.Curve) == rounds })
+	if snap.TokensTrained == 0 || snap.Reports < uint64(volunteers*rounds) {
+		t.Fatalf("history lost across a bootstrap restart: %d tokens, %d reports", snap.TokensTrained, snap.Reports)
+	}
+	addr = run.addr
+
+	// A volunteer whose settings disagree with the manifest is refused,
+	// with the field's name.
 	out, err := exec.CommandContext(ctx, bin, "--log-level", "warn", "node", "join", "--bootstrap", addr,
-		"--data-dir", filepath.Join(dir, "n", "a"), "--batch", "2", "--seq-len", "32", "--inner-steps", "2",
+		"--data-dir", filepath.Join(dir, "n", "x"), "--preset", "small", "--inner-steps", "4",
+		"--listen", "/ip4/127.0.0.1/udp/0/quic-v1", "--timing", "lan").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), `model.preset: this volunteer says "small", the run says "tiny"`) {
+		t.Fatalf("mismatched volunteer not refused with the field's name (err %v):\n%s", err, out)
+	}
+
+	// A volunteer restarted on its data dir resumes its checkpoint; a shard
+	// corrupted on its disk meanwhile is fetched again, never used.
+	shards, _ := filepath.Glob(filepath.Join(dir, "n", "a", "shards", "*.shard"))
+	if len(shards) < 2 {
+		t.Fatalf("volunteer a holds %d shards, want several", len(shards))
+	}
+	f, err := os.OpenFile(shards[1], os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt([]byte("corrupt"), 100)
+	f.Close()
+	out, err = exec.CommandContext(ctx, bin, "--log-level", "warn", "node", "join", "--bootstrap", addr,
+		"--data-dir", filepath.Join(dir, "n", "a"), "--batch", "2", "--seq-len", "32",
 		"--rounds", "1", "--threads", "1", "--listen", "/ip4/127.0.0.1/udp/0/quic-v1", "--timing", "lan").CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "resumed local checkpoint at round 2") {
 		t.Fatalf("restart did not resume (err %v):\n%s", err, out)
 	}
+	if !strings.Contains(string(out), "fetching the run's corpus: 1 of") {
+		t.Fatalf("the corrupted shard was not fetched again:\n%s", out)
+	}
+	// ... and the restarted bootstrap's page shows it reporting again.
+	waitForStatus(t, run, func(s status.Snapshot) bool { return len(s.Curve) == rounds+1 })
+}
+
+// waitForStatus polls the run's status API until ok or the test's context
+// ends, and returns the last snapshot.
+func waitForStatus(t *testing.T, r *testRun, ok func(status.Snapshot) bool) status.Snapshot {
+	t.Helper()
+	var last status.Snapshot
+	var err error
+	for r.ctx.Err() == nil {
+		if last, err = status.Fetch(r.ctx, r.http); err == nil && ok(last) {
+			return last
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("status never became as expected (last error %v): %+v", err, last)
+	return last
 }
 
 // logLevel lets SKEIN_TEST_LOG=debug show the volunteers' logs on failure.
@@ -97,7 +184,8 @@ func TestLateJoinerAdoptsRunState(t *testing.T) {
 		t.Skip("builds the binary and runs four processes")
 	}
 	net := []string{"--listen", "/ip4/127.0.0.1/udp/0/quic-v1", "--timing", "lan"}
-	ctx, dir, bin, addr := startBootstrap(t, net)
+	run := startBootstrap(t, smallRun, net)
+	ctx, dir, bin, addr := run.ctx, run.dir, run.bin, run.addr
 	join := func(name string, rounds, minPeers int) *exec.Cmd {
 		args := append([]string{"--log-level", logLevel(), "node", "join", "--bootstrap", addr, "--data-dir", filepath.Join(dir, name),
 			"--batch", "2", "--seq-len", "32", "--inner-steps", "4", "--rounds", fmt.Sprint(rounds),
@@ -184,32 +272,120 @@ func dumpOnTimeout(c *exec.Cmd) *exec.Cmd {
 	return c
 }
 
-// startBootstrap builds the binary, starts `skein bootstrap` with the
-// network flags, and returns a 2-minute context for the test's processes,
-// the test directory, the binary and the bootstrap's full multiaddr. The
+// smallRun is the manifest of the multi-process tests: the tiny model at
+// batch 2 x 32 tokens, 4 inner steps per round, on each volunteer's own
+// corpus (the Go sources).
+const smallRun = `
+[model]
+preset = "tiny"
+batch = 2
+seq_len = 32
+[optimizer]
+inner_steps = 4
+[data]
+source = "local"
+`
+
+// shardedRun is smallRun with its corpus (a few packages of the Go sources,
+// given to the bootstrap with --corpus) packed into shards that travel with
+// the run.
+const shardedRun = `
+[model]
+preset = "tiny"
+batch = 2
+seq_len = 32
+[optimizer]
+inner_steps = 4
+[data]
+source = "shards"
+shard_bytes = 262144
+`
+
+// testRun is a bootstrap started by a test, with what the test needs of it.
+type testRun struct {
+	ctx                  context.Context
+	dir, bin, addr, http string // http: the status page's base URL
+	args                 []string
+	cmd                  *exec.Cmd
+}
+
+// startBootstrap builds the binary, starts `skein bootstrap` with the run's
+// manifest (TOML), a status page on a free port and the network flags, and
+// returns it with a 2-minute context for the test's processes. The
 // bootstrap is stopped when the test ends.
-func startBootstrap(t *testing.T, netFlags []string) (ctx context.Context, dir, bin, addr string) {
+func startBootstrap(t *testing.T, runTOML string, netFlags []string) *testRun {
 	t.Helper()
-	dir = t.TempDir()
-	bin = filepath.Join(dir, "skein")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+	r := &testRun{dir: t.TempDir()}
+	if err := os.WriteFile(filepath.Join(r.dir, "run.toml"), []byte(runTOML), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r.bin = filepath.Join(r.dir, "skein")
+	if out, err := exec.Command("go", "build", "-o", r.bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	bs := exec.CommandContext(ctx, bin, append([]string{"--log-level", "warn", "bootstrap", "--data-dir", filepath.Join(dir, "bs")}, netFlags...)...)
-	stdout, _ := bs.StdoutPipe()
-	if err := bs.Start(); err != nil {
+	r.ctx = ctx
+	r.args = append([]string{"--log-level", "warn", "bootstrap", "--data-dir", filepath.Join(r.dir, "bs"),
+		"--manifest", filepath.Join(r.dir, "run.toml"), "--http", "127.0.0.1:0"}, netFlags...)
+	r.start(t)
+	t.Cleanup(r.stop)
+	return r
+}
+
+// start runs the bootstrap and waits for its address and status page.
+func (r *testRun) start(t *testing.T) {
+	t.Helper()
+	r.cmd = exec.CommandContext(r.ctx, r.bin, r.args...)
+	stdout, _ := r.cmd.StdoutPipe()
+	var stderr bytes.Buffer
+	r.cmd.Stderr = &syncWriter{w: &stderr}
+	if err := r.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { bs.Process.Signal(os.Interrupt); bs.Wait() })
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	if err != nil {
-		t.Fatalf("bootstrap printed no address: %v", err)
+		t.Fatalf("bootstrap printed no address: %v\n%s", err, r.cmd.Stderr.(*syncWriter).String())
 	}
-	addr = strings.TrimSpace(line)
-	if !strings.Contains(addr, "/p2p/") {
-		t.Fatalf("bootstrap address %q has no peer ID", addr)
+	r.addr = strings.TrimSpace(line)
+	if !strings.Contains(r.addr, "/p2p/") {
+		t.Fatalf("bootstrap address %q has no peer ID", r.addr)
 	}
-	return ctx, dir, bin, addr
+	// stderr is copied from the child by a goroutine: it may lag stdout.
+	re := regexp.MustCompile(`status page: (\S+)`)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if m := re.FindStringSubmatch(r.cmd.Stderr.(*syncWriter).String()); m != nil {
+			r.http = m[1]
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("bootstrap printed no status page:\n%s", r.cmd.Stderr.(*syncWriter).String())
+		}
+	}
+}
+
+// stop interrupts the bootstrap and waits for it.
+func (r *testRun) stop() {
+	if r.cmd != nil && r.cmd.Process != nil {
+		r.cmd.Process.Signal(os.Interrupt)
+		r.cmd.Wait()
+	}
+}
+
+// syncWriter is a bytes.Buffer safe for a child's writes and the test's reads.
+type syncWriter struct {
+	mu sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}
+
+func (s *syncWriter) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.String()
 }

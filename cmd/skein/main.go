@@ -16,7 +16,9 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/skein-ml/skein/p2p/wan"
 	"github.com/urfave/cli/v2"
+	"github.com/urfave/cli/v2/altsrc"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -53,6 +55,8 @@ func newApp() *cli.App {
 			benchCommand(),
 			bootstrapCommand(),
 			nodeCommand(),
+			demoCommand(),
+			statusCommand(),
 		},
 	}
 }
@@ -69,4 +73,23 @@ func logger(c *cli.Context) (*slog.Logger, error) {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", c.String("log-level"))
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})), nil
+}
+
+// emulationFlags slow this process's QUIC packets down like a WAN link.
+func emulationFlags() []cli.Flag {
+	return []cli.Flag{
+		altsrc.NewFloat64Flag(&cli.Float64Flag{Name: "emulate-rate", EnvVars: envVars("emulate-rate"),
+			Usage: "emulate a link of this many Mbit/s on every QUIC packet sent (demos and tests; 0: off)"}),
+		altsrc.NewDurationFlag(&cli.DurationFlag{Name: "emulate-latency", EnvVars: envVars("emulate-latency"),
+			Usage: "emulate this one-way latency on every QUIC packet sent (demos and tests)"}),
+	}
+}
+
+// emulatedLink is the link the emulation flags ask for, or nil.
+func emulatedLink(c *cli.Context) *wan.Link {
+	rate, lat := c.Float64("emulate-rate"), c.Duration("emulate-latency")
+	if rate <= 0 && lat <= 0 {
+		return nil
+	}
+	return &wan.Link{Rate: rate * 1e6, Latency: lat}
 }

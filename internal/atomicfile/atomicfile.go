@@ -9,46 +9,81 @@
 package atomicfile
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 )
 
+// TempSuffix ends the names of the temporary files this package creates,
+// which start with a dot; a directory owner may remove leftovers of a crash.
+const TempSuffix = ".tmp"
+
+// File is a file that appears at its final path whole or not at all: it is
+// written as a temporary file in the target directory, then Install fsyncs
+// it, renames it into place and fsyncs the directory. Use it when the final
+// name is known only after writing (a content-addressed file).
+type File struct {
+	*os.File
+	dir string
+}
+
+// Create creates a temporary file in dir (created if needed, mode 0755)
+// named "."+prefix+"*"+TempSuffix.
+func Create(dir, prefix string) (*File, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("atomicfile: %w", err)
+	}
+	f, err := os.CreateTemp(dir, "."+prefix+"*"+TempSuffix)
+	if err != nil {
+		return nil, fmt.Errorf("atomicfile: creating a temporary file in %s: %w", dir, err)
+	}
+	return &File{File: f, dir: dir}, nil
+}
+
+// Install makes the written bytes durable with permission bits perm and
+// renames them to name inside the file's directory, replacing any file
+// there. The File is closed afterwards, and removed on error.
+func (f *File) Install(name string, perm os.FileMode) error {
+	err := f.Chmod(perm)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), filepath.Join(f.dir, name))
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return fmt.Errorf("atomicfile: installing %s in %s: %w", name, f.dir, err)
+	}
+	return SyncDir(f.dir)
+}
+
+// Discard closes and removes the temporary file; it is a no-op after
+// Install.
+func (f *File) Discard() {
+	f.Close()
+	os.Remove(f.Name())
+}
+
 // Write creates or replaces path with what write puts into the writer it is
 // given, with permission bits perm (applied regardless of the umask). The
 // directory is created if needed (mode 0755). On any error the target is
 // untouched and the temporary file is removed.
 func Write(path string, perm os.FileMode, write func(w io.Writer) error) error {
-	dir := filepath.Dir(path)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return fmt.Errorf("atomicfile: %w", err)
-	}
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*.tmp")
+	f, err := Create(filepath.Dir(path), filepath.Base(path)+".")
 	if err != nil {
-		return fmt.Errorf("atomicfile: %w", err)
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // no-op after a successful rename
-	if err := write(f); err != nil {
-		f.Close()
 		return err
 	}
-	if err := f.Chmod(perm); err != nil {
-		f.Close()
-		return fmt.Errorf("atomicfile: %s: %w", path, err)
+	if err := write(f); err != nil {
+		f.Discard()
+		return err
 	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("atomicfile: syncing %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("atomicfile: closing %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("atomicfile: installing %s: %w", path, err)
-	}
-	return SyncDir(dir)
+	return f.Install(filepath.Base(path), perm)
 }
 
 // WriteFile is Write for bytes already in memory.
@@ -68,7 +103,8 @@ func SyncDir(dir string) error {
 		return fmt.Errorf("atomicfile: %w", err)
 	}
 	defer d.Close()
-	if err := d.Sync(); err != nil {
+	// File systems that cannot sync a directory are not an error.
+	if err := d.Sync(); err != nil && !errors.Is(err, os.ErrInvalid) && !errors.Is(err, errors.ErrUnsupported) {
 		return fmt.Errorf("atomicfile: syncing directory %s: %w", dir, err)
 	}
 	return nil

@@ -1,0 +1,251 @@
+package manifest
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/BurntSushi/toml"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/default.canonical.toml")
+
+// roundTrip checks that m's canonical bytes parse back to m and encode to
+// the same bytes.
+func roundTrip(t *testing.T, name string, m Manifest) {
+	t.Helper()
+	c := m.Canonical()
+	got, err := Parse(c)
+	if err != nil {
+		t.Fatalf("%s: Parse(Canonical()): %v\n%s", name, err, c)
+	}
+	if !reflect.DeepEqual(got, m) {
+		t.Errorf("%s: round trip\ngot  %+v\nwant %+v\n%s", name, got, m, c)
+	}
+	if c2 := got.Canonical(); !bytes.Equal(c2, c) {
+		t.Errorf("%s: canonical bytes differ after a round trip:\n%s\n%s", name, c, c2)
+	}
+	if got.Hash() != m.Hash() {
+		t.Errorf("%s: hash differs after a round trip", name)
+	}
+}
+
+// full returns a valid manifest in which every field differs from
+// Default's.
+func full() Manifest {
+	m := withShards(3)
+	m.RunID, m.Created = "full.run_2", "2030-12-31T23:59:59.999+01:00"
+	m.Model = Model{Preset: "gpt2-124m", Seed: MaxSeed, Batch: MaxBatch, SeqLen: 1000}
+	m.Optimizer = Optimizer{Kind: KindNoLoCo, InnerSteps: 500, InnerLR: 1.5e-7, Warmup: 123, TotalSteps: 1 << 30,
+		WeightDecay: 1e21, GradClip: 0, OuterLR: 1, OuterMomentum: 0.999999, Nesterov: false, Delayed: true,
+		GroupSize: 16, Gamma: 5e-324}
+	m.Wire.Codec = "int4"
+	m.Data.ValFraction, m.Data.ShardBytes = 0.1, 1
+	return m
+}
+
+func TestCanonicalRoundTrip(t *testing.T) {
+	roundTrip(t, "Default", Default())
+	roundTrip(t, "run.toml", mustLoad(t, filepath.Join("testdata", "run.toml")))
+	roundTrip(t, "full", full())
+	roundTrip(t, "MaxShards", withShards(MaxShards))
+	for _, x := range []float64{1, 1e-3, 0.1, 1.0 / 3, 1e20, 1e21, 123456789012345678, math.SmallestNonzeroFloat64, 2.5e-7, math.Nextafter(1, 2)} {
+		m := Default()
+		m.Optimizer.InnerLR = x
+		roundTrip(t, "inner_lr", m)
+	}
+}
+
+func TestCanonicalNormalizes(t *testing.T) {
+	m := Default()
+	m.Optimizer.GradClip = math.Copysign(0, -1)
+	m.Data.Shards = []Shard{}
+	d := Default()
+	d.Optimizer.GradClip = 0
+	if !bytes.Equal(m.Canonical(), d.Canonical()) {
+		t.Errorf("-0 and an empty shard list change the canonical bytes:\n%s", m.Canonical())
+	}
+	if !strings.Contains(string(m.Canonical()), "\ngrad_clip = 0.0\n") {
+		t.Errorf("-0 not written as 0.0:\n%s", m.Canonical())
+	}
+	// Parse returns the normal form too.
+	p, err := Parse([]byte("[optimizer]\ngrad_clip = -0.0\n[data]\nshards = []\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if math.Signbit(p.Optimizer.GradClip) || p.Data.Shards != nil {
+		t.Errorf("Parse kept -0 or an empty shard list: %+v", p)
+	}
+}
+
+// TestCanonicalGolden pins the canonical form: if it changes, every run's
+// manifest hash changes, and the format needs a new Version.
+func TestCanonicalGolden(t *testing.T) {
+	path := filepath.Join("testdata", "default.canonical.toml")
+	got := Default().Canonical()
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("Default().Canonical() changed: every manifest hash changes with it.\ngot:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// TestCanonicalHasEveryKey reads canonical bytes with the TOML library and
+// checks that they hold every key of the schema, and nothing else.
+func TestCanonicalHasEveryKey(t *testing.T) {
+	var v map[string]any
+	md, err := toml.Decode(string(full().Canonical()), &v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, k := range md.Keys() {
+		if !slices.Contains(got, k.String()) {
+			got = append(got, k.String())
+		}
+	}
+	var want []string
+	for k := range knownKeys {
+		want = append(want, k)
+	}
+	slices.Sort(got)
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("canonical keys\n%v\nwant\n%v", got, want)
+	}
+}
+
+func TestCanonicalFitsMaxSize(t *testing.T) {
+	m := full()
+	m.Data.Shards = withShards(MaxShards).Data.Shards
+	for i := range m.Data.Shards {
+		m.Data.Shards[i].Bytes, m.Data.Shards[i].Files = MaxShardBytes, MaxShardFiles
+	}
+	if err := m.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(m.Canonical()); n > MaxSize {
+		t.Fatalf("largest valid manifest encodes to %d bytes, over MaxSize %d", n, MaxSize)
+	}
+	roundTrip(t, "largest", m)
+}
+
+// TestHashIgnoresFormatting: comments, order, spacing, inline tables and
+// number spelling do not change the hash; values do.
+func TestHashIgnoresFormatting(t *testing.T) {
+	a, err := Parse([]byte("run_id = \"r\"\n[model]\npreset = \"small\"\nbatch = 16\n[optimizer]\ninner_lr = 0.001\nwarmup = 20\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := Parse([]byte("# the same run\nmodel = { batch = 0x10, preset = 'small' }\noptimizer.warmup = +20\noptimizer.inner_lr = 1e-3\nrun_id = \"r\"   # id\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Hash() != b.Hash() {
+		t.Errorf("same values, different hashes:\n%s\n%s", a.Canonical(), b.Canonical())
+	}
+	if a.Hash() == Default().Hash() {
+		t.Error("different values, same hash")
+	}
+}
+
+// TestHashCoversEveryField changes each leaf of the schema in turn; every
+// change must change the hash. A key of the schema with no entry here fails
+// the test, so a new field cannot be left out of Canonical.
+func TestHashCoversEveryField(t *testing.T) {
+	base := mustLoad(t, filepath.Join("testdata", "run.toml"))
+	edits := map[string]func(m *Manifest){
+		"run_id":                   func(m *Manifest) { m.RunID += "x" },
+		"version":                  func(m *Manifest) { m.Version++ },
+		"created":                  func(m *Manifest) { m.Created = "" },
+		"model.preset":             func(m *Manifest) { m.Model.Preset = "tiny" },
+		"model.seed":               func(m *Manifest) { m.Model.Seed++ },
+		"model.batch":              func(m *Manifest) { m.Model.Batch++ },
+		"model.seq_len":            func(m *Manifest) { m.Model.SeqLen = 256 }, // the same length, a different document
+		"optimizer.kind":           func(m *Manifest) { m.Optimizer.Kind = KindNoLoCo },
+		"optimizer.inner_steps":    func(m *Manifest) { m.Optimizer.InnerSteps++ },
+		"optimizer.inner_lr":       func(m *Manifest) { m.Optimizer.InnerLR = math.Nextafter(m.Optimizer.InnerLR, 1) },
+		"optimizer.warmup":         func(m *Manifest) { m.Optimizer.Warmup++ },
+		"optimizer.total_steps":    func(m *Manifest) { m.Optimizer.TotalSteps++ },
+		"optimizer.weight_decay":   func(m *Manifest) { m.Optimizer.WeightDecay = 0 },
+		"optimizer.grad_clip":      func(m *Manifest) { m.Optimizer.GradClip = 0 },
+		"optimizer.outer_lr":       func(m *Manifest) { m.Optimizer.OuterLR = 0.8 },
+		"optimizer.outer_momentum": func(m *Manifest) { m.Optimizer.OuterMomentum = 0 },
+		"optimizer.nesterov":       func(m *Manifest) { m.Optimizer.Nesterov = !m.Optimizer.Nesterov },
+		"optimizer.delayed":        func(m *Manifest) { m.Optimizer.Delayed = !m.Optimizer.Delayed },
+		"optimizer.group_size":     func(m *Manifest) { m.Optimizer.GroupSize++ },
+		"optimizer.gamma":          func(m *Manifest) { m.Optimizer.Gamma = 0 },
+		"wire.codec":               func(m *Manifest) { m.Wire.Codec = "int8" },
+		"data.source":              func(m *Manifest) { m.Data.Source = SourceLocal },
+		"data.val_fraction":        func(m *Manifest) { m.Data.ValFraction = 0.03 },
+		"data.shard_bytes":         func(m *Manifest) { m.Data.ShardBytes-- },
+		"data.shards":              func(m *Manifest) { m.Data.Shards = m.Data.Shards[:1] },
+		"data.shards.hash":         func(m *Manifest) { m.Data.Shards[1].Hash = strings.Repeat("0", 64) },
+		"data.shards.bytes":        func(m *Manifest) { m.Data.Shards[1].Bytes++ },
+		"data.shards.files":        func(m *Manifest) { m.Data.Shards[1].Files++ },
+		"admission.mode":           func(m *Manifest) { m.Admission.Mode = "closed" },
+	}
+	for k := range knownKeys {
+		if _, ok := edits[k]; !ok && !isTable(k) {
+			t.Errorf("no edit for key %q", k)
+		}
+	}
+	h := base.Hash()
+	if base.Hash() != h {
+		t.Fatal("Hash is not stable")
+	}
+	// Swapping two shards is a change too: the list's order is the run's.
+	swapped := base
+	swapped.Data.Shards = slices.Clone(base.Data.Shards)
+	slices.Reverse(swapped.Data.Shards)
+	edits["data.shards (order)"] = func(m *Manifest) { *m = swapped }
+
+	for k, edit := range edits {
+		m := base
+		m.Data.Shards = slices.Clone(base.Data.Shards)
+		edit(&m)
+		if m.Hash() == h {
+			t.Errorf("changing %s leaves the hash unchanged", k)
+		}
+		if m.Validate() == nil {
+			roundTrip(t, k, m)
+		}
+	}
+}
+
+// isTable reports whether k names a table of the schema (a key with keys
+// under it) rather than a value.
+func isTable(k string) bool {
+	for other := range knownKeys {
+		if strings.HasPrefix(other, k+".") {
+			return true
+		}
+	}
+	return false
+}
+
+func TestHashString(t *testing.T) {
+	m := Default()
+	h := m.Hash()
+	s := m.HashString()
+	if s != fmt.Sprintf("%x", h) {
+		t.Errorf("HashString() = %q, want %x", s, h)
+	}
+	if m.ShortHash() != s[:12] {
+		t.Errorf("ShortHash() = %q, want %q", m.ShortHash(), s[:12])
+	}
+}

@@ -1,0 +1,227 @@
+package manifest
+
+import (
+	"errors"
+
+	"github.com/skein-ml/skein/compression"
+	"github.com/skein-ml/skein/model"
+	"github.com/skein-ml/skein/optimizer"
+)
+
+// Errors. Every error of Parse, Load (other than the file's I/O) and Validate
+// matches ErrInvalid under errors.Is; every error of Check matches
+// ErrMismatch.
+var (
+	// ErrInvalid means a manifest is malformed or a value is out of range.
+	// The error's text names the field and the value.
+	ErrInvalid = errors.New("manifest: invalid")
+	// ErrMismatch means a volunteer's own setting disagrees with its run's
+	// manifest. The error's text names the field and both values.
+	ErrMismatch = errors.New("manifest: volunteer disagrees with the run")
+)
+
+// Format version and limits.
+const (
+	// Version is the only manifest format version this package reads and
+	// writes. The canonical encoding (and so every hash) is part of it.
+	Version = 1
+	// MaxSize bounds a manifest's encoding; Parse and Load refuse larger
+	// input before decoding it.
+	MaxSize = 64 << 10
+	// MaxRunIDLen bounds run_id (the same bound as p2p.MaxRunIDLen).
+	MaxRunIDLen = 64
+	// MaxBatch bounds model.batch.
+	MaxBatch = 4096
+	// MinGroupSize and MaxGroupSize bound optimizer.group_size (NoLoCo).
+	MinGroupSize, MaxGroupSize = 2, 16
+	// MaxShards bounds the number of data.shards entries, so that the
+	// canonical encoding of any valid manifest stays within MaxSize.
+	MaxShards = 256
+	// MaxShardBytes bounds data.shard_bytes and each shard's bytes (1 GiB).
+	MaxShardBytes = 1 << 30
+	// MaxShardFiles bounds each shard's files.
+	MaxShardFiles = 1 << 20
+	// MaxSeed is the largest model.seed: TOML integers are signed 64-bit.
+	MaxSeed = 1<<63 - 1
+)
+
+// Accepted values of the enumerated string fields.
+const (
+	KindDiLoCo = "diloco" // optimizer.kind: DiLoCo, ring all-reduce among the round's group
+	KindNoLoCo = "noloco" // optimizer.kind: NoLoCo, gossip with small random groups
+
+	SourceShards = "shards" // data.source: the content-addressed shards listed in data.shards
+	SourceLocal  = "local"  // data.source: each volunteer's own default corpus
+
+	AdmissionOpen = "open" // admission.mode: anyone may join
+)
+
+// Defaults that no other package defines.
+const (
+	DefaultValFraction = 0.02     // the same as data.DefaultValFraction
+	DefaultShardBytes  = 64 << 20 // target shard size when cutting a corpus
+)
+
+// Manifest holds every run-wide setting. The zero value is not valid; start
+// from Default, or Parse a file. Field comments give each key's TOML name,
+// range and meaning; Validate enforces the ranges.
+type Manifest struct {
+	// RunID names the run in protocol IDs (/skein/<run_id>/...): 1 to
+	// MaxRunIDLen characters of [A-Za-z0-9._-].
+	RunID string `toml:"run_id"`
+	// Version is the manifest format version; it must be Version.
+	Version int `toml:"version"`
+	// Created, optional, is when the operator wrote the manifest, in RFC
+	// 3339 form ("2025-06-01T12:00:00Z"). Informational.
+	Created string `toml:"created"`
+
+	Model     Model     `toml:"model"`
+	Optimizer Optimizer `toml:"optimizer"`
+	Wire      Wire      `toml:"wire"`
+	Data      Data      `toml:"data"`
+	Admission Admission `toml:"admission"`
+}
+
+// Model is the [model] section: what network every member trains, and how.
+type Model struct {
+	// Preset is a model.PresetNames() entry ("tiny", "small", "gpt2-124m").
+	Preset string `toml:"preset"`
+	// Seed seeds the initial weights and the data order; at most MaxSeed.
+	Seed uint64 `toml:"seed"`
+	// Batch is the number of sequences per inner step on each member, in
+	// [1, MaxBatch].
+	Batch int `toml:"batch"`
+	// SeqLen is the tokens per sequence, in [1, the preset's context];
+	// 0 means the preset's context (see Manifest.SeqLen).
+	SeqLen int `toml:"seq_len"`
+}
+
+// Optimizer is the [optimizer] section: the inner AdamW and the outer
+// optimizer. Fields marked DiLoCo or NoLoCo are read only under that kind,
+// but are always checked and always part of the canonical bytes.
+type Optimizer struct {
+	// Kind is KindDiLoCo or KindNoLoCo.
+	Kind string `toml:"kind"`
+	// InnerSteps is H, the inner AdamW steps per outer round (> 0).
+	InnerSteps int `toml:"inner_steps"`
+	// InnerLR is AdamW's peak learning rate (> 0, finite).
+	InnerLR float64 `toml:"inner_lr"`
+	// Warmup is the linear warmup in inner steps, in [0, TotalSteps].
+	Warmup int `toml:"warmup"`
+	// TotalSteps is the inner schedule's length in inner steps (> 0): the
+	// cosine decay ends there and stays flat after.
+	TotalSteps int `toml:"total_steps"`
+	// WeightDecay is AdamW's decoupled weight decay (>= 0, finite).
+	WeightDecay float64 `toml:"weight_decay"`
+	// GradClip is the maximum global gradient norm (>= 0, finite; 0 disables
+	// clipping).
+	GradClip float64 `toml:"grad_clip"`
+	// OuterLR is the outer learning rate eta (> 0, finite).
+	OuterLR float64 `toml:"outer_lr"`
+	// OuterMomentum is the outer momentum (mu for DiLoCo, beta for NoLoCo),
+	// in [0, 1).
+	OuterMomentum float64 `toml:"outer_momentum"`
+	// Nesterov (DiLoCo) selects Nesterov momentum for the outer step.
+	Nesterov bool `toml:"nesterov"`
+	// Delayed (DiLoCo) applies each round's outer step one round late, so
+	// communication overlaps the next round's inner steps.
+	Delayed bool `toml:"delayed"`
+	// GroupSize (NoLoCo) is the members averaged together per outer step, in
+	// [MinGroupSize, MaxGroupSize].
+	GroupSize int `toml:"group_size"`
+	// Gamma (NoLoCo) is the pull towards the group's mean weights (>= 0,
+	// finite).
+	Gamma float64 `toml:"gamma"`
+}
+
+// Wire is the [wire] section: how tensors cross the network.
+type Wire struct {
+	// Codec is the name of a compression codec (compression.Codec.String):
+	// "minmax8", "int8", "int4", "bf16", "fp16" or "fp32".
+	Codec string `toml:"codec"`
+}
+
+// Data is the [data] section: the corpus every member trains on.
+type Data struct {
+	// Source is SourceShards (train on Shards) or SourceLocal (each
+	// volunteer's own default corpus; for tests and private runs).
+	Source string `toml:"source"`
+	// ValFraction is the fraction held out for validation, in (0, 0.5).
+	ValFraction float64 `toml:"val_fraction"`
+	// ShardBytes is the target shard size used when the corpus was cut, in
+	// [1, MaxShardBytes].
+	ShardBytes int64 `toml:"shard_bytes"`
+	// Shards lists the corpus's shards, each named by the SHA-256 of its
+	// contents: 1 to MaxShards distinct entries under SourceShards, none
+	// under SourceLocal.
+	Shards []Shard `toml:"shards"`
+}
+
+// Shard is one [[data.shards]] entry.
+type Shard struct {
+	// Hash is the SHA-256 of the shard's bytes: 64 lowercase hex digits.
+	Hash string `toml:"hash"`
+	// Bytes is the shard's size, in [1, MaxShardBytes].
+	Bytes int64 `toml:"bytes"`
+	// Files is the number of corpus files in the shard, in [1, MaxShardFiles].
+	Files int `toml:"files"`
+}
+
+// Admission is the [admission] section: who may join.
+type Admission struct {
+	// Mode is AdmissionOpen, the only mode supported yet.
+	Mode string `toml:"mode"`
+}
+
+// Default returns the demo's manifest: run "skein-demo", the tiny preset on
+// each volunteer's local corpus, DiLoCo with H = 50 and minmax8 on the wire.
+// It matches node.DefaultVolunteerConfig, so a volunteer started without a
+// manifest trains the same run. Optimizer settings not set by the demo come
+// from optimizer.DefaultAdamW, DefaultDiLoCo and DefaultNoLoCo.
+func Default() Manifest {
+	a, d, n := optimizer.DefaultAdamW(), optimizer.DefaultDiLoCo(), optimizer.DefaultNoLoCo()
+	return Manifest{
+		RunID:   "skein-demo",
+		Version: Version,
+		Model:   Model{Preset: "tiny", Seed: 1, Batch: 8, SeqLen: 0},
+		Optimizer: Optimizer{
+			Kind:          KindDiLoCo,
+			InnerSteps:    50,
+			InnerLR:       1e-3,
+			Warmup:        20,
+			TotalSteps:    10000,
+			WeightDecay:   a.WeightDecay,
+			GradClip:      a.Clip,
+			OuterLR:       d.OuterLR,
+			OuterMomentum: d.Momentum,
+			Nesterov:      true,
+			Delayed:       false,
+			GroupSize:     n.GroupSize,
+			Gamma:         n.Gamma,
+		},
+		Wire:      Wire{Codec: compression.MinMax8.String()},
+		Data:      Data{Source: SourceLocal, ValFraction: DefaultValFraction, ShardBytes: DefaultShardBytes},
+		Admission: Admission{Mode: AdmissionOpen},
+	}
+}
+
+// SeqLen returns the sequence length the run trains at: model.seq_len, or
+// the preset's context when that is 0 (0 if the preset is unknown, in which
+// case Validate fails).
+func (m Manifest) SeqLen() int {
+	if m.Model.SeqLen != 0 {
+		return m.Model.SeqLen
+	}
+	cfg, err := model.Preset(m.Model.Preset)
+	if err != nil {
+		return 0
+	}
+	return cfg.MaxT
+}
+
+// Codec returns wire.codec as a compression.Codec, or 0 (not a codec) when
+// the name is unknown, in which case Validate fails.
+func (m Manifest) Codec() compression.Codec {
+	c, _ := codecByName(m.Wire.Codec)
+	return c
+}

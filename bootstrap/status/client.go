@@ -1,0 +1,182 @@
+package status
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// MaxSnapshotBytes bounds the body Fetch reads.
+const MaxSnapshotBytes = 4 << 20
+
+// ErrTooLarge: a status response is larger than MaxSnapshotBytes.
+var ErrTooLarge = errors.New("status: response too large")
+
+// Fetch reads the snapshot of the status server at baseURL ("host:port" or
+// "http(s)://host:port[/prefix]"). The context bounds the request; without
+// a deadline, 30 seconds apply.
+func Fetch(ctx context.Context, baseURL string) (Snapshot, error) {
+	if !strings.Contains(baseURL, "://") {
+		baseURL = "http://" + baseURL
+	}
+	u, err := url.Parse(baseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return Snapshot{}, fmt.Errorf("status: address %q: want host:port or http(s)://host:port", baseURL)
+	}
+	u = u.JoinPath("api", "status")
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("status: %w", err)
+	}
+	req.Header.Set("Accept", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("status: get %s: %w", u.Redacted(), err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxSnapshotBytes+1))
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("status: read %s: %w", u.Redacted(), err)
+	}
+	if len(body) > MaxSnapshotBytes {
+		return Snapshot{}, fmt.Errorf("%w: %s sent more than %d bytes", ErrTooLarge, u.Redacted(), MaxSnapshotBytes)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return Snapshot{}, fmt.Errorf("status: get %s: %s: %s", u.Redacted(), resp.Status, cleanString(string(body), 200))
+	}
+	var s Snapshot
+	if err := json.Unmarshal(body, &s); err != nil {
+		return Snapshot{}, fmt.Errorf("status: decode %s: %w", u.Redacted(), err)
+	}
+	return s, nil
+}
+
+// FormatText writes a compact human summary of s, for `skein status`.
+func FormatText(w io.Writer, s Snapshot) {
+	fmt.Fprintf(w, "run %s", orDash(s.RunID))
+	if s.Manifest != "" {
+		fmt.Fprintf(w, " (manifest %s)", s.Manifest)
+	}
+	fmt.Fprintf(w, ": %s, %s params, %s", orDash(s.Preset), countText(float64(s.Params)), orDash(s.Optimizer))
+	if s.InnerSteps > 0 {
+		fmt.Fprintf(w, " H=%d", s.InnerSteps)
+	}
+	if !s.Started.IsZero() && !s.Now.IsZero() {
+		fmt.Fprintf(w, ", started %s ago", durationText(s.Now.Sub(s.Started)))
+	}
+	fmt.Fprintln(w)
+
+	val := "-"
+	if s.ValLoss != nil {
+		val = fmt.Sprintf("%.4f (round %d)", *s.ValLoss, s.ValLossRound)
+	}
+	fmt.Fprintf(w, "round %d   val loss %s   tokens %s   %s tok/s   %s/s sent   members online %d\n",
+		s.Round, val, countText(float64(s.TokensTrained)), countText(s.TokensPerSec), bytesText(s.BytesPerSec), s.MembersOnline)
+	fmt.Fprintf(w, "traffic %s sent, %s received", bytesText(float64(s.BytesSent)), bytesText(float64(s.BytesRecv)))
+	if s.TrafficSaved > 0 {
+		fmt.Fprintf(w, "; fp32 data-parallel would have sent %s (%s x less)", bytesText(float64(s.FP32DPBytes)), ratioText(s.TrafficSaved))
+	}
+	fmt.Fprintln(w)
+
+	if len(s.Members) > 0 {
+		fmt.Fprintln(w)
+		tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "PEER\tROLE\tDEVICE\tTOK/S\tSENT\tRECV\tROUND\tSTATE\tLAST SEEN")
+		for _, m := range s.Members {
+			peer := m.Peer
+			if !m.Online {
+				peer += " (left)"
+			}
+			state := m.Agreement
+			if m.StateHash != "" {
+				state = m.StateHash[:min(8, len(m.StateHash))] + " " + m.Agreement
+			}
+			seen := "-"
+			if !m.LastSeen.IsZero() && !s.Now.IsZero() {
+				seen = durationText(s.Now.Sub(m.LastSeen)) + " ago"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%s\n", peer, orDash(m.Role), orDash(m.Device),
+				countText(m.TokensPerSec), bytesText(float64(m.BytesSent)), bytesText(float64(m.BytesRecv)), m.Round, state, seen)
+		}
+		tw.Flush()
+		if s.MembersTotal > len(s.Members) {
+			fmt.Fprintf(w, "... and %d more\n", s.MembersTotal-len(s.Members))
+		}
+	}
+	if n := min(len(s.Events), 5); n > 0 {
+		fmt.Fprintln(w, "\nrecent membership:")
+		for _, e := range s.Events[:n] {
+			fmt.Fprintf(w, "  %s  %-5s %s %s\n", e.At.UTC().Format("2006-01-02 15:04:05Z"), e.Kind, e.Peer,
+				strings.TrimSpace(e.Role+" "+e.Device))
+		}
+	}
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// countText writes n with an SI suffix: 950, 12.3k, 4.56M.
+func countText(n float64) string {
+	switch {
+	case n < 1e3:
+		return fmt.Sprintf("%.0f", n)
+	case n < 1e6:
+		return fmt.Sprintf("%.3gk", n/1e3)
+	case n < 1e9:
+		return fmt.Sprintf("%.3gM", n/1e6)
+	case n < 1e12:
+		return fmt.Sprintf("%.3gG", n/1e9)
+	}
+	return fmt.Sprintf("%.3gT", n/1e12)
+}
+
+// bytesText writes a byte count with a decimal unit: 512 B, 1.2 MB.
+func bytesText(n float64) string {
+	units := []string{"B", "kB", "MB", "GB", "TB", "PB", "EB"}
+	i := 0
+	for n >= 1000 && i < len(units)-1 {
+		n /= 1000
+		i++
+	}
+	if i == 0 {
+		return fmt.Sprintf("%.0f B", n)
+	}
+	return fmt.Sprintf("%.3g %s", n, units[i])
+}
+
+func ratioText(r float64) string {
+	if r >= 100 {
+		return fmt.Sprintf("%.0f", r)
+	}
+	return fmt.Sprintf("%.1f", r)
+}
+
+func durationText(d time.Duration) string {
+	switch {
+	case d < 0:
+		return "0s"
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
+	}
+	return fmt.Sprintf("%dd%02dh", int(d.Hours())/24, int(d.Hours())%24)
+}

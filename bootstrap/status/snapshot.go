@@ -1,0 +1,387 @@
+package status
+
+import (
+	"math"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/skein-ml/skein/bootstrap/telemetry"
+)
+
+// RunInfo describes the run. The bootstrap knows it from the manifest and
+// gives it to NewServer; none of it comes from volunteers.
+type RunInfo struct {
+	RunID          string
+	ManifestHash   string // hex; the page shows its first 12 characters
+	Preset         string // model preset name
+	ParamCount     int    // parameters of the model
+	InnerSteps     int    // H, inner steps per outer round
+	Optimizer      string // outer optimizer kind, e.g. "diloco"
+	BootstrapAddrs []string
+	Started        time.Time
+}
+
+// Member is a live member of the run as the bootstrap's gossip sees it.
+type Member struct {
+	Peer      string // libp2p peer ID
+	Role      string
+	Device    string
+	Round     uint64 // the round its gossiped state hash belongs to
+	StateHash uint64 // 0 when it has not gossiped one
+}
+
+// Agreement of a member's state hash with the majority of its round.
+const (
+	Agree   = "agree"   // equal to the hash of a strict majority of the round's votes
+	Differs = "differs" // a strict majority holds another hash
+	Unknown = "unknown" // no hash, fewer than two votes, or no strict majority
+)
+
+// Snapshot is the run at a glance: what the page shows and what GET
+// /api/status returns. Times are RFC 3339 in UTC; bytes are bytes; losses are
+// nats per token; absent (omitted) when no volunteer measured them.
+type Snapshot struct {
+	RunID      string    `json:"run_id"`
+	Manifest   string    `json:"manifest"`    // first 12 characters of the manifest hash
+	Preset     string    `json:"preset"`      // model preset
+	Params     int       `json:"params"`      // model parameters
+	Optimizer  string    `json:"optimizer"`   // outer optimizer kind
+	InnerSteps int       `json:"inner_steps"` // H
+	Bootstrap  []string  `json:"bootstrap,omitempty"`
+	Started    time.Time `json:"started,omitzero"`
+	Now        time.Time `json:"now"` // the server's clock when the snapshot was built
+
+	// Round is the highest round that more than half of the current
+	// reporters have reached (so one volunteer far ahead cannot move it).
+	Round uint64 `json:"round"`
+	// TrainLoss and ValLoss are the means of the latest round up to Round
+	// that has them; ValLossRound is that round for ValLoss.
+	TrainLoss     *float64 `json:"train_loss,omitempty"`
+	ValLoss       *float64 `json:"val_loss,omitempty"`
+	ValLossRound  uint64   `json:"val_loss_round,omitempty"`
+	TokensTrained uint64   `json:"tokens_trained"` // sum of Tokens over all reports
+	TokensPerSec  float64  `json:"tokens_per_sec"` // sum over the current reporters' latest reports
+	BytesPerSec   float64  `json:"bytes_per_sec"`  // sent: sum of BytesSent / WallSeconds of the same reports
+	BytesSent     uint64   `json:"bytes_sent"`     // total over all reports
+	BytesRecv     uint64   `json:"bytes_recv"`     // total over all reports
+	// FP32DPBytes is what fp32 data-parallel training (ring all-reduce after
+	// every step) would have sent for the same work: the sum over non-adopted
+	// reports of InnerSteps x 2(M-1)/M x 4 x Params bytes, M the report's
+	// group size. TrafficSaved is FP32DPBytes / BytesSent ("N x less"), 0
+	// when either is 0.
+	FP32DPBytes   uint64  `json:"fp32_dp_bytes"`
+	TrafficSaved  float64 `json:"traffic_saved"`  // 2 decimals
+	Reports       uint64  `json:"reports"`        // reports accepted since the history began
+	MembersOnline int     `json:"members_online"` // live members (current reporters when membership is unknown)
+	MembersTotal  int     `json:"members_total"`  // rows before the cap of 256 on Members
+
+	Members []MemberRow `json:"members"` // online first, then by peer
+	Curve   []Point     `json:"curve"`   // by round; at most 1000 points (older rounds averaged in buckets)
+	Events  []EventRow  `json:"events"`  // the latest 50, newest first
+}
+
+// MemberRow is one line of the members table.
+type MemberRow struct {
+	Peer         string    `json:"peer"`   // ShortID of the peer ID
+	Online       bool      `json:"online"` // live member (false: left recently, report still current)
+	Role         string    `json:"role,omitempty"`
+	Device       string    `json:"device,omitempty"`
+	Version      string    `json:"version,omitempty"`
+	TokensPerSec float64   `json:"tokens_per_sec"` // from its latest report while online and current, else 0
+	LastSeen     time.Time `json:"last_seen,omitzero"`
+	BytesSent    uint64    `json:"bytes_sent"` // total over its kept history
+	BytesRecv    uint64    `json:"bytes_recv"`
+	Round        uint64    `json:"round"`                // latest round known (gossip or report)
+	StateHash    string    `json:"state_hash,omitempty"` // 16 hex digits
+	Agreement    string    `json:"agreement"`            // Agree, Differs or Unknown
+}
+
+// Point is one point of the loss curve.
+type Point struct {
+	Round     uint64    `json:"round"`
+	T         time.Time `json:"t"` // last report of the round
+	Train     *float64  `json:"train,omitempty"`
+	Val       *float64  `json:"val,omitempty"`
+	Reporters int       `json:"reporters"`
+}
+
+// EventRow is one membership event on the timeline.
+type EventRow struct {
+	At     time.Time `json:"at"`
+	Peer   string    `json:"peer"` // ShortID
+	Kind   string    `json:"kind"` // join, leave or fail
+	Role   string    `json:"role,omitempty"`
+	Device string    `json:"device,omitempty"`
+}
+
+const (
+	maxCurvePoints = 1000
+	maxMemberRows  = 256
+	eventsShown    = 50
+	maxLiveMembers = 1 << 20
+)
+
+// Snapshot computes the run's summary at now. members lists the live
+// members; nil means membership is unknown (then every peer with a current
+// report counts as online). It is called without the store's lock held.
+func (s *Store) Snapshot(info RunInfo, members func() []Member, now time.Time) (Snapshot, error) {
+	var live map[string]Member
+	if members != nil {
+		ms := members()
+		live = make(map[string]Member, min(len(ms), maxLiveMembers))
+		for _, m := range ms {
+			if len(live) >= maxLiveMembers || !ValidPeerID(m.Peer) {
+				continue
+			}
+			m.Role = cleanString(m.Role, telemetry.MaxString)
+			m.Device = cleanString(m.Device, telemetry.MaxString)
+			live[m.Peer] = m
+		}
+	}
+
+	snap := Snapshot{
+		RunID:      cleanString(info.RunID, 128),
+		Manifest:   cleanString(info.ManifestHash, 12),
+		Preset:     cleanString(info.Preset, telemetry.MaxString),
+		Params:     max(info.ParamCount, 0),
+		Optimizer:  cleanString(info.Optimizer, telemetry.MaxString),
+		InnerSteps: max(info.InnerSteps, 0),
+		Now:        now.UTC().Truncate(time.Millisecond),
+		Members:    []MemberRow{},
+		Curve:      []Point{},
+		Events:     []EventRow{},
+	}
+	if !info.Started.IsZero() {
+		snap.Started = info.Started.UTC().Truncate(time.Millisecond)
+	}
+	for _, a := range info.BootstrapAddrs[:min(len(info.BootstrapAddrs), 8)] {
+		if a = cleanString(a, 256); a != "" {
+			snap.Bootstrap = append(snap.Bootstrap, a)
+		}
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return Snapshot{}, ErrClosed
+	}
+	nowMS := now.UnixMilli()
+
+	// Current reporters: a current latest report, and live when membership is known.
+	var current, all []uint64
+	for id, rec := range s.peers {
+		all = append(all, rec.Latest.Round)
+		if !s.fresh(rec, nowMS) {
+			continue
+		}
+		if _, ok := live[id]; live != nil && !ok {
+			continue
+		}
+		current = append(current, rec.Latest.Round)
+		snap.TokensPerSec += rec.Latest.TokensPerSec
+		if rec.Latest.WallSeconds > 0 {
+			snap.BytesPerSec += float64(rec.Latest.BytesSent) / rec.Latest.WallSeconds
+		}
+	}
+	snap.TokensPerSec, snap.BytesPerSec = finite(snap.TokensPerSec), finite(snap.BytesPerSec)
+	switch {
+	case len(current) > 0:
+		snap.Round = majorityRound(current)
+	case len(all) > 0:
+		snap.Round = majorityRound(all)
+	}
+	snap.MembersOnline = len(current)
+	if live != nil {
+		snap.MembersOnline = len(live)
+	}
+
+	t := s.totals
+	snap.TokensTrained, snap.BytesSent, snap.BytesRecv, snap.Reports = t.Tokens, t.BytesSent, t.BytesRecv, t.Reports
+	dp := t.DPUnits * 8 * float64(snap.InnerSteps) * float64(snap.Params)
+	if dp = finite(dp); dp >= math.MaxUint64 {
+		snap.FP32DPBytes = math.MaxUint64
+	} else {
+		snap.FP32DPBytes = uint64(dp)
+	}
+	if t.BytesSent > 0 && dp > 0 {
+		snap.TrafficSaved = math.Round(finite(dp/float64(t.BytesSent))*100) / 100
+	}
+
+	// Losses of the latest round up to the current one that has them.
+	end, found := s.findRound(snap.Round)
+	if found {
+		end++
+	}
+	for i := end - 1; i >= 0 && (snap.TrainLoss == nil || snap.ValLoss == nil); i-- {
+		p := &s.rounds[i]
+		if snap.TrainLoss == nil && p.TrainN > 0 {
+			snap.TrainLoss = meanLoss(p.TrainSum, int(p.TrainN))
+		}
+		if snap.ValLoss == nil && p.ValN > 0 {
+			snap.ValLoss = meanLoss(p.ValSum, int(p.ValN))
+			snap.ValLossRound = p.Round
+		}
+	}
+	snap.Curve = curve(s.rounds)
+
+	rows, err := s.memberRows(live, nowMS)
+	if err != nil {
+		return Snapshot{}, err
+	}
+	snap.MembersTotal = len(rows)
+	snap.Members = rows[:min(len(rows), maxMemberRows)]
+
+	for i := len(s.events) - 1; i >= 0 && len(snap.Events) < eventsShown; i-- {
+		e := s.events[i]
+		snap.Events = append(snap.Events, EventRow{At: msTime(e.At), Peer: ShortID(e.Peer), Kind: e.Kind, Role: e.Role, Device: e.Device})
+	}
+	return snap, nil
+}
+
+// memberRows builds the members table: live members, then peers whose
+// report is still current but that are no longer live; s.mu is held.
+func (s *Store) memberRows(live map[string]Member, nowMS int64) ([]MemberRow, error) {
+	type row struct {
+		id   string
+		m    *Member
+		rec  *peerRecord
+		hash uint64
+		out  MemberRow
+	}
+	var rows []*row
+	for id, m := range live {
+		rows = append(rows, &row{id: id, m: &m, rec: s.peers[id]})
+	}
+	for id, rec := range s.peers {
+		if _, ok := live[id]; !ok && s.fresh(rec, nowMS) {
+			rows = append(rows, &row{id: id, rec: rec})
+		}
+	}
+
+	var rounds []uint64
+	for _, r := range rows {
+		o := &r.out
+		o.Peer = ShortID(r.id)
+		o.Online = r.m != nil || live == nil
+		if r.m != nil {
+			o.Role, o.Device = r.m.Role, r.m.Device
+			o.Round, r.hash = r.m.Round, r.m.StateHash
+		}
+		if rec := r.rec; rec != nil {
+			if o.Role == "" {
+				o.Role = rec.Role
+			}
+			if o.Device == "" {
+				o.Device = rec.Latest.Device
+			}
+			o.Version = rec.Latest.Version
+			if o.Online && s.fresh(rec, nowMS) {
+				o.TokensPerSec = rec.Latest.TokensPerSec
+			}
+			o.LastSeen = msTime(rec.Last)
+			o.BytesSent, o.BytesRecv = rec.BytesSent, rec.BytesRecv
+			// The report's (round, hash) unless gossip has a hash at least as recent.
+			if r.m == nil || r.m.StateHash == 0 || rec.Latest.Round > r.m.Round {
+				o.Round, r.hash = rec.Latest.Round, rec.Latest.StateHash
+			}
+		}
+		if r.hash != 0 {
+			o.StateHash = hashHex(r.hash)
+			rounds = append(rounds, o.Round)
+		}
+	}
+
+	// Votes of each round: the reports' state hashes, plus the gossiped
+	// hashes of live members that have not reported that round.
+	records, err := s.roundRecords(rounds)
+	if err != nil {
+		return nil, err
+	}
+	votes := make(map[uint64]map[uint64]int)
+	for _, round := range rounds {
+		if votes[round] != nil {
+			continue
+		}
+		v := make(map[uint64]int)
+		if rr := records[round]; rr != nil {
+			for _, h := range rr.Hashes {
+				v[h.Hash] += h.Votes
+			}
+			v[0] += rr.OtherHashes // hash 0 never matches: "some other hash"
+		}
+		for id, m := range live {
+			if m.Round == round && m.StateHash != 0 {
+				if rec := s.peers[id]; rec == nil || rec.Latest.Round != round {
+					v[m.StateHash]++
+				}
+			}
+		}
+		votes[round] = v
+	}
+	out := make([]MemberRow, 0, len(rows))
+	for _, r := range rows {
+		r.out.Agreement = Unknown
+		if r.hash != 0 {
+			r.out.Agreement = verdict(votes[r.out.Round], r.hash)
+		}
+		out = append(out, r.out)
+	}
+	slices.SortFunc(out, func(a, b MemberRow) int {
+		if a.Online != b.Online {
+			if a.Online {
+				return -1
+			}
+			return 1
+		}
+		return strings.Compare(a.Peer, b.Peer)
+	})
+	return out, nil
+}
+
+// verdict compares hash with the strict majority of votes.
+func verdict(votes map[uint64]int, hash uint64) string {
+	total := 0
+	for _, n := range votes {
+		total += n
+	}
+	if total < 2 {
+		return Unknown
+	}
+	for h, n := range votes {
+		if h != 0 && 2*n > total {
+			if h == hash {
+				return Agree
+			}
+			return Differs
+		}
+	}
+	return Unknown
+}
+
+// curve turns the round series into at most maxCurvePoints points: one per
+// round, or bucket means (weighted by reports) of equal runs of rounds when
+// there are more, each bucket named by its last round.
+func curve(rounds []point) []Point {
+	out := make([]Point, 0, min(len(rounds), maxCurvePoints))
+	per := (len(rounds) + maxCurvePoints - 1) / maxCurvePoints
+	for start := 0; start < len(rounds); start += per {
+		b := rounds[start:min(start+per, len(rounds))]
+		var ts, vs float64
+		var tn, vn int32
+		for _, p := range b {
+			ts, tn = ts+p.TrainSum, tn+p.TrainN
+			vs, vn = vs+p.ValSum, vn+p.ValN
+		}
+		last := b[len(b)-1]
+		pt := Point{Round: last.Round, T: msTime(last.Last), Reporters: int(last.Reporters)}
+		if tn > 0 {
+			pt.Train = meanLoss(ts, int(tn))
+		}
+		if vn > 0 {
+			pt.Val = meanLoss(vs, int(vn))
+		}
+		out = append(out, pt)
+	}
+	return out
+}

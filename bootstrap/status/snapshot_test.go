@@ -1,0 +1,213 @@
+package status
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/skein-ml/skein/bootstrap/telemetry"
+)
+
+func TestMajorityRound(t *testing.T) {
+	for _, c := range []struct {
+		in   []uint64
+		want uint64
+	}{
+		{[]uint64{5}, 5},
+		{[]uint64{10, 9}, 9}, // both have reached 9, only one 10
+		{[]uint64{9, 10, 10}, 10},
+		{[]uint64{1 << 60, 10, 10, 9}, 10}, // one far ahead moves nothing
+		{[]uint64{1 << 60, 1 << 60, 3}, 1 << 60},
+	} {
+		if got := majorityRound(append([]uint64(nil), c.in...)); got != c.want {
+			t.Errorf("majorityRound(%v) = %d, want %d", c.in, got, c.want)
+		}
+	}
+}
+
+// TestSnapshotMath checks a small run computed by hand.
+//
+// ParamCount 1000, InnerSteps 10. Round 1: A, B, C train in a group of 3,
+// each sends 1000 bytes: fp32 DP would send 10 x 2(3-1)/3 x 4 x 1000 =
+// 53333.33 bytes each. Round 2: A, B, C again (group 3, hashes H, H, G),
+// and D adopts the state (hash H, group 4, 500 bytes, counts for nothing in
+// DP). E is live at round 3 by gossip only. F reports round 500 (within the
+// lead) but is alone there.
+func TestSnapshotMath(t *testing.T) {
+	s, _ := openStore(t, testConfig())
+	const H, G = 0x1111, 0x2222
+	A, B, C, D, E, F := peerID(1), peerID(2), peerID(3), peerID(4), peerID(5), peerID(6)
+	rep := func(round uint64, train, val float32, hash uint64, tps float64) telemetry.Report {
+		return telemetry.Report{Round: round, StateHash: hash, TrainLoss: train, ValLoss: val,
+			Tokens: 100, TokensPerSec: tps, BytesSent: 1000, BytesRecv: 900, WallSeconds: 10, Members: 3}
+	}
+	nan := float32(math.NaN())
+	at := t0
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(s.Record(A, rep(1, 3, 2.5, H, 10), at))
+	must(s.Record(B, rep(1, 4, nan, H, 10), at))
+	must(s.Record(C, rep(1, 5, nan, H, 10), at))
+	at = at.Add(time.Minute)
+	must(s.Record(A, rep(2, 2, nan, H, 100), at))
+	must(s.Record(B, rep(2, 3, 2.0, H, 200), at))
+	must(s.Record(C, rep(2, 4, 3.0, G, 300), at))
+	d := rep(2, 9, nan, H, 0)
+	d.Adopted, d.Members, d.BytesSent, d.Tokens = true, 4, 500, 0
+	must(s.Record(D, d, at))
+	f := rep(500, 1, 1, 0x9999, 50)
+	f.Members = 1 // alone: no DP traffic either
+	must(s.Record(F, f, at))
+
+	info := RunInfo{RunID: "hand", ManifestHash: "0123456789abcdef0123", Preset: "tiny", ParamCount: 1000,
+		InnerSteps: 10, Optimizer: "diloco", BootstrapAddrs: []string{"/dns4/boot.example/udp/4001/quic-v1"}, Started: t0}
+	live := func() []Member {
+		return []Member{
+			{Peer: A, Role: "trainer", Device: "cpu", Round: 2, StateHash: H},
+			{Peer: B, Role: "trainer", Round: 2, StateHash: H},
+			{Peer: C, Role: "trainer", Round: 2, StateHash: G},
+			{Peer: D, Role: "trainer", Round: 2, StateHash: H},
+			{Peer: E, Role: "trainer", Round: 3, StateHash: H},
+			{Peer: F, Role: "trainer", Round: 500, StateHash: 0x9999},
+			{Peer: "bad peer", Role: "x"},
+		}
+	}
+	now := at.Add(30 * time.Second)
+	snap, err := s.Snapshot(info, live, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	if snap.Round != 2 {
+		t.Errorf("round %d, want 2 (the majority; F alone at 500)", snap.Round)
+	}
+	if snap.Manifest != "0123456789ab" || snap.RunID != "hand" || snap.Params != 1000 || len(snap.Bootstrap) != 1 {
+		t.Errorf("run info: %+v", snap)
+	}
+	// 6 reports count (A, B, C in rounds 1 and 2), each 10 x 2(3-1)/3 x 4 x 1000 bytes.
+	wantDP := 6 * 10 * 2 * 2.0 / 3 * 4 * 1000 // 320000
+	if math.Abs(float64(snap.FP32DPBytes)-wantDP) > 1 {
+		t.Errorf("fp32 DP bytes %d, want %.0f", snap.FP32DPBytes, wantDP)
+	}
+	if snap.BytesSent != 7*1000+500 || snap.BytesRecv != 8*900 {
+		t.Errorf("bytes sent %d recv %d", snap.BytesSent, snap.BytesRecv)
+	}
+	if want := wantDP / 7500; math.Abs(snap.TrafficSaved-want) > 0.005 {
+		t.Errorf("traffic saved %v, want %v", snap.TrafficSaved, want)
+	}
+	if snap.TokensTrained != 7*100 {
+		t.Errorf("tokens %d, want 700", snap.TokensTrained)
+	}
+	if snap.TokensPerSec != 100+200+300+0+50 {
+		t.Errorf("tokens/s %v, want 650 (latest reports of live members)", snap.TokensPerSec)
+	}
+	if snap.BytesPerSec != 4*1000/10+500/10 { // A, B, C, F: 1000 B in 10 s; D: 500 B
+		t.Errorf("bytes/s %v, want 450", snap.BytesPerSec)
+	}
+	if snap.ValLoss == nil || *snap.ValLoss != 2.5 || snap.ValLossRound != 2 {
+		t.Errorf("val loss %v round %d, want 2.5 at round 2", snap.ValLoss, snap.ValLossRound)
+	}
+	if snap.TrainLoss == nil || *snap.TrainLoss != 3 {
+		t.Errorf("train loss %v, want 3 (mean of A, B, C; D adopted)", snap.TrainLoss)
+	}
+	if snap.MembersOnline != 6 {
+		t.Errorf("members online %d, want 6 (the invalid one dropped)", snap.MembersOnline)
+	}
+
+	want := map[string]struct {
+		round uint64
+		agree string
+	}{
+		ShortID(A): {2, Agree}, ShortID(B): {2, Agree}, ShortID(C): {2, Differs}, ShortID(D): {2, Agree},
+		ShortID(E): {3, Unknown}, // one vote only
+		ShortID(F): {500, Unknown},
+	}
+	if len(snap.Members) != len(want) {
+		t.Fatalf("%d member rows, want %d: %+v", len(snap.Members), len(want), snap.Members)
+	}
+	for i, m := range snap.Members {
+		w, ok := want[m.Peer]
+		if !ok || m.Round != w.round || m.Agreement != w.agree || !m.Online {
+			t.Errorf("row %s: round %d %s online %v, want round %d %s", m.Peer, m.Round, m.Agreement, m.Online, w.round, w.agree)
+		}
+		if i > 0 && snap.Members[i-1].Peer > m.Peer {
+			t.Errorf("rows not sorted: %s before %s", snap.Members[i-1].Peer, m.Peer)
+		}
+	}
+	if m := snap.Members[0]; m.StateHash != "0000000000001111" || m.Device != "cpu" || m.BytesSent != 2000 || m.LastSeen != at.UTC() {
+		t.Errorf("row A: %+v", m)
+	}
+	if len(snap.Curve) != 3 || snap.Curve[1].Round != 2 || *snap.Curve[1].Train != 3 || *snap.Curve[0].Val != 2.5 {
+		t.Errorf("curve %+v", snap.Curve)
+	}
+
+	// C, D, E and F leave: those with reports stay in the table, offline, while the reports are current.
+	snap, err = s.Snapshot(info, func() []Member { return live()[:2] }, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.MembersOnline != 2 || len(snap.Members) != 5 || snap.Members[2].Online || snap.Members[2].TokensPerSec != 0 {
+		t.Errorf("after C, D, E, F left: online %d, rows %+v", snap.MembersOnline, snap.Members)
+	}
+	if snap.TokensPerSec != 300 {
+		t.Errorf("tokens/s %v, want 300 (A and B)", snap.TokensPerSec)
+	}
+
+	// An hour later nobody is current: no throughput, the round stays.
+	snap, err = s.Snapshot(info, nil, now.Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.TokensPerSec != 0 || snap.BytesPerSec != 0 || snap.MembersOnline != 0 || len(snap.Members) != 0 || snap.Round != 2 {
+		t.Errorf("an hour later: %v tok/s, %v B/s, %d online, %d rows, round %d", snap.TokensPerSec, snap.BytesPerSec, snap.MembersOnline, len(snap.Members), snap.Round)
+	}
+}
+
+// TestSnapshotGossipVotes: a round nobody has reported yet is judged by the
+// live members' gossiped hashes.
+func TestSnapshotGossipVotes(t *testing.T) {
+	s, _ := openStore(t, testConfig())
+	live := func() []Member {
+		return []Member{
+			{Peer: peerID(1), Round: 9, StateHash: 7},
+			{Peer: peerID(2), Round: 9, StateHash: 7},
+			{Peer: peerID(3), Round: 9, StateHash: 8},
+			{Peer: peerID(4), Round: 9},
+		}
+	}
+	snap, err := s.Snapshot(RunInfo{}, live, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, m := range snap.Members {
+		got[m.Peer] = m.Agreement
+	}
+	want := map[string]string{"fake0001": Agree, "fake0002": Agree, "fake0003": Differs, "fake0004": Unknown}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s: %s, want %s", k, got[k], v)
+		}
+	}
+}
+
+func TestCurveDownsamples(t *testing.T) {
+	var rounds []point
+	for r := uint64(1); r <= 2500; r++ {
+		rounds = append(rounds, point{Round: r, Last: int64(r), TrainSum: 2 * float64(r), TrainN: 2, Reporters: 2})
+	}
+	c := curve(rounds)
+	if len(c) > maxCurvePoints || len(c) < maxCurvePoints/2 {
+		t.Fatalf("%d points from 2500 rounds", len(c))
+	}
+	if last := c[len(c)-1]; last.Round != 2500 || *last.Train != 2500 {
+		t.Errorf("last point %+v (a bucket of round 2500 alone)", last)
+	}
+	if len(c) != 834 || c[0].Round != 3 || *c[0].Train != 2 || c[0].Val != nil { // buckets of 3 rounds
+		t.Errorf("first point %+v", c[0])
+	}
+}

@@ -1,0 +1,332 @@
+package status
+
+import (
+	"encoding/json"
+	"errors"
+	"math"
+	"os"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/skein-ml/skein/bootstrap/telemetry"
+)
+
+func TestStoreReopenKeepsHistory(t *testing.T) {
+	cfg := testConfig()
+	s, path := openStore(t, cfg)
+	feedRun(t, s, 3, 1, 12)
+	for i := range 3 {
+		if err := s.RecordEvent(Event{At: t0.Add(time.Duration(i) * time.Second), Peer: peerID(i), Kind: Join, Role: "trainer", Device: "cpu"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := t0.Add(125 * time.Second)
+	info := RunInfo{RunID: "r", ParamCount: 1000, InnerSteps: 10}
+	before, err := s.Snapshot(info, liveMembers(0, 1, 2), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	histBefore, err := s.History(0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); !errors.Is(err, ErrClosed) {
+		t.Fatalf("second Close: %v, want ErrClosed", err)
+	}
+
+	s2, err := Open(path, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	after, err := s2.Snapshot(info, liveMembers(0, 1, 2), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	histAfter, err := s2.History(0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(before, after) {
+		t.Errorf("snapshot changed across reopen:\nbefore %+v\nafter  %+v", before, after)
+	}
+	if !reflect.DeepEqual(histBefore, histAfter) {
+		t.Errorf("history changed across reopen")
+	}
+	if len(histAfter) != 12 || after.Round != 12 || after.Reports != 36 || len(after.Events) != 3 {
+		t.Errorf("after reopen: %d rounds, round %d, %d reports, %d events; want 12, 12, 36, 3",
+			len(histAfter), after.Round, after.Reports, len(after.Events))
+	}
+	// And it keeps recording where it stopped.
+	feedRun(t, s2, 3, 13, 13)
+	if h, _ := s2.History(13, 10); len(h) != 1 || h[0].Reporters != 3 {
+		t.Errorf("round 13 after reopen: %+v", h)
+	}
+}
+
+// bucketKeys counts the keys of a bucket path in the file.
+func bucketKeys(t *testing.T, s *Store, path ...string) int {
+	t.Helper()
+	n := 0
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte(path[0]))
+		for _, p := range path[1:] {
+			if b = b.Bucket([]byte(p)); b == nil {
+				return nil
+			}
+		}
+		c := b.Cursor()
+		for k, _ := c.First(); k != nil; k, _ = c.Next() {
+			n++
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func TestStoreBounds(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxReportsPerPeer, cfg.MaxPeers, cfg.MaxRounds, cfg.MaxEvents = 8, 6, 40, 30
+	s, path := openStore(t, cfg)
+
+	fill := func(scale int) {
+		// Rounds: 3 steady peers over scale x MaxRounds rounds (each also
+		// exceeds MaxReportsPerPeer), then scale x MaxPeers one-off peers,
+		// then scale x MaxEvents events.
+		base := uint64(s.totals.Reports) // distinct rounds per call
+		feedRun(t, s, 3, base+1, base+uint64(scale*cfg.MaxRounds))
+		last := base + uint64(scale*cfg.MaxRounds)
+		for i := range scale * cfg.MaxPeers {
+			id := peerID(1000 + int(base) + i)
+			if err := s.Record(id, fakeReport(last, 2, 2, 3), t0.Add(time.Duration(last)*10*time.Second)); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.RecordEvent(Event{At: t0, Peer: id, Kind: Join}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i := range scale * cfg.MaxEvents {
+			if err := s.RecordEvent(Event{At: t0, Peer: peerID(i), Kind: Leave}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	check := func(when string) {
+		t.Helper()
+		if n := len(s.peers); n > cfg.MaxPeers {
+			t.Errorf("%s: %d peers in memory, cap %d", when, n, cfg.MaxPeers)
+		}
+		if n := bucketKeys(t, s, "peers"); n > cfg.MaxPeers {
+			t.Errorf("%s: %d peers on disk, cap %d", when, n, cfg.MaxPeers)
+		}
+		if n := bucketKeys(t, s, "reports"); n > cfg.MaxPeers {
+			t.Errorf("%s: %d report buckets on disk, cap %d", when, n, cfg.MaxPeers)
+		}
+		for id, rec := range s.peers {
+			if n := bucketKeys(t, s, "reports", id); n > cfg.MaxReportsPerPeer || n != rec.Kept {
+				t.Errorf("%s: peer %s keeps %d reports (record says %d), cap %d", when, ShortID(id), n, rec.Kept, cfg.MaxReportsPerPeer)
+			}
+		}
+		if n := len(s.rounds); n > cfg.MaxRounds {
+			t.Errorf("%s: %d rounds in memory, cap %d", when, n, cfg.MaxRounds)
+		}
+		if n := bucketKeys(t, s, "rounds"); n != len(s.rounds) {
+			t.Errorf("%s: %d rounds on disk, %d in memory", when, n, len(s.rounds))
+		}
+		if n := bucketKeys(t, s, "events"); n > cfg.MaxEvents || n != s.nEvents {
+			t.Errorf("%s: %d events on disk (counted %d), cap %d", when, n, s.nEvents, cfg.MaxEvents)
+		}
+		if len(s.events) > eventsInMem {
+			t.Errorf("%s: %d events in memory", when, len(s.events))
+		}
+	}
+
+	fill(1)
+	check("1x")
+	st, _ := os.Stat(path)
+	size1 := st.Size()
+	fill(10)
+	check("11x")
+	st, _ = os.Stat(path)
+	size11 := st.Size()
+	t.Logf("file %d bytes at the caps, %d bytes after 10x more", size1, size11)
+	if size11 > 2*size1+256<<10 {
+		t.Errorf("file grew from %d to %d bytes while at its caps", size1, size11)
+	}
+	snap, err := s.Snapshot(RunInfo{}, nil, t0.Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Curve) > cfg.MaxRounds || snap.Reports != s.totals.Reports {
+		t.Errorf("curve %d points, reports %d", len(snap.Curve), snap.Reports)
+	}
+
+	// Lower caps on reopen evict the excess at once.
+	s.Close()
+	cfg.MaxPeers, cfg.MaxRounds, cfg.MaxEvents, cfg.MaxReportsPerPeer = 2, 5, 3, 2
+	s2, err := Open(path, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	s = s2
+	check("reopened with lower caps")
+}
+
+func TestStoreRefuses(t *testing.T) {
+	cfg := testConfig()
+	cfg.MaxReportsPerPeer, cfg.MaxRounds, cfg.MaxRoundLead = 4, 10, 100
+	s, _ := openStore(t, cfg)
+	at := t0
+	for _, bad := range []string{"", strings.Repeat("a", 129), "peer id", "peer\nid", "peér", "\x00"} {
+		if err := s.Record(bad, fakeReport(1, 2, 2, 2), at); !errors.Is(err, ErrBadPeer) {
+			t.Errorf("peer %q: %v, want ErrBadPeer", bad, err)
+		}
+		if err := s.RecordEvent(Event{Peer: bad, Kind: Join}); !errors.Is(err, ErrBadPeer) {
+			t.Errorf("event peer %q: %v, want ErrBadPeer", bad, err)
+		}
+	}
+	if err := s.Record(strings.Repeat("a", 128), fakeReport(1, 2, 2, 2), at); err != nil {
+		t.Errorf("128-byte peer id: %v", err)
+	}
+	if err := s.RecordEvent(Event{Peer: peerID(1), Kind: "explode"}); !errors.Is(err, ErrBadEvent) {
+		t.Errorf("bad kind: %v, want ErrBadEvent", err)
+	}
+
+	feedRun(t, s, 2, 1, 20) // rounds 11..20 kept; each peer keeps 17..20
+	at = t0.Add(200 * time.Second)
+	if err := s.Record(peerID(0), fakeReport(16, 2, 2, 2), at); !errors.Is(err, ErrStale) {
+		t.Errorf("report below the peer's kept reports: %v, want ErrStale", err)
+	}
+	if err := s.Record(peerID(5), fakeReport(3, 2, 2, 2), at); !errors.Is(err, ErrStale) {
+		t.Errorf("report below the kept rounds: %v, want ErrStale", err)
+	}
+	if err := s.Record(peerID(5), fakeReport(20+101, 2, 2, 2), at); !errors.Is(err, ErrRoundAhead) {
+		t.Errorf("report 101 rounds ahead: %v, want ErrRoundAhead", err)
+	}
+	if err := s.Record(peerID(5), fakeReport(20+100, 2, 2, 2), at); err != nil {
+		t.Errorf("report 100 rounds ahead: %v", err)
+	}
+	if got := s.Refused(); got != 6+3 {
+		t.Errorf("Refused() = %d, want 9", got)
+	}
+	// A replacement of a kept (peer, round) is fine.
+	if err := s.Record(peerID(0), fakeReport(18, 2, 2, 2), at); err != nil {
+		t.Errorf("replacing a kept report: %v", err)
+	}
+}
+
+func TestStoreReplacesSameRound(t *testing.T) {
+	s, _ := openStore(t, testConfig())
+	a := fakeReport(7, 3, 2, 2)
+	a.Tokens, a.BytesSent = 100, 1000
+	b := a
+	b.Tokens, b.BytesSent, b.TrainLoss, b.StateHash = 300, 5000, 1, 42
+	for _, r := range []telemetry.Report{a, b} {
+		if err := s.Record(peerID(1), r, t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h, err := s.History(0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h) != 1 || h[0].Reporters != 1 || h[0].Tokens != 300 || h[0].BytesSent != 5000 || *h[0].TrainLoss != 1 || h[0].HashVotes != 1 || h[0].MajorityHash != "000000000000002a" {
+		t.Errorf("after a replaced report: %+v", h)
+	}
+	if s.totals.Tokens != 300 || s.totals.BytesSent != 5000 || s.totals.Reports != 2 || s.peers[peerID(1)].Tokens != 300 {
+		t.Errorf("totals %+v, peer tokens %d", s.totals, s.peers[peerID(1)].Tokens)
+	}
+}
+
+func TestStoreSanitizes(t *testing.T) {
+	s, _ := openStore(t, testConfig())
+	inf := math.Inf(1)
+	rep := telemetry.Report{
+		Round: 1, TrainLoss: float32(math.NaN()), ValLoss: float32(inf), Tokens: math.MaxUint64,
+		TokensPerSec: math.NaN(), BytesSent: math.MaxUint64, BytesRecv: math.MaxUint64,
+		ComputeSeconds: inf, WallSeconds: -1, Members: -5,
+		Device: "gpu\x1b[31m \u202eevil\u0000 \n  name" + strings.Repeat("x", 200), Version: "\xff\xfe",
+	}
+	for i := range 3 {
+		if err := s.Record(peerID(i), rep, t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	neg := fakeReport(1, -3, 1e9, 3)
+	neg.TokensPerSec = inf
+	if err := s.Record(peerID(3), neg, t0); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := s.Snapshot(RunInfo{ParamCount: math.MaxInt, InnerSteps: math.MaxInt}, nil, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := json.Marshal(snap)
+	if err != nil {
+		t.Fatalf("snapshot of hostile reports does not encode: %v", err)
+	}
+	if snap.ValLoss != nil || snap.TrainLoss != nil {
+		t.Errorf("losses from NaN/Inf/negative/huge reports: train %v val %v", snap.TrainLoss, snap.ValLoss)
+	}
+	if snap.TokensTrained != 3*maxTokens+4096 || snap.TokensPerSec != 3*0+maxRate {
+		t.Errorf("tokens %d, tokens/s %v", snap.TokensTrained, snap.TokensPerSec)
+	}
+	for _, m := range snap.Members {
+		if strings.ContainsAny(m.Device, "\x1b\u202e\x00\n") || len(m.Device) > telemetry.MaxString {
+			t.Errorf("device not cleaned: %q", m.Device)
+		}
+		if m.Peer != "fake0003" && m.Device != "gpu[31m evil name"+strings.Repeat("x", 64-len("gpu[31m evil name")) {
+			t.Errorf("device = %q", m.Device)
+		}
+	}
+	if strings.Contains(string(data), "NaN") || strings.Contains(string(data), "Inf") {
+		t.Errorf("JSON carries a non-finite number: %s", data)
+	}
+}
+
+func TestCleanString(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"  cpu   (8 threads) ", "cpu (8 threads)"},
+		{"a\tb\nc", "a b c"},
+		{"\u202eabc\u2066", "abc"},
+		{"héllo", "héllo"},
+		{"\xffok", "ok"},
+		{"ééééé", "éé"}, // 5 bytes max: no half rune
+	} {
+		max := 64
+		if c.want == "éé" {
+			max = 5
+		}
+		if got := cleanString(c.in, max); got != c.want {
+			t.Errorf("cleanString(%q) = %q, want %q", c.in, got, c.want)
+		}
+	}
+	if ShortID("12D3KooWAbCdEfGhIjKl") != "AbCdEfGh" || ShortID("QmXyZ12345678") != "XyZ12345" || ShortID("short") != "short" {
+		t.Errorf("ShortID")
+	}
+}
+
+func TestStoreConfigValidate(t *testing.T) {
+	if err := DefaultStoreConfig().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	bad := DefaultStoreConfig()
+	bad.MaxRounds = 0
+	if err := bad.Validate(); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "max rounds 0") {
+		t.Errorf("Validate = %v", err)
+	}
+	if _, err := Open(t.TempDir()+"/x.db", bad); !errors.Is(err, ErrConfig) {
+		t.Errorf("Open with a bad config: %v", err)
+	}
+}

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/urfave/cli/v2"
+
+	"github.com/skein-ml/skein/bootstrap/manifest"
+	"github.com/skein-ml/skein/experiment"
+)
+
+func demoCommand() *cli.Command {
+	d := experiment.DefaultDemoConfig()
+	return &cli.Command{
+		Name:  "demo",
+		Usage: "run a whole training run on this machine: a bootstrap, its status page and volunteers",
+		Description: "Starts a bootstrap (with the public status page) and --volunteers `skein node join` processes on\n" +
+			"loopback. They train the tiny GPT on the Go standard library's sources, which the bootstrap packs\n" +
+			"into shards that travel to the volunteers, with DiLoCo (or --optimizer noloco). Every link goes\n" +
+			"through the WAN emulator (--rate, --latency), so the demo shows what the internet costs. The status\n" +
+			"page's URL is printed at once. Runs until --duration or --target-loss; Ctrl-C stops every child\n" +
+			"(they save and leave gracefully). Ends with a summary: loss, tokens, bytes sent against fp32\n" +
+			"data-parallel training, each volunteer's time to its first step and its share of time computing.",
+		Flags: []cli.Flag{
+			&cli.IntFlag{Name: "volunteers", Value: d.Volunteers, Usage: "volunteer processes"},
+			&cli.StringFlag{Name: "optimizer", Value: d.Manifest.Optimizer.Kind, Usage: "outer optimizer: diloco or noloco"},
+			&cli.DurationFlag{Name: "duration", Value: d.Duration, Usage: "stop after this long (0: only at --target-loss or Ctrl-C)"},
+			&cli.Float64Flag{Name: "target-loss", Usage: "stop once the validation loss reaches this (0: never)"},
+			&cli.Float64Flag{Name: "rate", Value: d.RateMbit, Usage: "emulated bandwidth of every link, Mbit/s (0: unlimited)"},
+			&cli.DurationFlag{Name: "latency", Value: d.Latency, Usage: "emulated one-way latency of every link"},
+			&cli.StringFlag{Name: "http", Value: d.HTTPAddr, Usage: "status page address (port 0: any free port)"},
+			&cli.IntFlag{Name: "threads", Value: d.Threads, Usage: "CPU threads per volunteer"},
+			&cli.IntFlag{Name: "inner-steps", Value: d.Manifest.Optimizer.InnerSteps, Usage: "inner steps per round (H)"},
+			&cli.PathFlag{Name: "dir", Usage: "directory for the children's data and logs (default: a new temporary directory)"},
+			&cli.StringFlag{Name: "child-log-level", Value: "warn", Usage: "log level of the children (their logs go to --dir)"},
+		},
+		Action: func(c *cli.Context) error {
+			log, err := logger(c)
+			if err != nil {
+				return err
+			}
+			cfg := d
+			cfg.Volunteers, cfg.Duration, cfg.TargetLoss = c.Int("volunteers"), c.Duration("duration"), c.Float64("target-loss")
+			cfg.RateMbit, cfg.Latency, cfg.HTTPAddr = c.Float64("rate"), c.Duration("latency"), c.String("http")
+			cfg.Threads, cfg.LogLevel, cfg.Logger, cfg.Out = c.Int("threads"), c.String("child-log-level"), log, os.Stdout
+			cfg.Manifest.Optimizer.Kind = c.String("optimizer")
+			if cfg.Manifest.Optimizer.Kind == manifest.KindNoLoCo {
+				// NoLoCo's own outer defaults (ALGORITHMS.md 2).
+				cfg.Manifest.Optimizer.OuterLR, cfg.Manifest.Optimizer.OuterMomentum = 0.7, 0.5
+			}
+			cfg.Manifest.Optimizer.InnerSteps = c.Int("inner-steps")
+			if cfg.Duration == 0 && cfg.TargetLoss == 0 {
+				fmt.Fprintln(os.Stderr, "skein demo: no --duration or --target-loss: running until Ctrl-C")
+			}
+			if cfg.Binary, err = os.Executable(); err != nil {
+				return err
+			}
+			if cfg.Dir = c.Path("dir"); cfg.Dir == "" {
+				if cfg.Dir, err = os.MkdirTemp("", "skein-demo-"); err != nil {
+					return err
+				}
+			} else if cfg.Dir, err = filepath.Abs(cfg.Dir); err != nil {
+				return err
+			}
+			began := time.Now()
+			res, err := experiment.RunDemo(c.Context, cfg)
+			if res != nil && res.Wall > 0 {
+				fmt.Print(res.Summary())
+				fmt.Printf("logs and data: %s\n", cfg.Dir)
+			}
+			if err != nil {
+				return fmt.Errorf("demo stopped after %v: %w", time.Since(began).Round(time.Second), err)
+			}
+			return nil
+		},
+	}
+}

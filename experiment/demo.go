@@ -1,0 +1,400 @@
+package experiment
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/skein-ml/skein/bootstrap/manifest"
+	"github.com/skein-ml/skein/bootstrap/status"
+)
+
+// DemoConfig configures RunDemo: a whole run on one machine, a bootstrap
+// and Volunteers `skein node join` processes on loopback, every link slowed
+// by the WAN emulator so that the run shows what the internet costs.
+type DemoConfig struct {
+	// Binary is the skein executable the children run (os.Executable()).
+	Binary string
+	// Dir holds the children's data directories and logs.
+	Dir        string
+	Volunteers int
+	// Manifest is the run; its corpus is packed into shards by the
+	// bootstrap when it is a shards run listing none.
+	Manifest manifest.Manifest
+	// Duration ends the run (0: until TargetLoss or ctx).
+	Duration time.Duration
+	// TargetLoss ends the run once the validation loss reaches it (0: none).
+	TargetLoss float64
+	// RateMbit and Latency are each emulated link's bandwidth and one-way
+	// delay; 0 disables that part of the emulation.
+	RateMbit float64
+	Latency  time.Duration
+	// HTTPAddr is where the status page listens (port 0: any free port).
+	HTTPAddr string
+	// Threads per volunteer.
+	Threads int
+	// LogLevel of the children (their logs go to Dir).
+	LogLevel string
+	// Out receives the demo's progress and summary.
+	Out    io.Writer
+	Logger *slog.Logger
+	// Started, if set, is called with the status page's URL once it is up.
+	Started func(statusURL string)
+}
+
+// DefaultDemoConfig returns the README's demo: 4 volunteers training the
+// tiny model on the Go sources (packed into shards that travel with the
+// run) with DiLoCo, over 50 Mbit/s links with 30 ms of latency, for three
+// minutes.
+func DefaultDemoConfig() DemoConfig {
+	m := manifest.Default()
+	m.Data.Source, m.Data.ShardBytes = manifest.SourceShards, 4<<20
+	return DemoConfig{Volunteers: 4, Manifest: m, Duration: 3 * time.Minute, RateMbit: 50, Latency: 30 * time.Millisecond,
+		HTTPAddr: "127.0.0.1:8080", Threads: 1, LogLevel: "warn"}
+}
+
+// DemoResult summarizes a demo run.
+type DemoResult struct {
+	StatusURL         string
+	Rounds            uint64
+	ValStart, ValEnd  float64 // validation loss of the first and last measured rounds (NaN if none)
+	TokensTrained     uint64
+	BytesSent         uint64
+	FP32DPBytes       uint64 // what fp32 data-parallel training would have sent for the same work
+	FirstStep         []time.Duration
+	ComputeFraction   []float64 // per volunteer: inner-step time / round wall time
+	Wall              time.Duration
+	ReachedTargetLoss bool
+	VolunteerLogs     []string
+	BootstrapLog      string
+}
+
+// RunDemo starts the bootstrap and the volunteers, shows the run's progress
+// until Duration, TargetLoss or ctx, stops every child (gracefully, then by
+// force), and returns the summary. Children die with this process, even
+// when it is killed (Linux: parent-death signal).
+func RunDemo(ctx context.Context, cfg DemoConfig) (*DemoResult, error) {
+	if cfg.Volunteers < 2 {
+		return nil, fmt.Errorf("%w: %d volunteers; a run needs at least 2", ErrConfig, cfg.Volunteers)
+	}
+	if cfg.Binary == "" || cfg.Dir == "" {
+		return nil, fmt.Errorf("%w: binary %q and directory %q are required", ErrConfig, cfg.Binary, cfg.Dir)
+	}
+	if err := cfg.Manifest.ValidateTemplate(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	out := cfg.Out
+	if out == nil {
+		out = io.Discard
+	}
+	if cfg.LogLevel == "" {
+		cfg.LogLevel = "warn"
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return nil, fmt.Errorf("experiment: %w", err)
+	}
+	runFile := filepath.Join(cfg.Dir, "run.toml")
+	if err := os.WriteFile(runFile, cfg.Manifest.Canonical(), 0o644); err != nil {
+		return nil, fmt.Errorf("experiment: %w", err)
+	}
+	began := time.Now()
+	res := &DemoResult{ValStart: math.NaN(), ValEnd: math.NaN(), BootstrapLog: filepath.Join(cfg.Dir, "bootstrap.log")}
+	var kids children
+	defer kids.stop(out)
+
+	// The bootstrap: its first stdout line is the address to join, and its
+	// log says where the status page is.
+	netFlags := []string{"--listen", "/ip4/127.0.0.1/udp/0/quic-v1", "--timing", "lan"}
+	if cfg.RateMbit > 0 {
+		netFlags = append(netFlags, "--emulate-rate", strconv.FormatFloat(cfg.RateMbit, 'g', -1, 64))
+	}
+	if cfg.Latency > 0 {
+		netFlags = append(netFlags, "--emulate-latency", cfg.Latency.String())
+	}
+	bs, err := kids.start(cfg.Binary, res.BootstrapLog, true, append([]string{"--log-level", cfg.LogLevel, "bootstrap",
+		"--manifest", runFile, "--data-dir", filepath.Join(cfg.Dir, "bootstrap"), "--http", cfg.HTTPAddr}, netFlags...)...)
+	if err != nil {
+		return nil, err
+	}
+	addr, err := firstLine(ctx, bs.stdout, 2*time.Minute)
+	if err != nil {
+		return nil, fmt.Errorf("experiment: the bootstrap did not start (see %s): %w", res.BootstrapLog, err)
+	}
+	res.StatusURL, err = waitForLine(ctx, res.BootstrapLog, regexp.MustCompile(`status page: (\S+)`), 30*time.Second)
+	if err != nil {
+		return nil, fmt.Errorf("experiment: the bootstrap printed no status page address (see %s): %w", res.BootstrapLog, err)
+	}
+	fmt.Fprintf(out, "status page: %s\n", res.StatusURL)
+	if cfg.Started != nil {
+		cfg.Started(res.StatusURL)
+	}
+	fmt.Fprintf(out, "starting %d volunteers (logs in %s); links emulated at %g Mbit/s, %v one way\n",
+		cfg.Volunteers, cfg.Dir, cfg.RateMbit, cfg.Latency)
+	for i := 0; i < cfg.Volunteers; i++ {
+		log := filepath.Join(cfg.Dir, fmt.Sprintf("volunteer-%d.log", i+1))
+		res.VolunteerLogs = append(res.VolunteerLogs, log)
+		if _, err := kids.start(cfg.Binary, log, false, append([]string{"--log-level", cfg.LogLevel, "node", "join",
+			"--run-id", cfg.Manifest.RunID, "--bootstrap", addr, "--data-dir", filepath.Join(cfg.Dir, fmt.Sprintf("volunteer-%d", i+1)),
+			"--threads", strconv.Itoa(max(cfg.Threads, 1)), "--min-peers", strconv.Itoa(cfg.Volunteers)}, netFlags...)...); err != nil {
+			return nil, err
+		}
+	}
+
+	// Watch the run through the status API until it ends.
+	var deadline <-chan time.Time
+	if cfg.Duration > 0 {
+		t := time.NewTimer(cfg.Duration)
+		defer t.Stop()
+		deadline = t.C
+	}
+	tick := time.NewTicker(2 * time.Second)
+	defer tick.Stop()
+	var last status.Snapshot
+	var shown uint64
+watch:
+	for {
+		select {
+		case <-ctx.Done():
+			fmt.Fprintln(out, "interrupted: stopping the volunteers")
+			break watch
+		case <-deadline:
+			fmt.Fprintf(out, "%v elapsed: stopping the volunteers\n", cfg.Duration)
+			break watch
+		case err := <-kids.exited:
+			return res, err
+		case <-tick.C:
+		}
+		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		snap, err := status.Fetch(fctx, res.StatusURL)
+		cancel()
+		if err != nil {
+			continue
+		}
+		last = snap
+		if snap.Round > shown {
+			shown = snap.Round
+			val := "-"
+			if snap.ValLoss != nil {
+				val = fmt.Sprintf("%.4f", *snap.ValLoss)
+			}
+			fmt.Fprintf(out, "round %d: val loss %s, %d volunteers online, %.0f tokens/s, %.1f MB sent (fp32 data-parallel: %.1f MB)\n",
+				snap.Round, val, snap.MembersOnline-1, snap.TokensPerSec, float64(snap.BytesSent)/1e6, float64(snap.FP32DPBytes)/1e6)
+			if cfg.TargetLoss > 0 && snap.ValLoss != nil && *snap.ValLoss <= cfg.TargetLoss {
+				fmt.Fprintf(out, "validation loss %.4f reached the target %.4f: stopping the volunteers\n", *snap.ValLoss, cfg.TargetLoss)
+				res.ReachedTargetLoss = true
+				break watch
+			}
+		}
+	}
+	if snap, err := status.Fetch(context.Background(), res.StatusURL); err == nil {
+		last = snap
+	}
+	kids.stop(out)
+	res.Wall = time.Since(began)
+	res.Rounds, res.TokensTrained, res.BytesSent, res.FP32DPBytes = last.Round, last.TokensTrained, last.BytesSent, last.FP32DPBytes
+	for _, p := range last.Curve {
+		if p.Val != nil {
+			if math.IsNaN(res.ValStart) {
+				res.ValStart = *p.Val
+			}
+			res.ValEnd = *p.Val
+		}
+	}
+	first := regexp.MustCompile(`first training step ([0-9.]+)s after starting`)
+	compute := regexp.MustCompile(`computing ([0-9.]+)% of the time`)
+	for _, l := range res.VolunteerLogs {
+		b, _ := os.ReadFile(l)
+		if m := first.FindSubmatch(b); m != nil {
+			sec, _ := strconv.ParseFloat(string(m[1]), 64)
+			res.FirstStep = append(res.FirstStep, time.Duration(sec*float64(time.Second)))
+		}
+		if m := compute.FindSubmatch(b); m != nil {
+			pct, _ := strconv.ParseFloat(string(m[1]), 64)
+			res.ComputeFraction = append(res.ComputeFraction, pct/100)
+		}
+	}
+	return res, nil
+}
+
+// Summary is the demo's closing report.
+func (r *DemoResult) Summary() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "summary after %v:\n", r.Wall.Round(time.Second))
+	fmt.Fprintf(&b, "  validation loss  %.4f -> %.4f over %d rounds\n", r.ValStart, r.ValEnd, r.Rounds)
+	fmt.Fprintf(&b, "  tokens trained   %d\n", r.TokensTrained)
+	saved := 0.0
+	if r.BytesSent > 0 {
+		saved = float64(r.FP32DPBytes) / float64(r.BytesSent)
+	}
+	fmt.Fprintf(&b, "  bytes sent       %.1f MB (fp32 data-parallel would send %.1f MB: %.0fx more)\n",
+		float64(r.BytesSent)/1e6, float64(r.FP32DPBytes)/1e6, saved)
+	var fs []string
+	for _, d := range r.FirstStep {
+		fs = append(fs, d.Round(100*time.Millisecond).String())
+	}
+	fmt.Fprintf(&b, "  first step       %s after each volunteer started\n", strings.Join(fs, ", "))
+	var cf []string
+	for _, f := range r.ComputeFraction {
+		cf = append(cf, fmt.Sprintf("%.0f%%", 100*f))
+	}
+	fmt.Fprintf(&b, "  computing        %s of each volunteer's time\n", strings.Join(cf, ", "))
+	return b.String()
+}
+
+// children are the demo's processes.
+type children struct {
+	mu     sync.Mutex
+	procs  []*child
+	exited chan error
+}
+
+type child struct {
+	cmd    *exec.Cmd
+	stdout io.Reader
+	done   chan struct{}
+	name   string
+	log    string
+}
+
+// start runs bin with args, its output to logPath (stdout piped instead
+// when wantStdout), in its own process group, killed if this process dies.
+func (k *children) start(bin, logPath string, wantStdout bool, args ...string) (*child, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.exited == nil {
+		k.exited = make(chan error, 64)
+	}
+	f, err := os.Create(logPath)
+	if err != nil {
+		return nil, fmt.Errorf("experiment: %w", err)
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stderr = f
+	c := &child{cmd: cmd, done: make(chan struct{}), name: filepath.Base(logPath), log: logPath}
+	if wantStdout {
+		r, w := io.Pipe()
+		cmd.Stdout = io.MultiWriter(f, w)
+		c.stdout = r
+		defer func() {
+			go func() { <-c.done; w.Close() }()
+		}()
+	} else {
+		cmd.Stdout = f
+	}
+	cmd.SysProcAttr = childAttr()
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("experiment: starting %s: %w", bin, err)
+	}
+	k.procs = append(k.procs, c)
+	go func() {
+		err := cmd.Wait()
+		f.Close()
+		close(c.done)
+		k.mu.Lock()
+		stopping := k.procs == nil
+		k.mu.Unlock()
+		if !stopping {
+			msg := "exited"
+			if err != nil {
+				msg = err.Error()
+			}
+			k.exited <- fmt.Errorf("experiment: %s %s before the demo ended; see %s", c.name, msg, c.log)
+		}
+	}()
+	return c, nil
+}
+
+// stop interrupts every child (they save and leave gracefully), waits up
+// to 15 s, then kills what is left. Volunteers go first, the bootstrap last.
+func (k *children) stop(out io.Writer) {
+	k.mu.Lock()
+	procs := k.procs
+	k.procs = nil
+	k.mu.Unlock()
+	if len(procs) == 0 {
+		return
+	}
+	for i := len(procs) - 1; i >= 0; i-- {
+		if i == 0 && len(procs) > 1 {
+			waitAll(procs[1:], 15*time.Second) // the volunteers' last reports reach the bootstrap
+		}
+		procs[i].cmd.Process.Signal(syscall.SIGINT)
+	}
+	if !waitAll(procs, 15*time.Second) {
+		fmt.Fprintln(out, "some children did not stop in 15 s; killing them")
+		for _, c := range procs {
+			c.cmd.Process.Kill()
+		}
+		waitAll(procs, 5*time.Second)
+	}
+}
+
+func waitAll(procs []*child, d time.Duration) bool {
+	deadline := time.After(d)
+	for _, c := range procs {
+		select {
+		case <-c.done:
+		case <-deadline:
+			return false
+		}
+	}
+	return true
+}
+
+// firstLine reads one line from r.
+func firstLine(ctx context.Context, r io.Reader, d time.Duration) (string, error) {
+	ch := make(chan string, 1)
+	errc := make(chan error, 1)
+	go func() {
+		line, err := bufio.NewReader(r).ReadString('\n')
+		if err != nil {
+			errc <- err
+			return
+		}
+		ch <- strings.TrimSpace(line)
+		go io.Copy(io.Discard, r) // keep draining so the child never blocks
+	}()
+	select {
+	case l := <-ch:
+		return l, nil
+	case err := <-errc:
+		return "", err
+	case <-ctx.Done():
+		return "", ctx.Err()
+	case <-time.After(d):
+		return "", errors.New("timed out")
+	}
+}
+
+// waitForLine polls a log file until re matches, and returns its first group.
+func waitForLine(ctx context.Context, path string, re *regexp.Regexp, d time.Duration) (string, error) {
+	deadline := time.Now().Add(d)
+	for {
+		b, _ := os.ReadFile(path)
+		if m := re.FindSubmatch(b); m != nil {
+			return string(m[1]), nil
+		}
+		if time.Now().After(deadline) {
+			return "", errors.New("timed out")
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,350 @@
+package node
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/skein-ml/skein/internal/atomicfile"
+	"github.com/skein-ml/skein/model"
+	"github.com/skein-ml/skein/optimizer"
+	"github.com/skein-ml/skein/p2p"
+)
+
+// The DiLoCo side of a volunteer: every member trains H inner steps, then
+// all average their pseudo-gradients in the fault-tolerant ring and take the
+// same outer Nesterov step, so that every member holds the same shared
+// state (round, phi, momentum) after each round. A member that falls
+// behind, or ends a round with another state than the run's, downloads the
+// run's state from the others (DESIGN.md, node).
+
+// initDiLoCo builds the DiLoCo side of a volunteer: the ring over
+// p2p.ProtoReduce, the shared state (resumed from the local checkpoint if
+// there is one) and what it serves to joiners.
+func (v *Volunteer) initDiLoCo() (err error) {
+	m := v.run
+	maxMsg := uint32(min(stateSize(v.n)+1<<20, 1<<30))
+	if v.peers, err = NewP2PPeers(v.pn, p2p.ProtoReduce, maxMsg, 60*time.Second); err != nil {
+		return err
+	}
+	rc := v.cfg.Ring
+	if rc.Logger == nil {
+		rc.Logger = v.log
+	}
+	rc.Codec.Codec = m.Codec()
+	if v.ring, err = optimizer.NewRing(v.peers, rc); err != nil {
+		return err
+	}
+	// The ring outlives ctx long enough to finish cleanly; Close stops it.
+	var rctx context.Context
+	rctx, v.cancelRing = context.WithCancel(context.Background())
+	v.ring.Start(rctx)
+	d := optimizer.DefaultDiLoCo()
+	d.OuterLR, d.Momentum = m.Optimizer.OuterLR, m.Optimizer.OuterMomentum
+	if v.dl, err = optimizer.NewDiLoCo(d, v.ring, v.theta); err != nil {
+		return err
+	}
+	v.resume()
+	v.served = encodeState(v.dl.State())
+	return nil
+}
+
+// runDiLoCo catches up with the run, then trains round after round: an
+// inner phase followed by a contribution to the ring.
+func (v *Volunteer) runDiLoCo(ctx context.Context) error {
+	if err := catchUp(ctx, v.pn, v.dl, v.n, v.log); err != nil {
+		v.log.Warn("could not fetch the run's state; starting from the local one", "err", err)
+	} else {
+		v.setWeights()
+	}
+	v.announce(ctx)
+	v.lastReported = v.dl.Round
+	// --rounds counts rounds the run completes while this volunteer is in
+	// it (a round adopted from the others counts; a failed one does not).
+	stopAt := v.dl.Round + uint64(v.cfg.Rounds)
+	for v.cfg.Rounds == 0 || v.dl.Round < stopAt {
+		ph, err := v.trainPhase(ctx)
+		if err != nil || ctx.Err() != nil {
+			return err
+		}
+		if err := v.contribute(ctx, ph); err != nil || ctx.Err() != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// resume loads the local checkpoint (weights, AdamW moments, the round and
+// phi/momentum), if any; the weights restart from phi.
+func (v *Volunteer) resume() {
+	if v.cfg.DataDir == "" {
+		return
+	}
+	v.ckPath = filepath.Join(v.cfg.DataDir, volunteerCheckpoint)
+	step, err := resumeVolunteer(v.ckPath, v.su.Stage, v.dl)
+	switch {
+	case err == nil:
+		v.innerStep = step
+		v.setWeights()
+		say(v.cfg.Progress, "resumed local checkpoint at round %d", v.dl.Round)
+	case !errors.Is(err, os.ErrNotExist):
+		v.log.Warn("ignoring unusable local checkpoint", "path", v.ckPath, "err", err)
+	}
+}
+
+// contribute offers the round's pseudo-gradient to the ring and installs
+// the result; or, when this member fell behind or diverged, takes the run's
+// state instead.
+func (v *Volunteer) contribute(ctx context.Context, ph phase) error {
+	// Fell behind (joined late, or slow): take the run's state instead of
+	// offering a pseudo-gradient for a round the others have finished.
+	if before := v.dl.Round; catchUp(ctx, v.pn, v.dl, v.n, v.log) == nil && v.dl.Round > before {
+		say(v.cfg.Progress, "behind the run: jumped from round %d to %d", before, v.dl.Round)
+		v.adopted(ctx, ph)
+		return nil
+	}
+	// Ended the last round with another state than the run's (the others'
+	// announcements have arrived by now): train from theirs.
+	if v.resynced(ctx) {
+		v.adopted(ctx, ph)
+		return nil
+	}
+	v.su.Dev.CopyOut(v.theta, v.su.Stage.Params)
+	st, err := v.outerStep(ctx)
+	if ctx.Err() != nil {
+		return nil
+	}
+	if err != nil {
+		if _, fatal := err.(fatalRoundError); fatal {
+			return err
+		}
+		v.adopted(ctx, ph) // the run's state if newer; else back to phi
+		return nil
+	}
+	v.install(ctx)       // OuterStep left theta = phi
+	if v.resynced(ctx) { // the others finished this round with another result
+		v.install(ctx)
+	}
+	v.lastReported = v.dl.Round
+	rep := RoundReport{Round: v.dl.Round, Loss: ph.meanLoss(), Members: len(v.peers.Members()),
+		Stats: st, StateHash: v.dl.StateHash()}
+	v.report(rep, ph, len(st.Group))
+	return nil
+}
+
+// fatalRoundError ends the volunteer: a round failed and the run's state
+// could not be fetched either.
+type fatalRoundError struct{ error }
+
+// outerStep offers theta to the round, retrying a failed round at once with
+// the same pseudo-gradient (up to roundTries) while nobody finishes it.
+func (v *Volunteer) outerStep(ctx context.Context) (optimizer.RoundStats, error) {
+	for try := 1; ; try++ {
+		st, err := v.dl.OuterStep(ctx, v.theta)
+		if err == nil || ctx.Err() != nil {
+			return st, err
+		}
+		v.log.Warn("round failed", "round", v.dl.Round+1, "try", try, "err", err)
+		say(v.cfg.Progress, "round %d did not complete (%v); re-syncing and retrying", v.dl.Round+1, err)
+		before := v.dl.Round
+		if cerr := catchUp(ctx, v.pn, v.dl, v.n, v.log); cerr != nil {
+			return st, fatalRoundError{fmt.Errorf("round %d: %w (re-sync: %v)", v.dl.Round+1, err, cerr)}
+		}
+		if v.dl.Round > before || try == roundTries {
+			return st, err // the others finished it without us (adopted), or give this pseudo-gradient up
+		}
+		// Nobody finished the round: offer the same pseudo-gradient again at
+		// once (OuterStep left theta and the error feedback as they were),
+		// so that members that failed together retry together; retraining
+		// first would spread them an inner phase apart, and the first back
+		// would exclude the others.
+		select {
+		case <-ctx.Done():
+			return st, ctx.Err()
+		case <-time.After(time.Duration(try) * 500 * time.Millisecond):
+		}
+	}
+}
+
+// setWeights makes phi the stage's weights.
+func (v *Volunteer) setWeights() {
+	copy(v.theta, v.dl.Phi)
+	v.su.Dev.CopyIn(v.su.Stage.Params, v.theta)
+}
+
+// install makes the shared state the stage's weights, what this member
+// serves to joiners and what it announces.
+func (v *Volunteer) install(ctx context.Context) {
+	v.setWeights()
+	blob := encodeState(v.dl.State())
+	v.mu.Lock()
+	v.served = blob
+	v.mu.Unlock()
+	v.announce(ctx)
+}
+
+// announce gossips this member's round and state hash in its metadata.
+func (v *Volunteer) announce(ctx context.Context) {
+	round, hash := v.dl.Round, v.dl.StateHash()
+	if err := v.pn.UpdateMeta(ctx, func(m *p2p.Meta) { m.Round, m.StateHash = round, hash }); err != nil {
+		v.log.Debug("announcing state", "err", err)
+	}
+}
+
+// resynced takes the run's state when this member's differs from it
+// (divergedFrom; DESIGN.md, consistency) and says whether it did.
+func (v *Volunteer) resynced(ctx context.Context) bool {
+	ids := divergedFrom(v.pn, v.dl)
+	if len(ids) == 0 {
+		return false
+	}
+	v.log.Warn("state differs from the run's; re-syncing", "round", v.dl.Round)
+	if err := adoptFrom(ctx, v.pn, v.dl, v.n, ids); err != nil {
+		v.log.Warn("re-sync failed", "err", err)
+		return false
+	}
+	return true
+}
+
+// adopted installs the run's state just taken and reports the rounds it
+// covers; the inner steps since the last round are dropped.
+func (v *Volunteer) adopted(ctx context.Context, ph phase) {
+	v.install(ctx)
+	if v.dl.Round == v.lastReported {
+		return
+	}
+	v.lastReported = v.dl.Round
+	rep := RoundReport{Round: v.dl.Round, Loss: ph.meanLoss(), Members: len(v.peers.Members()),
+		StateHash: v.dl.StateHash(), Adopted: true}
+	v.report(rep, ph, 0)
+}
+
+// catchUp adopts the shared state of the most advanced volunteer when its
+// announced round (gossiped in membership metadata) is ahead of ours. Only
+// that member's state is downloaded, falling back to the next most advanced.
+func catchUp(ctx context.Context, pn *p2p.Node, dl *optimizer.DiLoCo, n int, log *slog.Logger) error {
+	type ahead struct {
+		id    optimizer.PeerID
+		round uint64
+	}
+	var cands []ahead
+	for _, m := range pn.Members() {
+		if m.Meta.Role == p2p.RoleVolunteer && m.ID != pn.ID() && m.Meta.Round > dl.Round {
+			cands = append(cands, ahead{optimizer.PeerID(m.ID.String()), m.Meta.Round})
+		}
+	}
+	if len(cands) == 0 {
+		return nil
+	}
+	slices.SortFunc(cands, func(a, b ahead) int { return cmp.Compare(b.round, a.round) })
+	ids := make([]optimizer.PeerID, len(cands))
+	for i, c := range cands {
+		ids[i] = c.id
+	}
+	if err := adoptFrom(ctx, pn, dl, n, ids); err != nil {
+		return err
+	}
+	log.Info("adopted the run's state", "round", dl.Round)
+	return nil
+}
+
+// The local checkpoint of a volunteer is two files written atomically one
+// after the other: the stage (weights and AdamW moments) in safetensors, and
+// the shared DiLoCo state beside it. On resume the weights are reset to the
+// shared phi, so a crash between the two writes loses at most one round of
+// local progress, never consistency.
+func saveVolunteer(path string, stage *model.Stage, step int, dl *optimizer.DiLoCo) error {
+	if err := model.SaveCheckpoint(path, stage.Snapshot(step, nil)); err != nil {
+		return err
+	}
+	return atomicfile.WriteFile(path+".state", encodeState(dl.State()), 0o644)
+}
+
+// resumeVolunteer loads both files and returns the inner step reached.
+func resumeVolunteer(path string, stage *model.Stage, dl *optimizer.DiLoCo) (int, error) {
+	raw, err := os.ReadFile(path + ".state")
+	if err != nil {
+		return 0, err
+	}
+	round, phi, mom, err := decodeState(raw, stage.NumParams())
+	if err != nil {
+		return 0, err
+	}
+	ck, err := model.LoadCheckpoint(path)
+	if err != nil {
+		return 0, err
+	}
+	if err := stage.Restore(ck); err != nil {
+		return 0, err
+	}
+	return ck.Step, dl.SetState(round, phi, mom)
+}
+
+// divergedFrom returns the members whose state this member should take:
+// among the volunteers announcing this member's round (itself included),
+// the state hash held by the most wins, a tie going to the smallest hash so
+// that every member picks the same one (two members that ended a round
+// differently must not each keep their own). nil when this member holds the
+// winning hash or nobody else has announced this round yet.
+func divergedFrom(pn *p2p.Node, dl *optimizer.DiLoCo) []optimizer.PeerID {
+	mine := dl.StateHash()
+	byHash := map[uint64][]optimizer.PeerID{}
+	for _, m := range pn.Members() {
+		if m.Meta.Role != p2p.RoleVolunteer || m.ID == pn.ID() || m.Meta.Round != dl.Round || m.Meta.StateHash == 0 {
+			continue
+		}
+		byHash[m.Meta.StateHash] = append(byHash[m.Meta.StateHash], optimizer.PeerID(m.ID.String()))
+	}
+	return winningState(mine, byHash)
+}
+
+// winningState applies divergedFrom's rule to the holders of each hash
+// (self not included in byHash).
+func winningState(mine uint64, byHash map[uint64][]optimizer.PeerID) []optimizer.PeerID {
+	best, bestN := mine, len(byHash[mine])+1
+	for h, ids := range byHash {
+		if h != mine && (len(ids) > bestN || (len(ids) == bestN && h < best)) {
+			best, bestN = h, len(ids)
+		}
+	}
+	if best == mine {
+		return nil
+	}
+	return byHash[best]
+}
+
+// adoptFrom downloads the shared state from the first of ids that serves a
+// valid one at this member's round or later, and installs it.
+func adoptFrom(ctx context.Context, pn *p2p.Node, dl *optimizer.DiLoCo, n int, ids []optimizer.PeerID) error {
+	var lastErr error = fmt.Errorf("node: no peer to re-sync from")
+	for _, m := range ids {
+		id, err := peer.Decode(string(m))
+		if err != nil {
+			continue
+		}
+		buf := make(memWriterAt, stateSize(n))
+		fctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		_, err = pn.Fetch(fctx, id, stateKey, buf, p2p.FetchOptions{Length: int64(len(buf))})
+		cancel()
+		if err == nil {
+			var round uint64
+			var phi, mom []float32
+			if round, phi, mom, err = decodeState(buf, n); err == nil {
+				if round < dl.Round {
+					err = fmt.Errorf("node: %s serves round %d, behind our %d", m, round, dl.Round)
+				} else if err = dl.SetState(round, phi, mom); err == nil {
+					return nil
+				}
+			}
+		}
+		lastErr = err
+	}
+	return lastErr
+}

@@ -1,0 +1,74 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// metricsServer serves a volunteer's Prometheus metrics (--metrics ADDR).
+type metricsServer struct {
+	srv *http.Server
+	ln  net.Listener
+}
+
+// serveMetrics registers the volunteer's metrics on a registry of its own
+// and serves them on http://addr/metrics.
+func serveMetrics(addr string, v *Volunteer) (*metricsServer, error) {
+	reg := prometheus.NewRegistry()
+	gauge := func(name, help string, f func() float64) {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "skein", Subsystem: "node", Name: name, Help: help}, f))
+	}
+	counter := func(name, help string, f func() float64) {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "skein", Subsystem: "node", Name: name, Help: help}, f))
+	}
+	snap := func() roundMeasure {
+		v.mu.Lock()
+		defer v.mu.Unlock()
+		return v.last
+	}
+	gauge("round", "The last outer round this volunteer completed or adopted.", func() float64 { return float64(snap().round) })
+	gauge("train_loss", "Mean training loss of the last round's inner steps.", func() float64 { return float64(snap().trainLoss) })
+	gauge("validation_loss", "Loss of the run's state on the fixed validation batches after the last round.", func() float64 { return float64(snap().valLoss) })
+	gauge("tokens_per_second", "Training throughput during the last round's inner steps.", func() float64 { return snap().tokensPerSec })
+	gauge("members", "Volunteers in the run, as this volunteer sees them.", func() float64 { return float64(len(v.peers.Members())) })
+	gauge("compute_fraction", "Fraction of the last round's wall time spent in inner steps.", func() float64 {
+		m := snap()
+		if m.wallSec <= 0 {
+			return 0
+		}
+		return m.computeSec / m.wallSec
+	})
+	counter("tokens_total", "Tokens this volunteer trained on since it started.", func() float64 { return float64(snap().tokensTotal) })
+	counter("rounds_total", "Rounds this volunteer contributed to since it started.", func() float64 { return float64(snap().contributed) })
+	counter("rounds_adopted_total", "Rounds whose result this volunteer took from others instead of contributing.", func() float64 { return float64(snap().adopted) })
+	counter("bytes_sent_total", "Bytes sent over libp2p since start.", func() float64 { return float64(v.pn.Traffic().Total.Out) })
+	counter("bytes_received_total", "Bytes received over libp2p since start.", func() float64 { return float64(v.pn.Traffic().Total.In) })
+
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("node: metrics listener: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	s := &metricsServer{ln: ln, srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 30 * time.Second}}
+	go func() {
+		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			v.log.Warn("metrics server stopped", "err", err)
+		}
+	}()
+	v.log.Info("serving metrics", "url", "http://"+ln.Addr().String()+"/metrics")
+	return s, nil
+}
+
+func (s *metricsServer) close() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	s.srv.Shutdown(ctx)
+}

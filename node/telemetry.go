@@ -1,0 +1,90 @@
+package node
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/skein-ml/skein/bootstrap/telemetry"
+	"github.com/skein-ml/skein/p2p"
+)
+
+// telemetryFrameConfig bounds a telemetry stream (telemetry.FrameType).
+func telemetryFrameConfig() p2p.FrameConfig {
+	c := p2p.DefaultFrameConfig()
+	c.MaxSize = telemetry.MaxReportSize
+	c.ReadTimeout, c.WriteTimeout = 10*time.Second, 10*time.Second
+	return c
+}
+
+// reporter sends reports in the background, one at a time; a report that
+// arrives while the previous is still being sent replaces any waiting one.
+type reporter struct {
+	n     *p2p.Node
+	log   *slog.Logger
+	queue chan telemetry.Report
+	done  chan struct{}
+}
+
+func newReporter(n *p2p.Node, log *slog.Logger) *reporter {
+	r := &reporter{n: n, log: log, queue: make(chan telemetry.Report, 1), done: make(chan struct{})}
+	go r.run()
+	return r
+}
+
+// send queues rep, dropping an older report still waiting.
+func (r *reporter) send(rep telemetry.Report) {
+	for {
+		select {
+		case r.queue <- rep:
+			return
+		default:
+		}
+		select {
+		case <-r.queue:
+		default:
+		}
+	}
+}
+
+// close stops the sender after the queued report, waiting at most a few
+// seconds.
+func (r *reporter) close() {
+	close(r.queue)
+	select {
+	case <-r.done:
+	case <-time.After(5 * time.Second):
+	}
+}
+
+func (r *reporter) run() {
+	defer close(r.done)
+	for rep := range r.queue {
+		b, err := rep.MarshalBinary()
+		if err != nil {
+			r.log.Debug("telemetry report not encodable", "err", err)
+			continue
+		}
+		for _, m := range r.n.Members() {
+			if m.Meta.Role != p2p.RoleBootstrap {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			s, err := r.n.Open(ctx, m.ID, p2p.ProtoTelemetry, telemetryFrameConfig())
+			if err == nil {
+				if err = s.WriteFrame(telemetry.FrameType, b); err == nil {
+					err = s.CloseWrite()
+				}
+				if err != nil {
+					s.Reset()
+				} else {
+					s.Close()
+				}
+			}
+			cancel()
+			if err != nil {
+				r.log.Debug("telemetry", "bootstrap", m.ID, "err", err)
+			}
+		}
+	}
+}
