@@ -34,6 +34,9 @@ type DemoConfig struct {
 	// Manifest is the run; its corpus is packed into shards by the
 	// bootstrap when it is a shards run listing none.
 	Manifest manifest.Manifest
+	// Corpus is what the bootstrap packs (empty: the Go standard library
+	// sources).
+	Corpus []string
 	// Duration ends the run (0: until TargetLoss or ctx).
 	Duration time.Duration
 	// TargetLoss ends the run once the validation loss reaches it (0: none).
@@ -124,8 +127,12 @@ func RunDemo(ctx context.Context, cfg DemoConfig) (*DemoResult, error) {
 	if cfg.Latency > 0 {
 		netFlags = append(netFlags, "--emulate-latency", cfg.Latency.String())
 	}
-	bs, err := kids.start(cfg.Binary, res.BootstrapLog, true, append([]string{"--log-level", cfg.LogLevel, "bootstrap",
-		"--manifest", runFile, "--data-dir", filepath.Join(cfg.Dir, "bootstrap"), "--http", cfg.HTTPAddr}, netFlags...)...)
+	bsArgs := []string{"--log-level", cfg.LogLevel, "bootstrap", "--manifest", runFile,
+		"--data-dir", filepath.Join(cfg.Dir, "bootstrap"), "--http", cfg.HTTPAddr}
+	for _, c := range cfg.Corpus {
+		bsArgs = append(bsArgs, "--corpus", c)
+	}
+	bs, err := kids.start(cfg.Binary, res.BootstrapLog, true, append(bsArgs, netFlags...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -52,9 +52,13 @@ func NewCPU(threads int) *CPU {
 	}
 	isa := C.GoString(C.skein_layers_isa())
 	gemm := C.GoString(C.skein_gemm_isa())
-	name := fmt.Sprintf("cpu (%s, %d threads)", isa, threads)
+	unit := "threads"
+	if threads == 1 {
+		unit = "thread"
+	}
+	name := fmt.Sprintf("cpu (%s, %d %s)", isa, threads, unit)
 	if gemm != isa {
-		name = fmt.Sprintf("cpu (%s, gemm %s, %d threads)", isa, gemm, threads)
+		name = fmt.Sprintf("cpu (%s, gemm %s, %d %s)", isa, gemm, threads, unit)
 	}
 	return &CPU{threads: threads, name: name}
 }

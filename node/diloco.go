@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -59,7 +60,7 @@ func (v *Volunteer) initDiLoCo() (err error) {
 // runDiLoCo catches up with the run, then trains round after round: an
 // inner phase followed by a contribution to the ring.
 func (v *Volunteer) runDiLoCo(ctx context.Context) error {
-	if err := catchUp(ctx, v.pn, v.dl, v.n, v.log); err != nil {
+	if err := catchUp(ctx, v.pn, v.dl, v.n, v.log, v.cfg.Progress); err != nil {
 		v.log.Warn("could not fetch the run's state; starting from the local one", "err", err)
 	} else {
 		v.setWeights()
@@ -74,10 +75,66 @@ func (v *Volunteer) runDiLoCo(ctx context.Context) error {
 		if err != nil || ctx.Err() != nil {
 			return err
 		}
-		if err := v.contribute(ctx, ph); err != nil || ctx.Err() != nil {
+		contribute := v.contribute
+		if v.run.Optimizer.Delayed {
+			contribute = v.contributeDelayed
+		}
+		if err := contribute(ctx, ph); err != nil || ctx.Err() != nil {
 			return err
 		}
 	}
+	return nil
+}
+
+// contributeDelayed is contribute for the one-step-delayed outer step
+// (ALGORITHMS.md 1): it lands the round started after the previous inner
+// phase (its all-reduce ran while this phase trained), starts this phase's
+// round in the background, and goes on training from phi plus this phase's
+// local progress, so the network's time hides behind compute. A round in
+// flight is abandoned whenever the member takes the run's state instead.
+func (v *Volunteer) contributeDelayed(ctx context.Context, ph phase) error {
+	// Members land a round one by one as their phases end, so one round
+	// ahead is the others landing first; two is falling behind.
+	if before := v.dl.Round; runAhead(v.pn) > before+1 {
+		if catchUp(ctx, v.pn, v.dl, v.n, v.log, v.cfg.Progress) == nil && v.dl.Round > before {
+			say(v.cfg.Progress, "behind the run: jumped from round %d to %d", before, v.dl.Round)
+			v.adopted(ctx, ph)
+			return nil
+		}
+	}
+	v.su.Dev.CopyOut(v.theta, v.su.Stage.Params)
+	before := v.dl.Round
+	st, err := v.dl.OuterStepDelayed(ctx, v.theta)
+	if ctx.Err() != nil {
+		return nil
+	}
+	if err != nil {
+		// The round in flight failed: nothing of it was applied. Start over
+		// from the run's state (or our phi) with nothing in flight.
+		v.log.Warn("delayed round failed", "round", before+1, "err", err)
+		say(v.cfg.Progress, "round %d did not complete (%v); re-syncing", before+1, err)
+		v.dl.Abandon()
+		if cerr := catchUp(ctx, v.pn, v.dl, v.n, v.log, v.cfg.Progress); cerr != nil {
+			v.log.Warn("re-sync failed", "err", cerr)
+		}
+		v.adopted(ctx, ph)
+		return nil
+	}
+	// theta is phi plus this phase's progress: train on from there.
+	v.su.Dev.CopyIn(v.su.Stage.Params, v.theta)
+	v.publish(ctx)
+	if v.dl.Round == before {
+		say(v.cfg.Progress, "round %d started; its result lands after the next inner phase", before+1)
+		return nil
+	}
+	if v.resynced(ctx) { // the others ended the landed round with another result
+		v.adopted(ctx, ph)
+		return nil
+	}
+	v.lastReported = v.dl.Round
+	rep := RoundReport{Round: v.dl.Round, Loss: ph.meanLoss(), Members: len(v.peers.Members()),
+		Stats: st, StateHash: v.dl.StateHash()}
+	v.report(rep, ph, len(st.Group))
 	return nil
 }
 
@@ -105,7 +162,7 @@ func (v *Volunteer) resume() {
 func (v *Volunteer) contribute(ctx context.Context, ph phase) error {
 	// Fell behind (joined late, or slow): take the run's state instead of
 	// offering a pseudo-gradient for a round the others have finished.
-	if before := v.dl.Round; catchUp(ctx, v.pn, v.dl, v.n, v.log) == nil && v.dl.Round > before {
+	if before := v.dl.Round; catchUp(ctx, v.pn, v.dl, v.n, v.log, v.cfg.Progress) == nil && v.dl.Round > before {
 		say(v.cfg.Progress, "behind the run: jumped from round %d to %d", before, v.dl.Round)
 		v.adopted(ctx, ph)
 		return nil
@@ -154,7 +211,7 @@ func (v *Volunteer) outerStep(ctx context.Context) (optimizer.RoundStats, error)
 		v.log.Warn("round failed", "round", v.dl.Round+1, "try", try, "err", err)
 		say(v.cfg.Progress, "round %d did not complete (%v); re-syncing and retrying", v.dl.Round+1, err)
 		before := v.dl.Round
-		if cerr := catchUp(ctx, v.pn, v.dl, v.n, v.log); cerr != nil {
+		if cerr := catchUp(ctx, v.pn, v.dl, v.n, v.log, v.cfg.Progress); cerr != nil {
 			return st, fatalRoundError{fmt.Errorf("round %d: %w (re-sync: %v)", v.dl.Round+1, err, cerr)}
 		}
 		if v.dl.Round > before || try == roundTries {
@@ -183,6 +240,12 @@ func (v *Volunteer) setWeights() {
 // serves to joiners and what it announces.
 func (v *Volunteer) install(ctx context.Context) {
 	v.setWeights()
+	v.publish(ctx)
+}
+
+// publish makes the shared state what this member serves to joiners and
+// what it announces.
+func (v *Volunteer) publish(ctx context.Context) {
 	blob := encodeState(v.dl.State())
 	v.mu.Lock()
 	v.served = blob
@@ -206,7 +269,7 @@ func (v *Volunteer) resynced(ctx context.Context) bool {
 		return false
 	}
 	v.log.Warn("state differs from the run's; re-syncing", "round", v.dl.Round)
-	if err := adoptFrom(ctx, v.pn, v.dl, v.n, ids); err != nil {
+	if err := adoptFrom(ctx, v.pn, v.dl, v.n, ids, v.cfg.Progress); err != nil {
 		v.log.Warn("re-sync failed", "err", err)
 		return false
 	}
@@ -229,7 +292,7 @@ func (v *Volunteer) adopted(ctx context.Context, ph phase) {
 // catchUp adopts the shared state of the most advanced volunteer when its
 // announced round (gossiped in membership metadata) is ahead of ours. Only
 // that member's state is downloaded, falling back to the next most advanced.
-func catchUp(ctx context.Context, pn *p2p.Node, dl *optimizer.DiLoCo, n int, log *slog.Logger) error {
+func catchUp(ctx context.Context, pn *p2p.Node, dl *optimizer.DiLoCo, n int, log *slog.Logger, progress io.Writer) error {
 	type ahead struct {
 		id    optimizer.PeerID
 		round uint64
@@ -248,11 +311,22 @@ func catchUp(ctx context.Context, pn *p2p.Node, dl *optimizer.DiLoCo, n int, log
 	for i, c := range cands {
 		ids[i] = c.id
 	}
-	if err := adoptFrom(ctx, pn, dl, n, ids); err != nil {
+	if err := adoptFrom(ctx, pn, dl, n, ids, progress); err != nil {
 		return err
 	}
 	log.Info("adopted the run's state", "round", dl.Round)
 	return nil
+}
+
+// runAhead is the highest round another volunteer announces.
+func runAhead(pn *p2p.Node) uint64 {
+	var r uint64
+	for _, m := range pn.Members() {
+		if m.Meta.Role == p2p.RoleVolunteer && m.ID != pn.ID() {
+			r = max(r, m.Meta.Round)
+		}
+	}
+	return r
 }
 
 // The local checkpoint of a volunteer is two files written atomically one
@@ -322,17 +396,14 @@ func winningState(mine uint64, byHash map[uint64][]optimizer.PeerID) []optimizer
 
 // adoptFrom downloads the shared state from the first of ids that serves a
 // valid one at this member's round or later, and installs it.
-func adoptFrom(ctx context.Context, pn *p2p.Node, dl *optimizer.DiLoCo, n int, ids []optimizer.PeerID) error {
+func adoptFrom(ctx context.Context, pn *p2p.Node, dl *optimizer.DiLoCo, n int, ids []optimizer.PeerID, progress io.Writer) error {
 	var lastErr error = fmt.Errorf("node: no peer to re-sync from")
 	for _, m := range ids {
 		id, err := peer.Decode(string(m))
 		if err != nil {
 			continue
 		}
-		buf := make(memWriterAt, stateSize(n))
-		fctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		_, err = pn.Fetch(fctx, id, stateKey, buf, p2p.FetchOptions{Length: int64(len(buf))})
-		cancel()
+		buf, err := fetchState(ctx, pn, id, n, progress)
 		if err == nil {
 			var round uint64
 			var phi, mom []float32

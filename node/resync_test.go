@@ -59,7 +59,7 @@ func TestDivergedMemberResyncs(t *testing.T) {
 	if len(majority) != 3 {
 		t.Fatalf("majority %v, want the 3 members that agree with each other", majority)
 	}
-	if err := adoptFrom(ctx, me, mine, n, majority); err != nil {
+	if err := adoptFrom(ctx, me, mine, n, majority, nil); err != nil {
 		t.Fatal(err)
 	}
 	if mine.StateHash() != theirs.StateHash() {

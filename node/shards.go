@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/skein-ml/skein/bootstrap/manifest"
@@ -38,25 +37,9 @@ func fetchShards(ctx context.Context, n *p2p.Node, store *data.ShardStore, shard
 		return nil
 	}
 	say(progress, "fetching the run's corpus: %d of %d shards, %.1f MB", len(missing), len(shards), float64(total)/1e6)
-	var done atomic.Int64
-	began := time.Now()
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() { // a progress line every 2 seconds
-		t := time.NewTicker(2 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-				d := done.Load()
-				rate := float64(d) / time.Since(began).Seconds()
-				say(progress, "  corpus: %.1f of %.1f MB (%.0f%%), %.1f MB/s", float64(d)/1e6, float64(total)/1e6,
-					100*float64(d)/float64(total), rate/1e6)
-			}
-		}
-	}()
+	tr := startTransfer(progress, "the corpus", total)
+	ok := false
+	defer func() { tr.finish(ok) }()
 	// A few shards at a time, each from a different member first.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -68,7 +51,7 @@ func fetchShards(ctx context.Context, n *p2p.Node, store *data.ShardStore, shard
 		go func() {
 			defer wg.Done()
 			for i := range jobs {
-				if err := fetchShard(ctx, n, store, missing[i], i, &done, log); err != nil {
+				if err := fetchShard(ctx, n, store, missing[i], i, tr, log); err != nil {
 					errs <- err
 					cancel()
 				}
@@ -89,15 +72,14 @@ feed:
 	if err := <-errs; err != nil {
 		return err
 	}
-	sec := time.Since(began).Seconds()
-	say(progress, "fetched the corpus: %.1f MB in %.1fs (%.1f MB/s)", float64(total)/1e6, sec, float64(total)/sec/1e6)
+	ok = true
 	return nil
 }
 
 // fetchShard downloads one shard, trying members in turn (starting at
 // member i mod n) until one serves bytes that match the hash.
 func fetchShard(ctx context.Context, n *p2p.Node, store *data.ShardStore, s data.ShardInfo, i int,
-	done *atomic.Int64, log *slog.Logger) error {
+	tr *transfer, log *slog.Logger) error {
 	var lastErr error
 	for attempt := 0; attempt < 8; attempt++ {
 		srcs := otherMembers(n)
@@ -109,7 +91,7 @@ func fetchShard(ctx context.Context, n *p2p.Node, store *data.ShardStore, s data
 			fetch := func(ctx context.Context, key string, w io.WriterAt, off, length int64) (int64, error) {
 				fctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 				defer cancel()
-				got, err := n.Fetch(fctx, id, key, countingWriterAt{w, done}, p2p.FetchOptions{Offset: off, Length: length, Streams: 2})
+				got, err := n.Fetch(fctx, id, key, tr.writerAt(w), p2p.FetchOptions{Offset: off, Length: length, Streams: 2})
 				return got, err
 			}
 			err := store.Download(ctx, s, fetch)
@@ -133,18 +115,6 @@ func fetchShard(ctx context.Context, n *p2p.Node, store *data.ShardStore, s data
 		}
 	}
 	return fmt.Errorf("node: fetching shard %s: %w", s.Hash, lastErr)
-}
-
-// countingWriterAt counts bytes written, for the progress line.
-type countingWriterAt struct {
-	w io.WriterAt
-	n *atomic.Int64
-}
-
-func (c countingWriterAt) WriteAt(p []byte, off int64) (int, error) {
-	k, err := c.w.WriteAt(p, off)
-	c.n.Add(int64(k))
-	return k, err
 }
 
 // shardInfos converts the manifest's shard list.

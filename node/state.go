@@ -1,11 +1,17 @@
 package node
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"math"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/skein-ml/skein/p2p"
 )
 
 // The shared DiLoCo state that a joiner downloads from a member (protocol
@@ -94,4 +100,29 @@ func (m memWriterAt) WriteAt(p []byte, off int64) (int, error) {
 		return 0, fmt.Errorf("%w: write of %d bytes at %d beyond %d", ErrBadState, len(p), off, len(m))
 	}
 	return copy(m[off:], p), nil
+}
+
+// fetchState downloads a member's encoded shared state of n parameters
+// (stateSize(n) bytes, fixed before anything is allocated), showing its
+// progress on w when it is large enough to take a while.
+func fetchState(ctx context.Context, pn *p2p.Node, id peer.ID, n int, w io.Writer) ([]byte, error) {
+	buf := make(memWriterAt, stateSize(n))
+	if len(buf) < 4<<20 {
+		w = nil // a small state arrives before a progress line could
+	}
+	tr := startTransfer(w, "the run's state from "+shortPeer(id), int64(len(buf)))
+	fctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	_, err := pn.Fetch(fctx, id, stateKey, tr.writerAt(buf), p2p.FetchOptions{Length: int64(len(buf)), Streams: 2})
+	tr.finish(err == nil)
+	return buf, err
+}
+
+// shortPeer is the part of a peer ID people can tell apart.
+func shortPeer(id peer.ID) string {
+	s := id.String()
+	if len(s) > 16 {
+		return s[8:16]
+	}
+	return s
 }

@@ -200,9 +200,9 @@ func NewVolunteer(ctx context.Context, cfg VolunteerConfig) (_ *Volunteer, err e
 		return nil, err
 	}
 	m := v.run
-	if m.Optimizer.Kind == manifest.KindDiLoCo && (m.Optimizer.Delayed || !m.Optimizer.Nesterov) {
-		return nil, fmt.Errorf("%w: run %q trains %s (delayed %v, nesterov %v); this volunteer runs plain Nesterov DiLoCo only",
-			ErrUnsupported, m.RunID, m.Optimizer.Kind, m.Optimizer.Delayed, m.Optimizer.Nesterov)
+	if m.Optimizer.Kind == manifest.KindDiLoCo && !m.Optimizer.Nesterov {
+		return nil, fmt.Errorf("%w: run %q asks for DiLoCo without Nesterov momentum (optimizer.nesterov = false); volunteers run Nesterov DiLoCo only",
+			ErrUnsupported, m.RunID)
 	}
 	corpus, err := v.openCorpus(ctx)
 	if err != nil {
@@ -473,18 +473,35 @@ func (v *Volunteer) trainPhase(ctx context.Context) (phase, error) {
 // train (an optimizer variant not yet run over the network).
 var ErrUnsupported = errors.New("node: run not supported by this volunteer")
 
+// validate returns the loss of the run's state (phi) on the fixed
+// validation batches, NaN when there are none. The stage's weights are phi
+// after a plain round; after a delayed one they are phi plus the local
+// progress since, so phi is swapped in for the measurement.
+func (v *Volunteer) validate() float32 {
+	if v.su.Val == nil {
+		return float32(math.NaN())
+	}
+	swap := v.dl != nil && v.dl.InFlight()
+	if swap {
+		v.su.Dev.CopyIn(v.su.Stage.Params, v.dl.Phi)
+		defer v.su.Dev.CopyIn(v.su.Stage.Params, v.theta)
+	}
+	vl, err := v.su.Eval()
+	if err != nil {
+		v.log.Warn("validation", "err", err)
+		return float32(math.NaN())
+	}
+	return vl
+}
+
 // report measures the round's validation loss, prints the round's line,
 // sends telemetry, updates the metrics, tells OnRound and checkpoints.
 func (v *Volunteer) report(rep RoundReport, ph phase, group int) {
+	// The round's wall time: inner steps plus the outer step (communication
+	// and waiting). Validation, below, is measurement, not training: it is
+	// counted in neither.
 	wall := time.Since(ph.began).Seconds()
-	rep.ValLoss = float32(math.NaN())
-	if v.su.Val != nil {
-		if vl, err := v.su.Eval(); err == nil {
-			rep.ValLoss = vl
-		} else {
-			v.log.Warn("validation", "err", err)
-		}
-	}
+	rep.ValLoss = v.validate()
 	tokens := uint64(ph.steps * v.su.TokensPerStep())
 	tps := 0.0
 	if ph.computeSec > 0 {

@@ -255,6 +255,21 @@ func (d *DiLoCo) Flush(theta []float32) (RoundStats, error) {
 	return st, nil
 }
 
+// Abandon gives up the delayed variant's work in progress: it waits for the
+// round in flight, if any, discards its result without applying it, and
+// forgets the phase start, so that the next OuterStepDelayed measures
+// progress from phi again. Plain OuterStep may be used after it.
+func (d *DiLoCo) Abandon() {
+	if d.pending != nil {
+		<-d.pending
+		d.pending = nil
+	}
+	d.start = nil
+}
+
+// InFlight reports whether a delayed round is in flight.
+func (d *DiLoCo) InFlight() bool { return d.pending != nil }
+
 // land waits for the delayed round in flight, if any, and applies it.
 func (d *DiLoCo) land() (RoundStats, error) {
 	if d.pending == nil {
@@ -294,11 +309,14 @@ func (d *DiLoCo) State() (round uint64, phi, mom []float32) {
 }
 
 // SetState installs the shared state fetched from a member: a joiner calls
-// it before its first round and then takes part from that round on.
+// it before its first round and then takes part from that round on. A
+// delayed round in flight is abandoned first (see Abandon): the state
+// adopted supersedes it.
 func (d *DiLoCo) SetState(round uint64, phi, mom []float32) error {
 	if len(phi) != len(d.Phi) || len(mom) != len(d.Mom) {
 		return fmt.Errorf("%w: state of %d/%d elements, want %d", ErrRejected, len(phi), len(mom), len(d.Phi))
 	}
+	d.Abandon()
 	if err := checkFinite(phi, math.MaxFloat32); err != nil {
 		return err
 	}

@@ -403,6 +403,48 @@ func TestDiLoCoDelayedAgrees(t *testing.T) {
 	}
 }
 
+// Adopting a state while a delayed round is in flight abandons that round:
+// the state is exactly the one adopted, nothing of the round in flight is
+// applied later, and the next delayed step measures progress from the new
+// phi.
+func TestDiLoCoSetStateAbandonsDelayedRound(t *testing.T) {
+	const M, n = 3, 600
+	_, ms := swarm(t, M, testRingConfig())
+	ds, thetas := dilocos(t, ms, n)
+	for i := range ms {
+		innerPhase(thetas[i], i, 0)
+	}
+	errs := runAll(ms, func(i int, m *member) error {
+		_, err := ds[i].OuterStepDelayed(context.Background(), thetas[i])
+		return err
+	})
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("member %d: %v", i, err)
+		}
+	}
+	if !ds[0].InFlight() {
+		t.Fatal("no delayed round in flight")
+	}
+	phi, mom := make([]float32, n), make([]float32, n)
+	for i := range phi {
+		phi[i], mom[i] = float32(i)/n, 0.5
+	}
+	if err := ds[0].SetState(7, phi, mom); err != nil {
+		t.Fatal(err)
+	}
+	if ds[0].InFlight() || ds[0].Round != 7 || !sameBits(ds[0].Phi, phi) || !sameBits(ds[0].Mom, mom) {
+		t.Fatalf("after SetState: in flight %v, round %d, phi adopted %v", ds[0].InFlight(), ds[0].Round, sameBits(ds[0].Phi, phi))
+	}
+	// Flush has nothing to land; theta becomes the adopted phi.
+	if _, err := ds[0].Flush(thetas[0]); err != nil || !sameBits(thetas[0], phi) || ds[0].Round != 7 {
+		t.Fatalf("flush after abandon: %v, round %d", err, ds[0].Round)
+	}
+	for i := 1; i < M; i++ {
+		ds[i].Abandon()
+	}
+}
+
 // Error feedback on a biased codec: int4 pseudo-gradients with EF move phi
 // closer to the fp32 result than without, over several rounds.
 func TestDiLoCoErrorFeedback(t *testing.T) {

@@ -101,7 +101,7 @@ func FormatText(w io.Writer, s Snapshot) {
 			}
 			state := m.Agreement
 			if m.StateHash != "" {
-				state = m.StateHash[:min(8, len(m.StateHash))] + " " + m.Agreement
+				state = m.StateHash + " " + m.Agreement
 			}
 			seen := "-"
 			if !m.LastSeen.IsZero() && !s.Now.IsZero() {

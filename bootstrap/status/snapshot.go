@@ -124,7 +124,8 @@ const (
 
 // Snapshot computes the run's summary at now. members lists the live
 // members; nil means membership is unknown (then every peer with a current
-// report counts as online). It is called without the store's lock held.
+// report counts as online). members is called once, before the store's lock
+// is taken.
 func (s *Store) Snapshot(info RunInfo, members func() []Member, now time.Time) (Snapshot, error) {
 	var live map[string]Member
 	if members != nil {

@@ -27,6 +27,7 @@ func demoCommand() *cli.Command {
 		Flags: []cli.Flag{
 			&cli.IntFlag{Name: "volunteers", Value: d.Volunteers, Usage: "volunteer processes"},
 			&cli.StringFlag{Name: "optimizer", Value: d.Manifest.Optimizer.Kind, Usage: "outer optimizer: diloco or noloco"},
+			&cli.BoolFlag{Name: "delayed", Usage: "DiLoCo's one-step-delayed outer step: each round's all-reduce runs during the next inner phase"},
 			&cli.DurationFlag{Name: "duration", Value: d.Duration, Usage: "stop after this long (0: only at --target-loss or Ctrl-C)"},
 			&cli.Float64Flag{Name: "target-loss", Usage: "stop once the validation loss reaches this (0: never)"},
 			&cli.Float64Flag{Name: "rate", Value: d.RateMbit, Usage: "emulated bandwidth of every link, Mbit/s (0: unlimited)"},
@@ -34,6 +35,7 @@ func demoCommand() *cli.Command {
 			&cli.StringFlag{Name: "http", Value: d.HTTPAddr, Usage: "status page address (port 0: any free port)"},
 			&cli.IntFlag{Name: "threads", Value: d.Threads, Usage: "CPU threads per volunteer"},
 			&cli.IntFlag{Name: "inner-steps", Value: d.Manifest.Optimizer.InnerSteps, Usage: "inner steps per round (H)"},
+			&cli.StringSliceFlag{Name: "corpus", Usage: "files or directories to train on, packed into the run's shards (default: the Go standard library sources)"},
 			&cli.PathFlag{Name: "dir", Usage: "directory for the children's data and logs (default: a new temporary directory)"},
 			&cli.StringFlag{Name: "child-log-level", Value: "warn", Usage: "log level of the children (their logs go to --dir)"},
 		},
@@ -52,6 +54,14 @@ func demoCommand() *cli.Command {
 				cfg.Manifest.Optimizer.OuterLR, cfg.Manifest.Optimizer.OuterMomentum = 0.7, 0.5
 			}
 			cfg.Manifest.Optimizer.InnerSteps = c.Int("inner-steps")
+			cfg.Manifest.Optimizer.Delayed = c.Bool("delayed")
+			for _, p := range c.StringSlice("corpus") {
+				abs, err := filepath.Abs(p)
+				if err != nil {
+					return err
+				}
+				cfg.Corpus = append(cfg.Corpus, abs)
+			}
 			if cfg.Duration == 0 && cfg.TargetLoss == 0 {
 				fmt.Fprintln(os.Stderr, "skein demo: no --duration or --target-loss: running until Ctrl-C")
 			}

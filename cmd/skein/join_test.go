@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -39,48 +40,8 @@ func TestBootstrapAndVolunteersTrainTogether(t *testing.T) {
 	ctx, dir, bin, addr := run.ctx, run.dir, run.bin, run.addr
 
 	const volunteers, rounds = 3, 2
-	hashes := make([][]string, volunteers)
-	var wg sync.WaitGroup
-	errs := make([]error, volunteers)
-	outs := make([]string, volunteers)
-	re := regexp.MustCompile(`round (\d+): .*\(state ([0-9a-f]{16})\)`)
-	for i := 0; i < volunteers; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			// The manifest alone: no run-wide setting on the command line.
-			args := append([]string{"--log-level", logLevel(), "node", "join", "--bootstrap", addr,
-				"--data-dir", filepath.Join(dir, "n", string(rune('a'+i))),
-				"--rounds", "2", "--min-peers", "3", "--threads", "1"}, loop[:2]...)
-			args = append(args, loop[4:]...)
-			out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
-			outs[i] = string(out)
-			errs[i] = err
-			for _, m := range re.FindAllStringSubmatch(string(out), -1) {
-				hashes[i] = append(hashes[i], m[2])
-			}
-			if err != nil || len(hashes[i]) != rounds {
-				t.Logf("volunteer %d output:\n%s", i, out)
-			}
-		}()
-	}
-	wg.Wait()
-	for i := range errs {
-		if errs[i] != nil {
-			t.Fatalf("volunteer %d: %v", i, errs[i])
-		}
-		if len(hashes[i]) != rounds {
-			t.Fatalf("volunteer %d reported %d rounds, want %d", i, len(hashes[i]), rounds)
-		}
-		for r := range hashes[i] {
-			if hashes[i][r] != hashes[0][r] {
-				for j, o := range outs {
-					t.Logf("volunteer %d output:\n%s", j, o)
-				}
-				t.Fatalf("round %d: volunteer %d state %s, volunteer 0 state %s", r+1, i, hashes[i][r], hashes[0][r])
-			}
-		}
-	}
+	// The manifest alone: no run-wide setting on the command line.
+	outs := trainTogether(t, run, volunteers, rounds, append(loop[:2], loop[4:]...))
 	for i, o := range outs {
 		if !strings.Contains(o, "fetching the run's corpus") {
 			t.Fatalf("volunteer %d did not fetch the corpus shards:\n%s", i, o)
@@ -163,6 +124,76 @@ func waitForStatus(t *testing.T, r *testRun, ok func(status.Snapshot) bool) stat
 	}
 	t.Fatalf("status never became as expected (last error %v): %+v", err, last)
 	return last
+}
+
+// trainTogether runs n volunteers of run for the given rounds (extra:
+// more flags for each) and checks that they report the same state hash
+// after every round; it returns their outputs.
+func trainTogether(t *testing.T, run *testRun, n, rounds int, extra []string) []string {
+	t.Helper()
+	hashes := make([][]string, n)
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	outs := make([]string, n)
+	re := regexp.MustCompile(`(?m)^round (\d+): .*\(state ([0-9a-f]{16})\)`)
+	for i := 0; i < n; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			args := append([]string{"--log-level", logLevel(), "node", "join", "--bootstrap", run.addr,
+				"--data-dir", filepath.Join(run.dir, "n", string(rune('a'+i))), "--rounds", strconv.Itoa(rounds),
+				"--min-peers", strconv.Itoa(n), "--threads", "1"}, extra...)
+			out, err := exec.CommandContext(run.ctx, run.bin, args...).CombinedOutput()
+			outs[i], errs[i] = string(out), err
+			for _, m := range re.FindAllStringSubmatch(string(out), -1) {
+				hashes[i] = append(hashes[i], m[2])
+			}
+		}()
+	}
+	wg.Wait()
+	fail := func(format string, args ...any) {
+		t.Helper()
+		for j, o := range outs {
+			t.Logf("volunteer %d output:\n%s", j, o)
+		}
+		t.Fatalf(format, args...)
+	}
+	for i := range errs {
+		if errs[i] != nil {
+			fail("volunteer %d: %v", i, errs[i])
+		}
+		if len(hashes[i]) != rounds {
+			fail("volunteer %d reported %d rounds, want %d", i, len(hashes[i]), rounds)
+		}
+		for r := range hashes[i] {
+			if hashes[i][r] != hashes[0][r] {
+				fail("round %d: volunteer %d state %s, volunteer 0 state %s", r+1, i, hashes[i][r], hashes[0][r])
+			}
+		}
+	}
+	return outs
+}
+
+// TestDelayedVolunteersAgree: with the one-step-delayed outer step (each
+// round's all-reduce runs during the next inner phase) three volunteers
+// still end every round with the same state, and the status page's
+// validation loss falls.
+func TestDelayedVolunteersAgree(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs four processes")
+	}
+	net := []string{"--listen", "/ip4/127.0.0.1/udp/0/quic-v1", "--timing", "lan"}
+	run := startBootstrap(t, strings.Replace(smallRun, "inner_steps = 4", "inner_steps = 4\ndelayed = true", 1), net)
+	const rounds = 4
+	outs := trainTogether(t, run, 3, rounds, net)
+	if !strings.Contains(outs[0], "round 1 started; its result lands after the next inner phase") {
+		t.Fatalf("volunteer 0 did not run delayed rounds:\n%s", outs[0])
+	}
+	snap := waitForStatus(t, run, func(s status.Snapshot) bool { return len(s.Curve) >= rounds })
+	first, last := snap.Curve[0].Val, snap.Curve[rounds-1].Val
+	if first == nil || last == nil || !(*last < *first) {
+		t.Fatalf("validation loss did not fall: curve %+v", snap.Curve)
+	}
 }
 
 // logLevel lets SKEIN_TEST_LOG=debug show the volunteers' logs on failure.

@@ -190,9 +190,7 @@
       const st = el('td');
       const h = el('span', 'hash');
       if (m.state_hash) {
-        const c = el('code', null, m.state_hash.slice(0, 8));
-        c.title = m.state_hash;
-        h.appendChild(c);
+        h.appendChild(el('code', null, m.state_hash));
       }
       const badge = el('span', 'badge ' + m.agreement, m.agreement);
       badge.title = {
