@@ -1,7 +1,6 @@
 package node
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,12 +8,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
 	"time"
 
-	"github.com/libp2p/go-libp2p/core/peer"
-	"github.com/skein-ml/skein/internal/atomicfile"
-	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
 )
@@ -145,7 +140,7 @@ func (v *Volunteer) resume() {
 		return
 	}
 	v.ckPath = filepath.Join(v.cfg.DataDir, volunteerCheckpoint)
-	step, err := resumeVolunteer(v.ckPath, v.su.Stage, v.dl)
+	step, err := resumeState(v.ckPath, v.su.Stage, v.dl)
 	switch {
 	case err == nil:
 		v.innerStep = step
@@ -293,25 +288,11 @@ func (v *Volunteer) adopted(ctx context.Context, ph phase) {
 // announced round (gossiped in membership metadata) is ahead of ours. Only
 // that member's state is downloaded, falling back to the next most advanced.
 func catchUp(ctx context.Context, pn *p2p.Node, dl *optimizer.DiLoCo, n int, log *slog.Logger, progress io.Writer) error {
-	type ahead struct {
-		id    optimizer.PeerID
-		round uint64
-	}
-	var cands []ahead
-	for _, m := range pn.Members() {
-		if m.Meta.Role == p2p.RoleVolunteer && m.ID != pn.ID() && m.Meta.Round > dl.Round {
-			cands = append(cands, ahead{optimizer.PeerID(m.ID.String()), m.Meta.Round})
-		}
-	}
-	if len(cands) == 0 {
+	ids := membersAhead(pn, dl.Round)
+	if len(ids) == 0 {
 		return nil
 	}
-	slices.SortFunc(cands, func(a, b ahead) int { return cmp.Compare(b.round, a.round) })
-	ids := make([]optimizer.PeerID, len(cands))
-	for i, c := range cands {
-		ids[i] = c.id
-	}
-	if err := adoptFrom(ctx, pn, dl, n, ids, progress); err != nil {
+	if _, err := adoptState(ctx, pn, dl, n, dl.Round, ids, progress); err != nil {
 		return err
 	}
 	log.Info("adopted the run's state", "round", dl.Round)
@@ -327,38 +308,6 @@ func runAhead(pn *p2p.Node) uint64 {
 		}
 	}
 	return r
-}
-
-// The local checkpoint of a volunteer is two files written atomically one
-// after the other: the stage (weights and AdamW moments) in safetensors, and
-// the shared DiLoCo state beside it. On resume the weights are reset to the
-// shared phi, so a crash between the two writes loses at most one round of
-// local progress, never consistency.
-func saveVolunteer(path string, stage *model.Stage, step int, dl *optimizer.DiLoCo) error {
-	if err := model.SaveCheckpoint(path, stage.Snapshot(step, nil)); err != nil {
-		return err
-	}
-	return atomicfile.WriteFile(path+".state", encodeState(dl.State()), 0o644)
-}
-
-// resumeVolunteer loads both files and returns the inner step reached.
-func resumeVolunteer(path string, stage *model.Stage, dl *optimizer.DiLoCo) (int, error) {
-	raw, err := os.ReadFile(path + ".state")
-	if err != nil {
-		return 0, err
-	}
-	round, phi, mom, err := decodeState(raw, stage.NumParams())
-	if err != nil {
-		return 0, err
-	}
-	ck, err := model.LoadCheckpoint(path)
-	if err != nil {
-		return 0, err
-	}
-	if err := stage.Restore(ck); err != nil {
-		return 0, err
-	}
-	return ck.Step, dl.SetState(round, phi, mom)
 }
 
 // divergedFrom returns the members whose state this member should take:
@@ -397,25 +346,6 @@ func winningState(mine uint64, byHash map[uint64][]optimizer.PeerID) []optimizer
 // adoptFrom downloads the shared state from the first of ids that serves a
 // valid one at this member's round or later, and installs it.
 func adoptFrom(ctx context.Context, pn *p2p.Node, dl *optimizer.DiLoCo, n int, ids []optimizer.PeerID, progress io.Writer) error {
-	var lastErr error = fmt.Errorf("node: no peer to re-sync from")
-	for _, m := range ids {
-		id, err := peer.Decode(string(m))
-		if err != nil {
-			continue
-		}
-		buf, err := fetchState(ctx, pn, id, n, progress)
-		if err == nil {
-			var round uint64
-			var phi, mom []float32
-			if round, phi, mom, err = decodeState(buf, n); err == nil {
-				if round < dl.Round {
-					err = fmt.Errorf("node: %s serves round %d, behind our %d", m, round, dl.Round)
-				} else if err = dl.SetState(round, phi, mom); err == nil {
-					return nil
-				}
-			}
-		}
-		lastErr = err
-	}
-	return lastErr
+	_, err := adoptState(ctx, pn, dl, n, dl.Round, ids, progress)
+	return err
 }

@@ -2,22 +2,240 @@ package node
 
 import (
 	"context"
-	"fmt"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/skein-ml/skein/bootstrap/manifest"
+	"github.com/skein-ml/skein/compression"
+	"github.com/skein-ml/skein/optimizer"
+	"github.com/skein-ml/skein/p2p"
 )
 
-// nolocoState is the NoLoCo side of a volunteer (not yet run over the
-// network).
-type nolocoState struct{}
+// The NoLoCo side of a volunteer (ALGORITHMS.md 2): every member trains H
+// inner steps, then averages its slow weights phi and outer gradient with a
+// small group drawn from the step number (p2p.ProtoGossip) and takes its own
+// outer step. There is no collective, so the members' weights differ by
+// design and there is no run state to agree on (rounds are reported with
+// state hash 0), only a clock: the members must run the same step to find
+// their group. Each gossips its step in its membership metadata (Meta.Round:
+// the next step it will run). A joiner, a restarted member behind the
+// others, and a member that fell more than one step behind download one
+// member's state (step, phi, momentum; the bulk key and format of DiLoCo's
+// shared state) and go on from that step.
 
-// initNoLoCo refuses: NoLoCo volunteers are not implemented yet.
-func (v *Volunteer) initNoLoCo() error {
-	return fmt.Errorf("%w: run %q trains noloco, which volunteers do not run over the network yet", ErrUnsupported, v.run.RunID)
+// nolocoState is the NoLoCo side of a volunteer.
+type nolocoState struct {
+	opt *optimizer.NoLoCo
 }
 
-func (v *Volunteer) runNoLoCo(context.Context) error { return nil }
+// initNoLoCo builds the NoLoCo side of a volunteer: the gossip over
+// p2p.ProtoGossip, the optimizer (resumed from the local checkpoint if
+// there is one) and what it serves to joiners.
+func (v *Volunteer) initNoLoCo() (err error) {
+	// One message carries phi and the outer gradient, each at most fp32.
+	maxMsg := uint32(min(stateSize(v.n)+1<<20, 1<<30))
+	if v.peers, err = NewP2PPeers(v.pn, p2p.ProtoGossip, maxMsg, 60*time.Second); err != nil {
+		return err
+	}
+	cfg := nolocoConfig(v.run, v.cfg.Ring)
+	if cfg.Logger == nil {
+		cfg.Logger = v.log
+	}
+	cfg.PeerStep = func(p optimizer.PeerID) uint64 { return announcedStep(v.pn, p) }
+	// The receiver outlives Run's ctx; Close stops it.
+	opt, err := optimizer.NewNoLoCo(context.Background(), cfg, v.peers, v.theta)
+	if err != nil {
+		return err
+	}
+	v.nl = &nolocoState{opt: opt}
+	v.resumeNoLoCo()
+	v.served = encodeState(opt.State())
+	return nil
+}
 
-func (s *nolocoState) save(*Volunteer) bool { return false }
+// nolocoConfig is the run's NoLoCo: the manifest's outer settings, its wire
+// codec for the outer gradient as in DiLoCo, and the volunteer's ring
+// deadlines and bounds. phi, the weights themselves, stays bf16 whatever
+// the codec (8 bits would blur the weights, not a difference of them), or
+// fp32 when the run asks for lossless fp32 on the wire.
+func nolocoConfig(m manifest.Manifest, ring optimizer.RingConfig) optimizer.NoLoCoConfig {
+	c := optimizer.DefaultNoLoCo()
+	o := m.Optimizer
+	c.OuterLR, c.Momentum, c.Gamma, c.GroupSize = o.OuterLR, o.OuterMomentum, o.Gamma, o.GroupSize
+	c.DeltaCodec.Codec = m.Codec()
+	if m.Codec() == compression.FP32 {
+		c.PhiCodec.Codec = compression.FP32
+	}
+	c.InitialDeadline, c.MinDeadline, c.MaxDeadline = ring.InitialDeadline, ring.MinDeadline, ring.MaxDeadline
+	c.MaxAbs, c.OnReject, c.Logger = ring.MaxAbs, ring.OnReject, ring.Logger
+	return c
+}
 
-func (s *nolocoState) close() {}
+// resumeNoLoCo loads the local checkpoint (weights, AdamW moments, the step,
+// phi and momentum), if any; the weights restart from phi.
+func (v *Volunteer) resumeNoLoCo() {
+	if v.cfg.DataDir == "" {
+		return
+	}
+	v.ckPath = filepath.Join(v.cfg.DataDir, volunteerCheckpoint)
+	step, err := resumeState(v.ckPath, v.su.Stage, v.nl.opt)
+	switch {
+	case err == nil:
+		v.innerStep = step
+		v.nl.setWeights(v)
+		say(v.cfg.Progress, "resumed local checkpoint at round %d", v.nl.opt.Step)
+	case !errors.Is(err, os.ErrNotExist):
+		v.log.Warn("ignoring unusable local checkpoint", "path", v.ckPath, "err", err)
+	}
+}
 
-func (s *nolocoState) round() uint64 { return 0 }
+// runNoLoCo catches up with the run, then trains step after step: an inner
+// phase followed by the exchange with this step's group.
+func (v *Volunteer) runNoLoCo(ctx context.Context) error {
+	s := v.nl
+	o := s.opt
+	switch ok, err := s.catchUp(ctx, v, 0); {
+	case err != nil:
+		v.log.Warn("could not fetch a member's state; starting from the local one", "err", err)
+	case ok:
+		say(v.cfg.Progress, "caught up with the run: took a member's state at round %d", o.Step)
+	}
+	s.install(ctx, v)
+	v.lastReported = o.Step
+	// --rounds counts the outer steps the run takes while this volunteer
+	// is in it (a jump to a member's later step counts).
+	stopAt := o.Step + uint64(v.cfg.Rounds)
+	for v.cfg.Rounds == 0 || o.Step < stopAt {
+		ph, err := v.trainPhase(ctx)
+		if err != nil || ctx.Err() != nil {
+			return err
+		}
+		// Fell behind (slow, or paused): the others run a step at least
+		// two ahead, so this member's partners have moved on. Take a
+		// member's state instead of offering a stale outer gradient.
+		before := o.Step
+		switch ok, err := s.catchUp(ctx, v, 1); {
+		case err != nil:
+			v.log.Warn("behind the run, but could not fetch a member's state", "round", before, "err", err)
+		case ok:
+			say(v.cfg.Progress, "behind the run: jumped from round %d to %d", before, o.Step)
+			s.adopted(ctx, v, ph)
+			continue
+		}
+		v.su.Dev.CopyOut(v.theta, v.su.Stage.Params)
+		st, err := o.OuterStep(ctx, v.theta)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err != nil {
+			// Not a missing partner (OuterStep goes on with whoever
+			// arrived) but a local failure, such as a diverged inner
+			// phase: drop the phase and keep the run's clock.
+			v.log.Warn("outer step failed; going on from phi", "round", before, "err", err)
+			say(v.cfg.Progress, "round %d: outer step failed (%v); going on from the last slow weights", before+1, err)
+			if err := o.SetState(before+1, o.Phi, o.Delta); err != nil {
+				return err
+			}
+			s.install(ctx, v)
+			continue
+		}
+		s.install(ctx, v)
+		v.lastReported = o.Step
+		averaged := append([]optimizer.PeerID{v.peers.Self()}, st.Heard...)
+		rep := RoundReport{Round: o.Step, Loss: ph.meanLoss(), Members: len(v.peers.Members()),
+			Stats: optimizer.RoundStats{Round: o.Step, Group: averaged, Attempts: 1,
+				BytesSent: st.BytesSent, BytesRecv: st.BytesRecv, Duration: st.Duration}}
+		v.report(rep, ph, len(averaged))
+	}
+	return nil
+}
+
+// setWeights makes phi the stage's weights.
+func (s *nolocoState) setWeights(v *Volunteer) {
+	copy(v.theta, s.opt.Phi)
+	v.su.Dev.CopyIn(v.su.Stage.Params, v.theta)
+}
+
+// install makes phi the stage's weights and the state what this member
+// serves to joiners, and announces the step.
+func (s *nolocoState) install(ctx context.Context, v *Volunteer) {
+	s.setWeights(v)
+	blob := encodeState(s.opt.State())
+	v.mu.Lock()
+	v.served = blob
+	v.mu.Unlock()
+	step := s.opt.Step
+	if err := v.pn.UpdateMeta(ctx, func(m *p2p.Meta) { m.Round, m.StateHash = step, 0 }); err != nil {
+		v.log.Debug("announcing the step", "err", err)
+	}
+}
+
+// adopted installs a member's state just taken and reports it; the inner
+// steps since the last outer step are dropped.
+func (s *nolocoState) adopted(ctx context.Context, v *Volunteer, ph phase) {
+	s.install(ctx, v)
+	if s.opt.Step == v.lastReported {
+		return
+	}
+	v.lastReported = s.opt.Step
+	v.report(RoundReport{Round: s.opt.Step, Loss: ph.meanLoss(), Members: len(v.peers.Members()), Adopted: true}, ph, 0)
+}
+
+// catchUp takes the state of a member that announces a step beyond this
+// member's step + slack (the most advanced first) and reports whether it
+// did.
+func (s *nolocoState) catchUp(ctx context.Context, v *Volunteer, slack uint64) (bool, error) {
+	ids := membersAhead(v.pn, s.opt.Step+slack)
+	if len(ids) == 0 {
+		return false, nil
+	}
+	from, err := adoptState(ctx, v.pn, s.opt, v.n, s.opt.Step+1, ids, v.cfg.Progress)
+	if err != nil {
+		return false, err
+	}
+	v.log.Info("adopted a member's state", "round", s.opt.Step, "from", from)
+	return true, nil
+}
+
+func (s *nolocoState) save(v *Volunteer) bool {
+	if v.ckPath == "" || v.su == nil || s.opt == nil {
+		return false
+	}
+	if err := saveState(v.ckPath, v.su.Stage, v.innerStep, s.opt); err != nil {
+		v.log.Error("saving checkpoint", "err", err)
+		return false
+	}
+	return true
+}
+
+func (s *nolocoState) close() {
+	if s.opt != nil {
+		s.opt.Close()
+	}
+}
+
+func (s *nolocoState) round() uint64 {
+	if s.opt == nil {
+		return 0
+	}
+	return s.opt.Step
+}
+
+// announcedStep is the next step member p announces it will run;
+// math.MaxUint64 when p is no longer a member.
+func announcedStep(pn *p2p.Node, p optimizer.PeerID) uint64 {
+	id, err := peer.Decode(string(p))
+	if err != nil {
+		return math.MaxUint64
+	}
+	m, ok := pn.Member(id)
+	if !ok {
+		return math.MaxUint64
+	}
+	return m.Meta.Round
+}

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -8,9 +9,14 @@ import (
 	"hash/crc32"
 	"io"
 	"math"
+	"os"
+	"slices"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/skein-ml/skein/internal/atomicfile"
+	"github.com/skein-ml/skein/model"
+	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
 )
 
@@ -125,4 +131,93 @@ func shortPeer(id peer.ID) string {
 		return s[8:16]
 	}
 	return s
+}
+
+// outerState is an outer optimizer's state as a volunteer shares it with
+// joiners and keeps it in its checkpoint: the next round (or step) to run,
+// the slow weights and the outer momentum. optimizer.DiLoCo and
+// optimizer.NoLoCo both have it.
+type outerState interface {
+	State() (round uint64, phi, mom []float32)
+	SetState(round uint64, phi, mom []float32) error
+}
+
+// saveState writes a volunteer's local checkpoint: two files written
+// atomically one after the other, the stage (weights and AdamW moments) in
+// safetensors and the outer state beside it. On resume the weights are
+// reset to phi, so a crash between the two writes loses at most one round
+// of local progress.
+func saveState(path string, stage *model.Stage, step int, st outerState) error {
+	if err := model.SaveCheckpoint(path, stage.Snapshot(step, nil)); err != nil {
+		return err
+	}
+	return atomicfile.WriteFile(path+".state", encodeState(st.State()), 0o644)
+}
+
+// resumeState loads both files into stage and st and returns the inner
+// step reached.
+func resumeState(path string, stage *model.Stage, st outerState) (int, error) {
+	raw, err := os.ReadFile(path + ".state")
+	if err != nil {
+		return 0, err
+	}
+	round, phi, mom, err := decodeState(raw, stage.NumParams())
+	if err != nil {
+		return 0, err
+	}
+	ck, err := model.LoadCheckpoint(path)
+	if err != nil {
+		return 0, err
+	}
+	if err := stage.Restore(ck); err != nil {
+		return 0, err
+	}
+	return ck.Step, st.SetState(round, phi, mom)
+}
+
+// membersAhead lists the other volunteers that announce a round beyond
+// after, the most advanced first.
+func membersAhead(pn *p2p.Node, after uint64) []optimizer.PeerID {
+	var ahead []p2p.Member
+	for _, m := range pn.Members() {
+		if m.Meta.Role == p2p.RoleVolunteer && m.ID != pn.ID() && m.Meta.Round > after {
+			ahead = append(ahead, m)
+		}
+	}
+	slices.SortFunc(ahead, func(a, b p2p.Member) int { return cmp.Compare(b.Meta.Round, a.Meta.Round) })
+	ids := make([]optimizer.PeerID, len(ahead))
+	for i, m := range ahead {
+		ids[i] = optimizer.PeerID(m.ID.String())
+	}
+	return ids
+}
+
+// adoptState downloads the outer state (fetchState: bulk key stateKey,
+// stateSize(n) bytes, its progress shown on progress) from the first of ids
+// that serves a valid one at round minRound or later, installs it in st and
+// says whose it was.
+func adoptState(ctx context.Context, pn *p2p.Node, st outerState, n int, minRound uint64, ids []optimizer.PeerID,
+	progress io.Writer) (optimizer.PeerID, error) {
+	var lastErr error = fmt.Errorf("node: no peer to take the state from")
+	for _, m := range ids {
+		id, err := peer.Decode(string(m))
+		if err != nil {
+			lastErr = fmt.Errorf("node: bad peer ID %q: %w", m, err)
+			continue
+		}
+		buf, err := fetchState(ctx, pn, id, n, progress)
+		if err == nil {
+			var round uint64
+			var phi, mom []float32
+			if round, phi, mom, err = decodeState(buf, n); err == nil {
+				if round < minRound {
+					err = fmt.Errorf("node: %s serves round %d, want %d or later", m, round, minRound)
+				} else if err = st.SetState(round, phi, mom); err == nil {
+					return m, nil
+				}
+			}
+		}
+		lastErr = err
+	}
+	return "", lastErr
 }

@@ -100,7 +100,8 @@ func DefaultVolunteerConfig(runID string) VolunteerConfig {
 const volunteerCheckpoint = "volunteer.safetensors"
 
 // Volunteer is one machine lent to a run: its p2p node, its model and data
-// (trainer.Setup), the ring and the DiLoCo state it shares with the others.
+// (trainer.Setup), and the outer optimizer the run's manifest names: the
+// DiLoCo ring and shared state (diloco.go) or NoLoCo's gossip (noloco.go).
 // Its methods are the phases of a volunteer's life: NewVolunteer joins,
 // Run trains and contributes round after round (re-syncing when it falls
 // behind or diverges), Close checkpoints and leaves.
@@ -527,11 +528,15 @@ func (v *Volunteer) report(rep RoundReport, ph phase, group int) {
 	if !math.IsNaN(float64(rep.ValLoss)) {
 		val = fmt.Sprintf(", val %.4f", rep.ValLoss)
 	}
+	state := "" // NoLoCo members hold different weights by design: no state to compare
+	if rep.StateHash != 0 {
+		state = fmt.Sprintf(" (state %016x)", rep.StateHash)
+	}
 	if rep.Adopted {
-		say(v.cfg.Progress, "round %d: adopted the run's state (state %016x)", rep.Round, rep.StateHash)
+		say(v.cfg.Progress, "round %d: adopted the run's state%s", rep.Round, state)
 	} else {
-		say(v.cfg.Progress, "round %d: loss %.4f%s, %s tok/s, %d in group, %.1f kB sent, %.1fs (state %016x)", rep.Round,
-			rep.Loss, val, trainer.HumanRate(tps), group, float64(rep.Stats.BytesSent)/1e3, wall, rep.StateHash)
+		say(v.cfg.Progress, "round %d: loss %.4f%s, %s tok/s, %d in group, %.1f kB sent, %.1fs%s", rep.Round,
+			rep.Loss, val, trainer.HumanRate(tps), group, float64(rep.Stats.BytesSent)/1e3, wall, state)
 	}
 	v.reporter.send(telemetry.Report{Round: rep.Round, StateHash: rep.StateHash, Adopted: rep.Adopted,
 		TrainLoss: rep.Loss, ValLoss: rep.ValLoss, Tokens: tokens, TokensPerSec: tps,
@@ -563,7 +568,7 @@ func (v *Volunteer) save() bool {
 	if v.ckPath == "" || v.su == nil || v.dl == nil {
 		return false
 	}
-	if err := saveVolunteer(v.ckPath, v.su.Stage, v.innerStep, v.dl); err != nil {
+	if err := saveState(v.ckPath, v.su.Stage, v.innerStep, v.dl); err != nil {
 		v.log.Error("saving checkpoint", "err", err)
 		return false
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -27,6 +28,14 @@ type NoLoCoConfig struct {
 	MaxAbs                                    float32
 	OnReject                                  func(from PeerID, err error)
 	Logger                                    *slog.Logger
+	// PeerStep, if set, tells the next step a peer says it will run (for
+	// example gossiped in membership metadata), math.MaxUint64 for a peer
+	// known to be gone. A partner past the step being waited for has
+	// finished it and will send nothing more for it: OuterStep waits for it
+	// at most MinDeadline longer (its message may still be in flight), not
+	// a whole deadline, which for a newcomer is the long InitialDeadline.
+	// (Members' views of the group differ for a moment when one joins.)
+	PeerStep func(PeerID) uint64
 }
 
 // DefaultNoLoCo returns the paper's defaults: g = 2, eta = gamma = 0.7,
@@ -122,11 +131,15 @@ type NoLoCo struct {
 	own, tmp     []float32
 
 	mu      sync.Mutex
-	arrived map[uint64][]envelope // by step
-	notify  chan struct{}
-	est     estimator
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup
+	arrived map[uint64][]envelope // by step, Step to Step+2
+	// ahead holds each sender's newest message for a step beyond
+	// Step+2: from a member this one is about to catch up with (a joiner,
+	// or a member that fell behind, before it adopts a member's state).
+	ahead  map[PeerID]envelope
+	notify chan struct{}
+	est    estimator
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
 }
 
 // NewNoLoCo starts from slow weights phi (copied) with zero momentum and
@@ -154,7 +167,7 @@ func NewNoLoCo(ctx context.Context, cfg NoLoCoConfig, peers Peers, phi []float32
 	n := len(phi)
 	nl := &NoLoCo{cfg: cfg, peers: peers, log: log, Phi: append([]float32(nil), phi...), Delta: make([]float32, n),
 		encPhi: encPhi, encD: encD, dec: dec, phibar: make([]float32, n), dbar: make([]float32, n),
-		own: make([]float32, n), tmp: make([]float32, n), arrived: map[uint64][]envelope{}, notify: make(chan struct{}, 1)}
+		own: make([]float32, n), tmp: make([]float32, n), arrived: map[uint64][]envelope{}, ahead: map[PeerID]envelope{}, notify: make(chan struct{}, 1)}
 	ctx, nl.cancel = context.WithCancel(ctx)
 	nl.wg.Add(1)
 	go func() {
@@ -171,6 +184,59 @@ func (nl *NoLoCo) Close() {
 	nl.encPhi.Close()
 	nl.encD.Close()
 	nl.dec.Close()
+}
+
+// State returns copies of this member's state: the next outer step to run,
+// phi and the outer momentum delta. It is what a joiner adopts and what a
+// checkpoint keeps; call it between outer steps.
+func (nl *NoLoCo) State() (step uint64, phi, delta []float32) {
+	nl.mu.Lock()
+	step = nl.Step
+	nl.mu.Unlock()
+	return step, slices.Clone(nl.Phi), slices.Clone(nl.Delta)
+}
+
+// SetState installs a state (copied): a member's, adopted by a joiner or a
+// member that fell behind, or a checkpoint's. The next OuterStep runs step;
+// messages kept for earlier steps are dropped. Call it between outer steps.
+func (nl *NoLoCo) SetState(step uint64, phi, delta []float32) error {
+	if len(phi) != len(nl.Phi) || len(delta) != len(nl.Delta) {
+		return fmt.Errorf("%w: state of %d/%d elements, want %d", ErrRejected, len(phi), len(delta), len(nl.Phi))
+	}
+	if err := checkFinite(phi, math.MaxFloat32); err != nil {
+		return err
+	}
+	if err := checkFinite(delta, math.MaxFloat32); err != nil {
+		return err
+	}
+	copy(nl.Phi, phi)
+	copy(nl.Delta, delta)
+	nl.mu.Lock()
+	nl.advance(step)
+	nl.mu.Unlock()
+	return nil
+}
+
+// advance sets Step, drops the messages of other steps than Step to
+// Step+2 and moves those kept ahead into that window. nl.mu is held.
+func (nl *NoLoCo) advance(step uint64) {
+	nl.Step = step
+	for s := range nl.arrived {
+		if s < step || s > step+2 {
+			delete(nl.arrived, s)
+		}
+	}
+	for from, e := range nl.ahead {
+		switch r := e.h.round; {
+		case r < step:
+			delete(nl.ahead, from)
+		case r <= step+2:
+			delete(nl.ahead, from)
+			if !slices.ContainsFunc(nl.arrived[r], func(e envelope) bool { return e.from == from }) {
+				nl.arrived[r] = append(nl.arrived[r], e)
+			}
+		}
+	}
 }
 
 func (nl *NoLoCo) receive(ctx context.Context) {
@@ -192,10 +258,21 @@ func (nl *NoLoCo) receive(ctx context.Context) {
 		}
 		nl.mu.Lock()
 		// Keep one message per sender for the current step and the next
-		// two (partners that finished their inner phase earlier); anything
-		// further ahead is not honest and would pin memory.
-		if h.round >= nl.Step && h.round <= nl.Step+2 && !slices.ContainsFunc(nl.arrived[h.round], func(e envelope) bool { return e.from == m.From }) {
-			nl.arrived[h.round] = append(nl.arrived[h.round], envelope{from: m.From, h: h, body: body, at: time.Now()})
+		// two (partners that finished their inner phase earlier), and one
+		// per sender, its newest, for any later step (this member is
+		// behind and will adopt a state at about that step): memory stays
+		// bounded by the members, whatever they send.
+		e := envelope{from: m.From, h: h, body: body, at: time.Now()}
+		switch {
+		case h.round < nl.Step:
+		case h.round <= nl.Step+2:
+			if !slices.ContainsFunc(nl.arrived[h.round], func(e envelope) bool { return e.from == m.From }) {
+				nl.arrived[h.round] = append(nl.arrived[h.round], e)
+			}
+		default:
+			if old, ok := nl.ahead[m.From]; !ok || old.h.round < h.round {
+				nl.ahead[m.From] = e
+			}
 		}
 		nl.mu.Unlock()
 		select {
@@ -262,6 +339,13 @@ func (nl *NoLoCo) OuterStep(ctx context.Context, theta []float32) (GossipStats, 
 	deadline := nl.est.deadline(nl.cfg.InitialDeadline, nl.cfg.MinDeadline, nl.cfg.MaxDeadline)
 	timer := time.NewTimer(deadline)
 	defer timer.Stop()
+	var poll <-chan time.Time
+	if nl.cfg.PeerStep != nil {
+		t := time.NewTicker(max(nl.cfg.MinDeadline/4, 10*time.Millisecond))
+		defer t.Stop()
+		poll = t.C
+	}
+	movedOn := map[PeerID]time.Time{} // when a partner was first seen past this step
 wait:
 	for len(heard) < len(group) {
 		nl.mu.Lock()
@@ -291,6 +375,18 @@ wait:
 		}
 		select {
 		case <-nl.notify:
+		case now := <-poll:
+			for _, p := range group {
+				if heard[p] || nl.cfg.PeerStep(p) <= nl.Step {
+					continue
+				}
+				if at, ok := movedOn[p]; !ok {
+					movedOn[p] = now
+				} else if now.Sub(at) >= nl.cfg.MinDeadline {
+					nl.log.Info("partner is past this step; not waiting for it", "step", nl.Step, "peer", p)
+					heard[p] = true
+				}
+			}
 		case <-timer.C:
 			nl.log.Info("partners missing; updating with what arrived", "step", nl.Step, "heard", len(heard)-1, "group", len(group)-1)
 			break wait
@@ -306,12 +402,7 @@ wait:
 	NoLoCoUpdate(nl.Phi, nl.Delta, nl.phibar, nl.dbar, float32(nl.cfg.OuterLR), float32(nl.cfg.Momentum), float32(nl.cfg.Gamma))
 	copy(theta, nl.Phi)
 	nl.mu.Lock()
-	nl.Step++
-	for s := range nl.arrived {
-		if s < nl.Step {
-			delete(nl.arrived, s)
-		}
-	}
+	nl.advance(nl.Step + 1)
 	nl.mu.Unlock()
 	st.Duration = time.Since(began)
 	return st, nil

@@ -2,8 +2,11 @@ package optimizer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
+	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -151,5 +154,146 @@ func TestNoLoCoMissingPartnerMovesOn(t *testing.T) {
 	// Alone: phibar = phi, dbar = D = (0.5, 0, 0): delta = 0.7*0.5 = 0.35.
 	if math.Abs(float64(a.Phi[0])-1.35) > 1e-6 || theta[0] != a.Phi[0] {
 		t.Errorf("phi %v theta %v, want 1.35", a.Phi, theta)
+	}
+}
+
+// A member that adopts another's state (a joiner, or one that fell behind)
+// takes its step, phi and momentum, forgets what arrived for earlier steps,
+// uses a partner's message for the adopted step that arrived while it was
+// still behind, and goes on with its partners from that step.
+func TestNoLoCoSetState(t *testing.T) {
+	net := NewMemNetwork()
+	defer net.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	a, err := NewNoLoCo(ctx, testNoLoCoConfig(), net.Join("a"), []float32{1, 2, 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := NewNoLoCo(ctx, testNoLoCoConfig(), net.Join("b"), []float32{5, 6, 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	kept := func(step uint64) int {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return len(a.arrived[step])
+	}
+	// b runs step 0 without a; its message waits at a.
+	if _, err := b.OuterStep(ctx, slices.Clone(b.Phi)); err != nil {
+		t.Fatal(err)
+	}
+	if kept(0) != 1 {
+		t.Fatalf("%d messages for step 0 kept at a, want 1", kept(0))
+	}
+	// b jumps to step 10; a, far behind, adopts b's state there, but only
+	// after b's message for step 10 has arrived.
+	if err := b.SetState(10, b.Phi, b.Delta); err != nil {
+		t.Fatal(err)
+	}
+	step, phi, delta := b.State()
+	phi[0], delta[0] = 100, 100 // copies: b is untouched
+	if step != 10 || b.Phi[0] != 5 || b.Delta[0] != 0 {
+		t.Fatalf("State: step %d, and b's own slices: phi %v delta %v", step, b.Phi, b.Delta)
+	}
+	phi[0], delta[0] = 5, 0.5
+	if _, err := b.OuterStep(ctx, slices.Clone(b.Phi)); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SetState(step, phi, delta); err != nil {
+		t.Fatal(err)
+	}
+	if a.Step != 10 || kept(0) != 0 || kept(10) != 1 || !slices.Equal(a.Phi, phi) || a.Delta[0] != 0.5 {
+		t.Fatalf("after SetState: step %d, %d stale and %d kept messages, phi %v, delta %v", a.Step, kept(0), kept(10), a.Phi, a.Delta)
+	}
+	for _, bad := range [][2][]float32{
+		{{1, 2}, {0, 0}},                           // wrong length
+		{{1, 2, float32(math.NaN())}, {0, 0, 0}},   // not finite
+		{{1, 2, 3}, {0, float32(math.Inf(-1)), 0}}, // not finite
+	} {
+		if err := a.SetState(20, bad[0], bad[1]); !errors.Is(err, ErrRejected) || a.Step != 10 {
+			t.Errorf("SetState(%v, %v): %v, step %d", bad[0], bad[1], err, a.Step)
+		}
+	}
+	// a's step 10 uses b's message at once: phibar = phi, dbar = 0, so
+	// delta = 0.5*0.5 on the first element.
+	began := time.Now()
+	st, err := a.OuterStep(ctx, slices.Clone(a.Phi))
+	if err != nil || len(st.Heard) != 1 || time.Since(began) > 500*time.Millisecond {
+		t.Fatalf("step 10: heard %v in %v, err %v", st.Heard, time.Since(began), err)
+	}
+
+	// Both at step 11: they hear each other, and the update is the
+	// hand-computed one, with phibar = (5.125, 6, 7) and dbar = 0.5.
+	thetas := [][]float32{{6.25, 7, 8}, {5, 6, 7}}
+	errs := runAll([]*member{{id: "a"}, {id: "b"}}, func(i int, _ *member) error {
+		nl := []*NoLoCo{a, b}[i]
+		st, err := nl.OuterStep(ctx, thetas[i])
+		if err == nil && len(st.Heard) != 1 {
+			err = fmt.Errorf("heard %v", st.Heard)
+		}
+		return err
+	})
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("member %d: %v", i, err)
+		}
+	}
+	// a: delta = 0.5*0.25 + 0.7*0.5 + 0.7*(5.125-5.25) on the first
+	// element, 0.7*0.5 on the others; b: 0.7*0.5 + 0.7*(5.125-5), 0.35.
+	wantA, wantB := []float32{5.6375, 6.35, 7.35}, []float32{5.4375, 6.35, 7.35}
+	for i := range wantA {
+		if math.Abs(float64(a.Phi[i]-wantA[i])) > 1e-2 || math.Abs(float64(b.Phi[i]-wantB[i])) > 1e-2 {
+			t.Fatalf("phi a %v b %v, want %v and %v", a.Phi, b.Phi, wantA, wantB)
+		}
+	}
+	if a.Step != 12 || b.Step != 12 {
+		t.Fatalf("steps %d and %d, want 12", a.Step, b.Step)
+	}
+}
+
+// A partner that says it is past the step being waited for (it finished
+// the step without this member, say in another view of the group) is
+// waited for MinDeadline, not the whole deadline.
+func TestNoLoCoPartnerPastStepNotAwaited(t *testing.T) {
+	net := NewMemNetwork()
+	defer net.Close()
+	net.DetectAfter = time.Hour
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var bStep atomic.Uint64
+	cfg := testNoLoCoConfig() // MinDeadline 100 ms, InitialDeadline 1 s
+	cfg.PeerStep = func(p PeerID) uint64 {
+		if p == "b" {
+			return bStep.Load()
+		}
+		return 0
+	}
+	a, err := NewNoLoCo(ctx, cfg, net.Join("a"), []float32{1, 2, 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	net.Join("b") // never sends
+	for _, tt := range []struct {
+		bStep    uint64 // what b says while a runs step tt.step
+		min, max time.Duration
+	}{
+		{0, 900 * time.Millisecond, 3 * time.Second}, // b at a's step 0: wait the deadline
+		{2, 100 * time.Millisecond, 700 * time.Millisecond},
+	} {
+		step := a.Step
+		bStep.Store(tt.bStep)
+		began := time.Now()
+		st, err := a.OuterStep(ctx, slices.Clone(a.Phi))
+		took := time.Since(began)
+		if err != nil || len(st.Heard) != 0 || a.Step != step+1 {
+			t.Fatalf("step %d: heard %v, err %v, step after %d", step, st.Heard, err, a.Step)
+		}
+		if took < tt.min || took > tt.max {
+			t.Errorf("step %d with b at step %d: waited %v, want %v to %v", step, tt.bStep, took, tt.min, tt.max)
+		}
 	}
 }
