@@ -5,12 +5,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -28,6 +32,7 @@ import (
 // manifest on loopback, and volunteers joined through it.
 type nolocoRun struct {
 	t      *testing.T
+	seed   *p2p.Seed
 	m      manifest.Manifest
 	addr   string
 	corpus []string
@@ -63,7 +68,7 @@ func newNoLoCoRun(t *testing.T) *nolocoRun {
 		t.Fatal(err)
 	}
 	src := filepath.Join(root, "src")
-	return &nolocoRun{t: t, m: m, addr: seed.FullAddr().String(), ctx: ctx,
+	return &nolocoRun{t: t, seed: seed, m: m, addr: seed.FullAddr().String(), ctx: ctx,
 		corpus: []string{filepath.Join(src, "strings"), filepath.Join(src, "bufio")}}
 }
 
@@ -97,6 +102,7 @@ type testVolunteer struct {
 	out  bytes.Buffer
 	reps []RoundReport
 	id   optimizer.PeerID
+	addr string // full multiaddr, once joined
 }
 
 func (tv *testVolunteer) Write(p []byte) (int, error) {
@@ -127,7 +133,7 @@ func (tv *testVolunteer) lastRound() uint64 {
 // join starts a volunteer on dir (a fresh one when ""), which trains rounds
 // outer steps (0: until stopped) once it sees minPeers volunteers; onRound,
 // if set, is called after each report is recorded.
-func (r *nolocoRun) join(name, dir string, rounds, minPeers int, onRound func(RoundReport)) *testVolunteer {
+func (r *nolocoRun) join(name, dir string, rounds, minPeers int, onRound func(RoundReport), opts ...func(*VolunteerConfig)) *testVolunteer {
 	if dir == "" {
 		dir = r.t.TempDir()
 	}
@@ -149,6 +155,9 @@ func (r *nolocoRun) join(name, dir string, rounds, minPeers int, onRound func(Ro
 			onRound(rep)
 		}
 	}
+	for _, o := range opts {
+		o(&cfg)
+	}
 	ctx, cancel := context.WithCancel(r.ctx)
 	tv.cancel = cancel
 	go func() {
@@ -159,6 +168,7 @@ func (r *nolocoRun) join(name, dir string, rounds, minPeers int, onRound func(Ro
 		}
 		tv.mu.Lock()
 		tv.id = v.peers.Self()
+		tv.addr = v.pn.Addrs()[0].String()
 		tv.mu.Unlock()
 		err = v.Run(ctx)
 		if cerr := v.Close(); err == nil && cerr != nil {
@@ -405,5 +415,61 @@ func TestNoLoCoCheckpointRoundTrip(t *testing.T) {
 	}
 	if _, err := resumeState(path, stage(7), got); !errors.Is(err, ErrBadState) || got.Step != 7 {
 		t.Fatalf("damaged state: err %v, step %d", err, got.Step)
+	}
+}
+
+// TestJoinWhileBootstrapDown: any member serves the manifest, so a newcomer
+// joins through a volunteer while the bootstrap is down; the volunteer's
+// Prometheus endpoint shows its rounds.
+func TestJoinWhileBootstrapDown(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs two volunteers over libp2p")
+	}
+	r := newNoLoCoRun(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics := ln.Addr().String()
+	ln.Close()
+	long := p2ptest.Slowdown * 90 * time.Second
+	a := r.join("a", "", 0, 1, nil, func(c *VolunteerConfig) { c.MetricsAddr = metrics })
+	defer func() {
+		a.cancel()
+		if err := r.wait(a, long); err != nil {
+			t.Errorf("a: %v", err)
+		}
+	}()
+	r.until("a trained a round", long, func() bool { return a.lastRound() >= 1 }, a)
+	r.seed.Close()
+
+	a.mu.Lock()
+	aAddr := a.addr
+	a.mu.Unlock()
+	b := r.join("b", "", 2, 2, nil, func(c *VolunteerConfig) { c.Bootstrap = []string{aAddr} })
+	if err := r.wait(b, long); err != nil {
+		t.Fatalf("joining through a volunteer: %v\n%s", err, b.output())
+	}
+	if out := b.output(); !strings.Contains(out, `run "noloco-test": manifest `+r.m.ShortHash()) {
+		t.Fatalf("b did not take the run's manifest from a:\n%s", out)
+	}
+
+	resp, err := http.Get("http://" + metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	m := regexp.MustCompile(`(?m)^skein_node_round (\d+)`).FindSubmatch(body)
+	if m == nil {
+		t.Fatalf("no skein_node_round in /metrics:\n%s", body)
+	}
+	if n, _ := strconv.Atoi(string(m[1])); n < 1 {
+		t.Fatalf("skein_node_round %d, want >= 1", n)
+	}
+	for _, name := range []string{"skein_node_tokens_total", "skein_node_bytes_sent_total", "skein_node_validation_loss"} {
+		if !strings.Contains(string(body), name) {
+			t.Errorf("/metrics lacks %s", name)
+		}
 	}
 }

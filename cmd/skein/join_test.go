@@ -67,6 +67,12 @@ func TestBootstrapAndVolunteersTrainTogether(t *testing.T) {
 		t.Fatalf("status shows %d volunteers, want %d: %+v", vols, volunteers, snap.Members)
 	}
 
+	// `skein status` prints the same from the terminal.
+	out, err := exec.CommandContext(ctx, bin, "status", strings.TrimPrefix(run.http, "http://")).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "skein-demo") || !strings.Contains(string(out), "agree") {
+		t.Fatalf("skein status (err %v):\n%s", err, out)
+	}
+
 	// A restarted bootstrap still has the history.
 	run.stop()
 	run.start(t)
@@ -78,7 +84,7 @@ func TestBootstrapAndVolunteersTrainTogether(t *testing.T) {
 
 	// A volunteer whose settings disagree with the manifest is refused,
 	// with the field's name.
-	out, err := exec.CommandContext(ctx, bin, "--log-level", "warn", "node", "join", "--bootstrap", addr,
+	out, err = exec.CommandContext(ctx, bin, "--log-level", "warn", "node", "join", "--bootstrap", addr,
 		"--data-dir", filepath.Join(dir, "n", "x"), "--preset", "small", "--inner-steps", "4",
 		"--listen", "/ip4/127.0.0.1/udp/0/quic-v1", "--timing", "lan").CombinedOutput()
 	if err == nil || !strings.Contains(string(out), `model.preset: this volunteer says "small", the run says "tiny"`) {
@@ -255,6 +261,12 @@ func TestLateJoinerAdoptsRunState(t *testing.T) {
 			t.Fatalf("volunteer a did not reach round 2:\n%s", out)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	// A second volunteer on a's data directory is refused at once.
+	began := time.Now()
+	out, err := join("a", 1, 1).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "in use by another process") || time.Since(began) > 20*time.Second {
+		t.Fatalf("second volunteer on a's data dir: err %v after %v:\n%s", err, time.Since(began), out)
 	}
 	cOut, cErr := join("c", 1, 1).CombinedOutput()
 	if cErr != nil {
