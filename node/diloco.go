@@ -250,10 +250,7 @@ func (v *Volunteer) publish(ctx context.Context) {
 
 // announce gossips this member's round and state hash in its metadata.
 func (v *Volunteer) announce(ctx context.Context) {
-	round, hash := v.dl.Round, v.dl.StateHash()
-	if err := v.pn.UpdateMeta(ctx, func(m *p2p.Meta) { m.Round, m.StateHash = round, hash }); err != nil {
-		v.log.Debug("announcing state", "err", err)
-	}
+	v.gossipRound(ctx, v.dl.Round, v.dl.StateHash())
 }
 
 // resynced takes the run's state when this member's differs from it

@@ -169,10 +169,7 @@ func (s *nolocoState) install(ctx context.Context, v *Volunteer) {
 	v.mu.Lock()
 	v.served = blob
 	v.mu.Unlock()
-	step := s.opt.Step
-	if err := v.pn.UpdateMeta(ctx, func(m *p2p.Meta) { m.Round, m.StateHash = step, 0 }); err != nil {
-		v.log.Debug("announcing the step", "err", err)
-	}
+	v.gossipRound(ctx, s.opt.Step, 0)
 }
 
 // adopted installs a member's state just taken and reports it; the inner

@@ -548,6 +548,23 @@ func (v *Volunteer) report(rep RoundReport, ph phase, group int) {
 	v.save()
 }
 
+// announceWait bounds how long a volunteer waits for its metadata update
+// to be broadcast. The update is queued at once and gossiped later if the
+// wait runs out; but memberlist's wait lasts its whole timeout (5 s by
+// default) when a member has just left or failed, which stalled every
+// round that followed a departure.
+const announceWait = 200 * time.Millisecond
+
+// gossipRound announces in this member's metadata the round it is at and
+// the hash of its state (0: none to compare).
+func (v *Volunteer) gossipRound(ctx context.Context, round, hash uint64) {
+	ctx, cancel := context.WithTimeout(ctx, announceWait)
+	defer cancel()
+	if err := v.pn.UpdateMeta(ctx, func(m *p2p.Meta) { m.Round, m.StateHash = round, hash }); err != nil {
+		v.log.Debug("announcing round", "round", round, "err", err)
+	}
+}
+
 // round is the number of outer rounds this volunteer's state has seen.
 func (v *Volunteer) round() uint64 {
 	switch {

@@ -396,6 +396,9 @@ func (n *Node) Join(ctx context.Context, addrs []string) (int, error) {
 	return n.join(ctx, cands)
 }
 
+// joinGrace is how long join waits for more candidates once one answered.
+const joinGrace = 500 * time.Millisecond
+
 // join connects to candidates concurrently, checks they serve this run, then
 // runs memberlist's push/pull join with those reached.
 func (n *Node) join(ctx context.Context, cands []peer.AddrInfo) (int, error) {
@@ -420,15 +423,30 @@ func (n *Node) join(ctx context.Context, cands []peer.AddrInfo) (int, error) {
 			ch <- res{ai, err}
 		}()
 	}
+	// Once one candidate answered, the others get joinGrace more: one member
+	// is enough to learn the whole membership, and a stale peer-book entry
+	// (a member that has left) would otherwise hold the join for the whole
+	// dial timeout.
 	var joins []string
 	var errs []error
+	var grace <-chan time.Time
+collect:
 	for range cands {
-		r := <-ch
+		var r res
+		select {
+		case r = <-ch:
+		case <-grace:
+			errs = append(errs, fmt.Errorf("%d candidates still dialing after the first answered", len(cands)-len(joins)-len(errs)))
+			break collect
+		}
 		if r.err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", r.ai.ID, r.err))
 			continue
 		}
 		joins = append(joins, n.joinString(r.ai.ID))
+		if grace == nil {
+			grace = time.After(joinGrace)
+		}
 	}
 	if len(joins) > 0 {
 		n.awaitHolePunching(ctx)
