@@ -18,7 +18,6 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -80,20 +79,10 @@ type Info struct {
 	Manifest manifest.Manifest
 }
 
-// DefaultManifest is the run `skein bootstrap` and `skein demo` start
-// without a manifest file: manifest.Default (the tiny model, DiLoCo) with
-// its corpus packed into 4 MiB shards that travel with the run, so that a
-// volunteer needs no corpus of its own.
-func DefaultManifest() manifest.Manifest {
-	m := manifest.Default()
-	m.Data.Source, m.Data.ShardBytes = manifest.SourceShards, 4<<20
-	return m
-}
-
-// DefaultConfig returns the demo manifest, WAN timing and the default
+// DefaultConfig returns the demo run (manifest.Demo), WAN timing and the default
 // listen addresses.
 func DefaultConfig(dataDir string) Config {
-	return Config{Manifest: manifest.Default(), DataDir: dataDir, Timing: p2p.WANTiming()}
+	return Config{Manifest: manifest.Demo(), DataDir: dataDir, Timing: p2p.WANTiming()}
 }
 
 // Validate names the first invalid field.
@@ -122,6 +111,7 @@ type server struct {
 	shards *data.ShardStore
 	store  *status.Store
 	status *status.Server
+	limits reportLimits
 }
 
 // Run serves the run until ctx ends, then leaves the membership gracefully.
@@ -171,9 +161,6 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer s.seed.Close()
-	if err := s.serve(); err != nil {
-		return err
-	}
 	info := Info{PeerID: s.seed.ID().String(), Manifest: s.run}
 	best := s.seed.FullAddr()
 	if best != nil {
@@ -191,6 +178,11 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		defer stop()
 		info.StatusURL = url
+	}
+	// The protocols go up once the status server exists: the telemetry
+	// handler counts refusals on it.
+	if err := s.serve(); err != nil {
+		return err
 	}
 	printAddrs(s.out, cfg, info)
 	if cfg.Ready != nil {
@@ -247,15 +239,16 @@ func (s *server) prepareData() error {
 // transfer, and telemetry from volunteers.
 func (s *server) serve() error {
 	canon := s.run.Canonical()
-	mc := p2p.DefaultFrameConfig()
-	mc.MaxSize, mc.ReadTimeout, mc.WriteTimeout = manifest.MaxSize, 10*time.Second, 10*time.Second
-	if err := s.seed.Handle(p2p.ProtoManifest, mc, func(_ context.Context, st *p2p.Stream) error {
+	if err := s.seed.Handle(p2p.ProtoManifest, p2p.MessageFrameConfig(manifest.MaxSize), func(_ context.Context, st *p2p.Stream) error {
 		return st.WriteFrame(manifest.FrameType, canon)
 	}); err != nil {
 		return err
 	}
 	if s.shards != nil {
-		if err := s.seed.ServeBulk(func(_ context.Context, _ peer.ID, key string) (io.ReaderAt, int64, error) {
+		if err := s.seed.ServeBulk(func(_ context.Context, from peer.ID, key string) (io.ReaderAt, int64, error) {
+			if _, member := s.seed.Member(from); !member {
+				return nil, 0, fmt.Errorf("bootstrap: %s is not a member of run %q", from, s.run.RunID)
+			}
 			hash, ok := data.ParseShardKey(key)
 			if !ok {
 				return nil, 0, fmt.Errorf("bootstrap: no bulk key %q", key)
@@ -265,9 +258,7 @@ func (s *server) serve() error {
 			return err
 		}
 	}
-	tc := p2p.DefaultFrameConfig()
-	tc.MaxSize, tc.ReadTimeout, tc.WriteTimeout = telemetry.MaxReportSize, 10*time.Second, 10*time.Second
-	return s.seed.Handle(p2p.ProtoTelemetry, tc, s.telemetry)
+	return s.seed.Handle(p2p.ProtoTelemetry, p2p.MessageFrameConfig(telemetry.MaxReportSize), s.telemetry)
 }
 
 // telemetry takes one report: only from a volunteer that is a member of
@@ -277,6 +268,10 @@ func (s *server) telemetry(_ context.Context, st *p2p.Stream) error {
 	if m, ok := s.seed.Member(from); !ok || m.Meta.Role != p2p.RoleVolunteer {
 		s.countRefused()
 		return fmt.Errorf("bootstrap: telemetry from %s, not a volunteer of this run", from)
+	}
+	if !s.limits.allow(from, time.Now()) {
+		s.countRefused()
+		return fmt.Errorf("bootstrap: telemetry from %s faster than %v per report", from, reportInterval)
 	}
 	typ, b, err := st.ReadFrame()
 	if err != nil {
@@ -328,7 +323,7 @@ func (s *server) serveHTTP(info Info) (stop func(), url string, err error) {
 	}
 	s.status = status.NewServer(s.store, status.RunInfo{RunID: s.run.RunID, ManifestHash: s.run.HashString(),
 		Preset: s.run.Model.Preset, ParamCount: params, InnerSteps: s.run.Optimizer.InnerSteps,
-		Optimizer: s.run.Optimizer.Kind, BootstrapAddrs: info.Addrs, Started: time.Now()}, s.members, status.WithLogger(s.log))
+		Optimizer: s.run.Optimizer.Kind, BootstrapAddrs: publicAddrs(info.Addrs), Started: time.Now()}, s.members, status.WithLogger(s.log))
 	hs := s.status.HTTPServer(s.cfg.HTTPAddr)
 	go func() {
 		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -396,13 +391,29 @@ func printAddrs(w io.Writer, cfg Config, info Info) {
 	}
 }
 
+// publicAddrs keeps the addresses reachable from the internet: the public
+// status page must not reveal the bootstrap's private or loopback ones.
+func publicAddrs(addrs []string) []string {
+	var out []string
+	for _, a := range addrs {
+		if m, err := ma.NewMultiaddr(a); err == nil && isPublic(m) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// sharedAddressSpace is carrier-grade NAT's range (RFC 6598), not reachable
+// from the internet.
+var sharedAddressSpace = &net.IPNet{IP: net.IPv4(100, 64, 0, 0), Mask: net.CIDRMask(10, 32)}
+
 // isPublic reports whether a multiaddr's IP is a global unicast address
 // outside the private and shared ranges.
 func isPublic(m ma.Multiaddr) bool {
 	for _, code := range []int{ma.P_IP4, ma.P_IP6} {
 		if v, err := m.ValueForProtocol(code); err == nil {
 			ip := net.ParseIP(v)
-			return ip != nil && ip.IsGlobalUnicast() && !ip.IsPrivate() && !strings.HasPrefix(v, "100.64.")
+			return ip != nil && ip.IsGlobalUnicast() && !ip.IsPrivate() && !sharedAddressSpace.Contains(ip)
 		}
 	}
 	return false

@@ -63,9 +63,7 @@ type DemoConfig struct {
 // run) with DiLoCo, over 50 Mbit/s links with 30 ms of latency, for three
 // minutes.
 func DefaultDemoConfig() DemoConfig {
-	m := manifest.Default()
-	m.Data.Source, m.Data.ShardBytes = manifest.SourceShards, 4<<20
-	return DemoConfig{Volunteers: 4, Manifest: m, Duration: 3 * time.Minute, RateMbit: 50, Latency: 30 * time.Millisecond,
+	return DemoConfig{Volunteers: 4, Manifest: manifest.Demo(), Duration: 3 * time.Minute, RateMbit: 50, Latency: 30 * time.Millisecond,
 		HTTPAddr: "127.0.0.1:8080", Threads: 1, LogLevel: "warn"}
 }
 
@@ -282,7 +280,7 @@ func (k *children) start(bin, logPath string, wantStdout bool, args ...string) (
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.exited == nil {
-		k.exited = make(chan error, 64)
+		k.exited = make(chan error, 1)
 	}
 	f, err := os.Create(logPath)
 	if err != nil {
@@ -291,25 +289,30 @@ func (k *children) start(bin, logPath string, wantStdout bool, args ...string) (
 	cmd := exec.Command(bin, args...)
 	cmd.Stderr = f
 	c := &child{cmd: cmd, done: make(chan struct{}), name: filepath.Base(logPath), log: logPath}
+	var pw *io.PipeWriter
 	if wantStdout {
-		r, w := io.Pipe()
-		cmd.Stdout = io.MultiWriter(f, w)
+		var r *io.PipeReader
+		r, pw = io.Pipe()
+		cmd.Stdout = io.MultiWriter(f, pw)
 		c.stdout = r
-		defer func() {
-			go func() { <-c.done; w.Close() }()
-		}()
 	} else {
 		cmd.Stdout = f
 	}
 	cmd.SysProcAttr = childAttr()
 	if err := cmd.Start(); err != nil {
 		f.Close()
+		if pw != nil {
+			pw.Close()
+		}
 		return nil, fmt.Errorf("experiment: starting %s: %w", bin, err)
 	}
 	k.procs = append(k.procs, c)
 	go func() {
 		err := cmd.Wait()
 		f.Close()
+		if pw != nil {
+			pw.Close()
+		}
 		close(c.done)
 		k.mu.Lock()
 		stopping := k.procs == nil
@@ -319,7 +322,10 @@ func (k *children) start(bin, logPath string, wantStdout bool, args ...string) (
 			if err != nil {
 				msg = err.Error()
 			}
-			k.exited <- fmt.Errorf("experiment: %s %s before the demo ended; see %s", c.name, msg, c.log)
+			select { // the first unexpected exit ends the demo; later ones add nothing
+			case k.exited <- fmt.Errorf("experiment: %s %s before the demo ended; see %s", c.name, msg, c.log):
+			default:
+			}
 		}
 	}()
 	return c, nil

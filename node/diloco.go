@@ -3,7 +3,6 @@ package node
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -127,7 +126,7 @@ func (v *Volunteer) contributeDelayed(ctx context.Context, ph phase) error {
 		return nil
 	}
 	v.lastReported = v.dl.Round
-	rep := RoundReport{Round: v.dl.Round, Loss: ph.meanLoss(), Members: len(v.peers.Members()),
+	rep := RoundReport{Round: v.dl.Round, Loss: ph.meanLoss(), Members: len(st.Group),
 		Stats: st, StateHash: v.dl.StateHash()}
 	v.report(rep, ph, len(st.Group))
 	return nil
@@ -174,9 +173,6 @@ func (v *Volunteer) contribute(ctx context.Context, ph phase) error {
 		return nil
 	}
 	if err != nil {
-		if _, fatal := err.(fatalRoundError); fatal {
-			return err
-		}
 		v.adopted(ctx, ph) // the run's state if newer; else back to phi
 		return nil
 	}
@@ -185,15 +181,11 @@ func (v *Volunteer) contribute(ctx context.Context, ph phase) error {
 		v.install(ctx)
 	}
 	v.lastReported = v.dl.Round
-	rep := RoundReport{Round: v.dl.Round, Loss: ph.meanLoss(), Members: len(v.peers.Members()),
+	rep := RoundReport{Round: v.dl.Round, Loss: ph.meanLoss(), Members: len(st.Group),
 		Stats: st, StateHash: v.dl.StateHash()}
 	v.report(rep, ph, len(st.Group))
 	return nil
 }
-
-// fatalRoundError ends the volunteer: a round failed and the run's state
-// could not be fetched either.
-type fatalRoundError struct{ error }
 
 // outerStep offers theta to the round, retrying a failed round at once with
 // the same pseudo-gradient (up to roundTries) while nobody finishes it.
@@ -207,7 +199,10 @@ func (v *Volunteer) outerStep(ctx context.Context) (optimizer.RoundStats, error)
 		say(v.cfg.Progress, "round %d did not complete (%v); re-syncing and retrying", v.dl.Round+1, err)
 		before := v.dl.Round
 		if cerr := catchUp(ctx, v.pn, v.dl, v.n, v.log, v.cfg.Progress); cerr != nil {
-			return st, fatalRoundError{fmt.Errorf("round %d: %w (re-sync: %v)", v.dl.Round+1, err, cerr)}
+			// A transient failure (a slow link, a member gone mid-download):
+			// go back to phi; the next round's catch-up tries again.
+			v.log.Warn("re-sync failed", "round", v.dl.Round+1, "err", cerr)
+			return st, err
 		}
 		if v.dl.Round > before || try == roundTries {
 			return st, err // the others finished it without us (adopted), or give this pseudo-gradient up

@@ -24,41 +24,53 @@ var ErrManifest = errors.New("node: run manifest")
 // manifestFile is the copy kept in the data directory.
 const manifestFile = "run.toml"
 
-func manifestFrameConfig() p2p.FrameConfig {
-	c := p2p.DefaultFrameConfig()
-	c.MaxSize = manifest.MaxSize
-	c.ReadTimeout, c.WriteTimeout = 10*time.Second, 10*time.Second
-	return c
-}
-
 // ServeManifest answers manifest requests on n with m.
 func ServeManifest(n *p2p.Node, m manifest.Manifest) error {
 	b := m.Canonical()
-	return n.Handle(p2p.ProtoManifest, manifestFrameConfig(), func(_ context.Context, s *p2p.Stream) error {
+	return n.Handle(p2p.ProtoManifest, p2p.MessageFrameConfig(manifest.MaxSize), func(_ context.Context, s *p2p.Stream) error {
 		return s.WriteFrame(manifest.FrameType, b)
 	})
 }
 
-// FetchManifest asks the run's members for its manifest, the bootstrap
-// first, until one serves a valid one for runID or ctx ends (members that
-// have just joined may not serve it yet, so it keeps asking every second
-// for up to wait).
+// FetchManifest asks the run's members for its manifest until one source
+// it can trust serves a valid one for runID, or wait runs out, or ctx ends
+// (members that have just joined may not serve it yet, so it asks again
+// every second). A bootstrap's answer is taken as the run's. While no
+// bootstrap is in the membership (it is down), or none has answered when
+// wait runs out, the volunteers are asked instead, and their manifest is
+// taken only when the volunteers that answer agree on it, at least two of
+// them when there are two or more: one member alone cannot point newcomers
+// at another run's data or settings. (Signed manifests are issue 9's.)
 func FetchManifest(ctx context.Context, n *p2p.Node, runID string, wait time.Duration, log *slog.Logger) (manifest.Manifest, error) {
 	deadline := time.Now().Add(wait)
 	var lastErr error = fmt.Errorf("%w: no member of run %q to ask", ErrManifest, runID)
-	for {
-		for _, id := range otherMembers(n) {
-			m, err := fetchManifestFrom(ctx, n, id)
-			if err == nil && m.RunID != runID {
-				err = fmt.Errorf("%w: %s serves the manifest of run %q, not %q", ErrManifest, id, m.RunID, runID)
-			}
-			if err == nil {
-				return m, nil
-			}
+	ask := func(id peer.ID) (manifest.Manifest, error) {
+		m, err := fetchManifestFrom(ctx, n, id)
+		if err == nil && m.RunID != runID {
+			err = fmt.Errorf("%w: %s serves the manifest of run %q, not %q", ErrManifest, id, m.RunID, runID)
+		}
+		if err != nil {
 			log.Debug("manifest", "peer", id, "err", err)
 			lastErr = err
 		}
-		if time.Now().After(deadline) {
+		return m, err
+	}
+	for {
+		boots, vols := memberSources(n)
+		for _, id := range boots {
+			if m, err := ask(id); err == nil {
+				return m, nil
+			}
+		}
+		late := time.Now().After(deadline)
+		if len(vols) > 0 && (len(boots) == 0 || late) {
+			m, err := agreedManifest(vols, ask, log)
+			if err == nil {
+				return m, nil
+			}
+			lastErr = err
+		}
+		if late {
 			return manifest.Manifest{}, lastErr
 		}
 		select {
@@ -69,27 +81,63 @@ func FetchManifest(ctx context.Context, n *p2p.Node, runID string, wait time.Dur
 	}
 }
 
-// otherMembers lists the members other than self: bootstraps first (they
-// have the manifest and every shard from the start), then the others.
-func otherMembers(n *p2p.Node) []peer.ID {
-	var boot, vols []peer.ID
+// maxManifestVoters bounds how many volunteers a newcomer asks.
+const maxManifestVoters = 5
+
+// agreedManifest asks up to maxManifestVoters volunteers and returns the
+// manifest that a strict majority of those that answered serve, provided
+// at least two answered (or the only volunteer there is did).
+func agreedManifest(vols []peer.ID, ask func(peer.ID) (manifest.Manifest, error), log *slog.Logger) (manifest.Manifest, error) {
+	votes := map[[32]byte]int{}
+	byHash := map[[32]byte]manifest.Manifest{}
+	answered := 0
+	for _, id := range vols[:min(len(vols), maxManifestVoters)] {
+		m, err := ask(id)
+		if err != nil {
+			continue
+		}
+		h := m.Hash()
+		votes[h]++
+		byHash[h] = m
+		answered++
+	}
+	need := 2
+	if len(vols) == 1 {
+		need = 1
+	}
+	for h, k := range votes {
+		if k >= need && 2*k > answered {
+			if need == 1 {
+				log.Warn("the bootstrap is unreachable and one volunteer serves the manifest; it could not be cross-checked")
+			}
+			return byHash[h], nil
+		}
+	}
+	return manifest.Manifest{}, fmt.Errorf("%w: no bootstrap answered and %d volunteers answered with %d different manifests (need %d agreeing)",
+		ErrManifest, answered, len(votes), need)
+}
+
+// memberSources lists the members other than self that serve the manifest
+// and the shards: the bootstraps (which have both from the start), then the
+// others, sorted.
+func memberSources(n *p2p.Node) (boots, vols []peer.ID) {
 	for _, m := range n.Members() {
 		switch {
 		case m.ID == n.ID():
 		case m.Meta.Role == p2p.RoleBootstrap:
-			boot = append(boot, m.ID)
+			boots = append(boots, m.ID)
 		default:
 			vols = append(vols, m.ID)
 		}
 	}
 	slices.Sort(vols)
-	return append(boot, vols...)
+	return boots, vols
 }
 
 func fetchManifestFrom(ctx context.Context, n *p2p.Node, id peer.ID) (manifest.Manifest, error) {
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	s, err := n.Open(ctx, id, p2p.ProtoManifest, manifestFrameConfig())
+	s, err := n.Open(ctx, id, p2p.ProtoManifest, p2p.MessageFrameConfig(manifest.MaxSize))
 	if err != nil {
 		return manifest.Manifest{}, err
 	}
@@ -104,7 +152,7 @@ func fetchManifestFrom(ctx context.Context, n *p2p.Node, id peer.ID) (manifest.M
 	}
 	m, err := manifest.Parse(b)
 	if err != nil {
-		return manifest.Manifest{}, fmt.Errorf("%w: from %s: %v", ErrManifest, id, err)
+		return manifest.Manifest{}, fmt.Errorf("%w: from %s: %w", ErrManifest, id, err)
 	}
 	return m, nil
 }

@@ -82,7 +82,8 @@ func fetchShard(ctx context.Context, n *p2p.Node, store *data.ShardStore, s data
 	tr *transfer, log *slog.Logger) error {
 	var lastErr error
 	for attempt := 0; attempt < 8; attempt++ {
-		srcs := otherMembers(n)
+		boots, vols := memberSources(n)
+		srcs := append(boots, vols...)
 		if len(srcs) == 0 {
 			lastErr = fmt.Errorf("node: no member to fetch shard %s from", s.Hash)
 		}

@@ -117,7 +117,10 @@ func fetchState(ctx context.Context, pn *p2p.Node, id peer.ID, n int, w io.Write
 		w = nil // a small state arrives before a progress line could
 	}
 	tr := startTransfer(w, "the run's state from "+shortPeer(id), int64(len(buf)))
-	fctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	// Two minutes, plus the time the state takes at 1 Mbit/s: a large model
+	// on a slow link must not time out forever (a stalled transfer still
+	// fails after the bulk protocol's idle timeout).
+	fctx, cancel := context.WithTimeout(ctx, 2*time.Minute+time.Duration(len(buf)*8/1e6)*time.Second)
 	defer cancel()
 	_, err := pn.Fetch(fctx, id, stateKey, tr.writerAt(buf), p2p.FetchOptions{Length: int64(len(buf)), Streams: 2})
 	tr.finish(err == nil)

@@ -9,14 +9,6 @@ import (
 	"github.com/skein-ml/skein/p2p"
 )
 
-// telemetryFrameConfig bounds a telemetry stream (telemetry.FrameType).
-func telemetryFrameConfig() p2p.FrameConfig {
-	c := p2p.DefaultFrameConfig()
-	c.MaxSize = telemetry.MaxReportSize
-	c.ReadTimeout, c.WriteTimeout = 10*time.Second, 10*time.Second
-	return c
-}
-
 // reporter sends reports in the background, one at a time; a report that
 // arrives while the previous is still being sent replaces any waiting one.
 type reporter struct {
@@ -70,7 +62,7 @@ func (r *reporter) run() {
 				continue
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			s, err := r.n.Open(ctx, m.ID, p2p.ProtoTelemetry, telemetryFrameConfig())
+			s, err := r.n.Open(ctx, m.ID, p2p.ProtoTelemetry, p2p.MessageFrameConfig(telemetry.MaxReportSize))
 			if err == nil {
 				if err = s.WriteFrame(telemetry.FrameType, b); err == nil {
 					err = s.CloseWrite()

@@ -79,7 +79,7 @@ type RoundReport struct {
 	Round     uint64
 	Loss      float32 // mean training loss of the inner steps
 	ValLoss   float32 // on the run's fixed validation batches after the round; NaN if not measured
-	Members   int
+	Members   int     // DiLoCo: the round's group; otherwise the volunteers in view
 	Stats     optimizer.RoundStats
 	StateHash uint64
 	// Adopted: this volunteer did not contribute to the round (it joined
@@ -121,14 +121,17 @@ type Volunteer struct {
 	// lastReported is the last round told to the user and OnRound.
 	lastReported uint64
 
-	run      manifest.Manifest
-	lock     *dirlock.Lock
-	corpus   *data.Corpus
-	shards   *data.ShardStore // nil for a "local" run
-	reporter *reporter
-	metrics  *metricsServer
-	device   string
-	joinedAt time.Time
+	run    manifest.Manifest
+	lock   *dirlock.Lock
+	corpus *data.Corpus
+	shards *data.ShardStore // nil for a "local" run
+	// tempShards is a shard directory made for a volunteer without a data
+	// directory; Close removes it.
+	tempShards string
+	reporter   *reporter
+	metrics    *metricsServer
+	device     string
+	joinedAt   time.Time
 	// firstStepAt is when the first inner step finished (join time).
 	firstStepAt time.Time
 	// stats of the last round, for telemetry and metrics
@@ -288,6 +291,7 @@ func (v *Volunteer) openCorpus(ctx context.Context) (*data.Corpus, error) {
 		if dir, err = os.MkdirTemp("", "skein-shards-*"); err != nil {
 			return nil, fmt.Errorf("node: %w", err)
 		}
+		v.tempShards = dir // removed on Close
 	}
 	store, err := data.OpenShardStore(dir)
 	if err != nil {
@@ -309,14 +313,24 @@ func (v *Volunteer) openCorpus(ctx context.Context) (*data.Corpus, error) {
 	}
 }
 
-// serveBulk serves the shared state to joiners (bulk key stateKey) and
-// the corpus shards this volunteer holds (data.ShardKey).
-func (v *Volunteer) serveBulk(_ context.Context, _ peer.ID, key string) (io.ReaderAt, int64, error) {
+// serveBulk serves the shared state to joining volunteers (bulk key
+// stateKey) and the corpus shards this volunteer holds (data.ShardKey) to
+// members of the run.
+func (v *Volunteer) serveBulk(_ context.Context, from peer.ID, key string) (io.ReaderAt, int64, error) {
+	// Only the run's members are served: a stranger must not be able to
+	// spend a volunteer's uplink on shards and states.
+	m, ok := v.pn.Member(from)
+	if !ok {
+		return nil, 0, fmt.Errorf("node: %s is not a member of run %q", from, v.run.RunID)
+	}
 	if hash, ok := data.ParseShardKey(key); ok && v.shards != nil {
 		return v.shards.Open(hash)
 	}
 	if key != stateKey {
 		return nil, 0, fmt.Errorf("node: no bulk key %q", key)
+	}
+	if m.Meta.Role != p2p.RoleVolunteer {
+		return nil, 0, fmt.Errorf("node: the run's state is for volunteers, not %s (%s)", from, m.Meta.Role)
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -371,6 +385,9 @@ func (v *Volunteer) close() error {
 	var err error
 	if v.pn != nil {
 		err = v.pn.Close() // graceful leave
+	}
+	if v.tempShards != "" {
+		os.RemoveAll(v.tempShards)
 	}
 	v.lock.Release()
 	return err
@@ -495,6 +512,16 @@ func (v *Volunteer) validate() float32 {
 	return vl
 }
 
+// measured maps a loss that is no number (a diverged step) to NaN, which
+// telemetry reads as "not measured"; an infinite one would get the whole
+// report refused.
+func measured(loss float32) float32 {
+	if math.IsInf(float64(loss), 0) {
+		return float32(math.NaN())
+	}
+	return loss
+}
+
 // report measures the round's validation loss, prints the round's line,
 // sends telemetry, updates the metrics, tells OnRound and checkpoints.
 func (v *Volunteer) report(rep RoundReport, ph phase, group int) {
@@ -539,7 +566,7 @@ func (v *Volunteer) report(rep RoundReport, ph phase, group int) {
 			rep.Loss, val, trainer.HumanRate(tps), group, float64(rep.Stats.BytesSent)/1e3, wall, state)
 	}
 	v.reporter.send(telemetry.Report{Round: rep.Round, StateHash: rep.StateHash, Adopted: rep.Adopted,
-		TrainLoss: rep.Loss, ValLoss: rep.ValLoss, Tokens: tokens, TokensPerSec: tps,
+		TrainLoss: measured(rep.Loss), ValLoss: measured(rep.ValLoss), Tokens: tokens, TokensPerSec: tps,
 		BytesSent: uint64(max(sent, 0)), BytesRecv: uint64(max(recv, 0)), ComputeSeconds: ph.computeSec, WallSeconds: wall,
 		Members: rep.Members, Device: v.device, Version: v.cfg.Version, UnixMS: time.Now().UnixMilli()})
 	if v.cfg.OnRound != nil {

@@ -239,6 +239,26 @@ func (nl *NoLoCo) advance(step uint64) {
 	}
 }
 
+// maxAhead bounds the senders whose message from a later step is kept (a
+// member about to catch up averages with at most maxGroup-1 partners):
+// each message is as large as the model, so this bounds the memory a
+// member far behind holds to maxAhead models, however many members there
+// are.
+const maxAhead = maxGroup
+
+// dropOldestAhead forgets the kept message of the earliest step. nl.mu is
+// held.
+func (nl *NoLoCo) dropOldestAhead() {
+	var from PeerID
+	oldest := uint64(math.MaxUint64)
+	for f, e := range nl.ahead {
+		if e.h.round < oldest {
+			from, oldest = f, e.h.round
+		}
+	}
+	delete(nl.ahead, from)
+}
+
 func (nl *NoLoCo) receive(ctx context.Context) {
 	for {
 		m, err := nl.peers.Recv(ctx)
@@ -260,8 +280,8 @@ func (nl *NoLoCo) receive(ctx context.Context) {
 		// Keep one message per sender for the current step and the next
 		// two (partners that finished their inner phase earlier), and one
 		// per sender, its newest, for any later step (this member is
-		// behind and will adopt a state at about that step): memory stays
-		// bounded by the members, whatever they send.
+		// behind and will adopt a state at about that step), from at most
+		// maxAhead senders: memory stays bounded whatever they send.
 		e := envelope{from: m.From, h: h, body: body, at: time.Now()}
 		switch {
 		case h.round < nl.Step:
@@ -271,6 +291,9 @@ func (nl *NoLoCo) receive(ctx context.Context) {
 			}
 		default:
 			if old, ok := nl.ahead[m.From]; !ok || old.h.round < h.round {
+				if !ok && len(nl.ahead) >= maxAhead {
+					nl.dropOldestAhead()
+				}
 				nl.ahead[m.From] = e
 			}
 		}

@@ -41,6 +41,15 @@ func DefaultFrameConfig() FrameConfig {
 	return FrameConfig{Version: 1, MaxSize: DefaultMaxFrame, ReadTimeout: DefaultFrameTimeout, WriteTimeout: DefaultFrameTimeout}
 }
 
+// MessageFrameConfig is the config of a protocol of one small message per
+// stream (a manifest, a telemetry report): frames of at most maxSize bytes,
+// each read and write bounded by 10 seconds.
+func MessageFrameConfig(maxSize uint32) FrameConfig {
+	c := DefaultFrameConfig()
+	c.MaxSize, c.ReadTimeout, c.WriteTimeout = maxSize, 10*time.Second, 10*time.Second
+	return c
+}
+
 // Validate names the offending value.
 func (c FrameConfig) Validate() error {
 	if c.MaxSize == 0 || c.MaxSize > 1<<30 {

@@ -508,7 +508,7 @@ var _ io.Writer = slogWriter{}
 // routineWarning reports memberlist warnings that are part of normal failure
 // detection over the internet rather than a problem to act on.
 func routineWarning(line []byte) bool {
-	for _, w := range []string{"Refuting", "suspect", "Suspect", "no acks", "Was able to connect", "Failed fallback ping", "Failed to send ping"} {
+	for _, w := range []string{"Refuting", "suspect", "Suspect", "no acks", "Failed fallback ping", "Failed to send ping"} {
 		if bytes.Contains(line, []byte(w)) {
 			return true
 		}

@@ -35,7 +35,8 @@ var (
 	ProtoReduce = Protocol{"reduce", 1}
 	// ProtoGossip carries NoLoCo's partial averaging with random peers.
 	ProtoGossip = Protocol{"gossip", 1}
-	// ProtoManifest serves the run's manifest and its hash.
+	// ProtoManifest serves the run's manifest (its canonical bytes, which
+	// the asker hashes).
 	ProtoManifest = Protocol{"manifest", 1}
 	// ProtoTelemetry carries volunteers' per-round reports to the bootstrap.
 	ProtoTelemetry = Protocol{"telemetry", 1}

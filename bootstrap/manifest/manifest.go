@@ -205,6 +205,22 @@ func Default() Manifest {
 	}
 }
 
+// Demo returns the run that `skein demo` and a `skein bootstrap` without a
+// manifest file start: Default with its corpus packed into 4 MiB shards that
+// travel with the run, so that a volunteer needs no corpus of its own.
+func Demo() Manifest {
+	m := Default()
+	m.Data.Source, m.Data.ShardBytes = SourceShards, 4<<20
+	return m
+}
+
+// UseNoLoCo switches m to NoLoCo with its own outer defaults (ALGORITHMS.md
+// 2; a DiLoCo run's outer settings are not NoLoCo's).
+func (m *Manifest) UseNoLoCo() {
+	n := optimizer.DefaultNoLoCo()
+	m.Optimizer.Kind, m.Optimizer.OuterLR, m.Optimizer.OuterMomentum = KindNoLoCo, n.OuterLR, n.Momentum
+}
+
 // SeqLen returns the sequence length the run trains at: model.seq_len, or
 // the preset's context when that is 0 (0 if the preset is unknown, in which
 // case Validate fails).

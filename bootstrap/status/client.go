@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -63,8 +64,11 @@ func Fetch(ctx context.Context, baseURL string) (Snapshot, error) {
 	return s, nil
 }
 
-// FormatText writes a compact human summary of s, for `skein status`.
+// FormatText writes a compact human summary of s, for `skein status`. The
+// snapshot came from a remote and maybe hostile server: its strings are
+// cleaned of control characters (terminal escapes) first.
 func FormatText(w io.Writer, s Snapshot) {
+	s = s.forTerminal()
 	fmt.Fprintf(w, "run %s", orDash(s.RunID))
 	if s.Manifest != "" {
 		fmt.Fprintf(w, " (manifest %s)", s.Manifest)
@@ -179,4 +183,21 @@ func durationText(d time.Duration) string {
 		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
 	}
 	return fmt.Sprintf("%dd%02dh", int(d.Hours())/24, int(d.Hours())%24)
+}
+
+// forTerminal returns s with every string cleaned by cleanString.
+func (s Snapshot) forTerminal() Snapshot {
+	c := func(v string) string { return cleanString(v, 128) }
+	s.RunID, s.Manifest, s.Preset, s.Optimizer = c(s.RunID), c(s.Manifest), c(s.Preset), c(s.Optimizer)
+	s.Members = slices.Clone(s.Members)
+	for i := range s.Members {
+		m := &s.Members[i]
+		m.Peer, m.Role, m.Device, m.Version, m.StateHash, m.Agreement = c(m.Peer), c(m.Role), c(m.Device), c(m.Version), c(m.StateHash), c(m.Agreement)
+	}
+	s.Events = slices.Clone(s.Events)
+	for i := range s.Events {
+		e := &s.Events[i]
+		e.Peer, e.Kind, e.Role, e.Device = c(e.Peer), c(e.Kind), c(e.Role), c(e.Device)
+	}
+	return s
 }

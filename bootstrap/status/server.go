@@ -26,14 +26,15 @@ var webFS embed.FS
 
 // Limits and timings of the HTTP surface.
 const (
-	DefaultMaxStreams = 256                    // concurrent SSE clients; more get 503
-	defaultMinPush    = 500 * time.Millisecond // at most two snapshots a second per SSE client
-	defaultHeartbeat  = 15 * time.Second       // SSE comment lines that keep proxies from closing the stream
-	defaultRefresh    = 5 * time.Second        // rebuild for membership and freshness changes nobody notified
-	streamWriteLimit  = 10 * time.Second       // a stream write that takes longer drops the client
-	statusMaxAge      = time.Second            // /api/status and /metrics reuse a snapshot this long
-	historyLimit      = 500                    // default rounds per /api/history page
-	historyMaxLimit   = 5000                   // largest limit accepted
+	DefaultMaxStreams  = 256                    // concurrent SSE clients; more get 503
+	defaultMinPush     = 500 * time.Millisecond // at most two snapshots a second per SSE client
+	defaultHeartbeat   = 15 * time.Second       // SSE comment lines that keep proxies from closing the stream
+	defaultRefresh     = 5 * time.Second        // rebuild for membership and freshness changes nobody notified
+	streamWriteLimit   = 10 * time.Second       // a stream write that takes longer drops the client
+	statusMaxAge       = time.Second            // /api/status and /metrics reuse a snapshot this long
+	historyLimit       = 500                    // default rounds per /api/history page
+	maxHistoryRequests = 4                      // /api/history requests served at once; 503 beyond
+	historyMaxLimit    = 5000                   // largest limit accepted
 )
 
 // contentSecurityPolicy allows the page's own scripts, styles and API only.
@@ -109,6 +110,8 @@ type Server struct {
 
 	refused atomic.Uint64 // CountRefused
 	streams atomic.Int64  // open SSE streams
+	// history bounds the /api/history requests served at once.
+	history chan struct{}
 
 	done      chan struct{}
 	closeOnce sync.Once
@@ -146,7 +149,7 @@ func NewServer(store *Store, info RunInfo, members func() []Member, opts ...Opti
 		opt(&o)
 	}
 	s := &Server{store: store, info: info, members: members, opt: o, done: make(chan struct{}),
-		notifyCh: make(chan struct{}), static: loadAssets()}
+		notifyCh: make(chan struct{}), static: loadAssets(), history: make(chan struct{}, maxHistoryRequests)}
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collector{s})
@@ -327,6 +330,13 @@ type historyPage struct {
 }
 
 func (s *Server) serveHistory(w http.ResponseWriter, r *http.Request) {
+	select {
+	case s.history <- struct{}{}:
+		defer func() { <-s.history }()
+	default:
+		writeError(w, http.StatusServiceUnavailable, "too many history requests at once; try again")
+		return
+	}
 	q := r.URL.Query()
 	var from uint64
 	if v := q.Get("from_round"); v != "" {

@@ -756,9 +756,13 @@ func (s *Store) trimEvents(b *bolt.Bucket) error {
 // History returns the aggregates of up to limit rounds from fromRound on,
 // in round order.
 func (s *Store) History(fromRound uint64, limit int) ([]RoundStats, error) {
+	// A read transaction runs beside the writer; s.mu is not held across it,
+	// so a slow reader of the public API never holds up Record (bbolt's
+	// Close waits for open reads).
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
+	closed := s.closed
+	s.mu.Unlock()
+	if closed {
 		return nil, ErrClosed
 	}
 	out := []RoundStats{}

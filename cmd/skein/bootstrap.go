@@ -49,7 +49,6 @@ func bootstrapCommand() *cli.Command {
 				return err
 			}
 			cfg := bootstrap.DefaultConfig(c.Path("data-dir"))
-			cfg.Manifest = bootstrap.DefaultManifest()
 			if p := c.Path("manifest"); p != "" {
 				if cfg.Manifest, err = manifest.LoadTemplate(p); err != nil {
 					return fmt.Errorf("--manifest: %w", err)

@@ -48,10 +48,12 @@ func demoCommand() *cli.Command {
 			cfg.Volunteers, cfg.Duration, cfg.TargetLoss = c.Int("volunteers"), c.Duration("duration"), c.Float64("target-loss")
 			cfg.RateMbit, cfg.Latency, cfg.HTTPAddr = c.Float64("rate"), c.Duration("latency"), c.String("http")
 			cfg.Threads, cfg.LogLevel, cfg.Logger, cfg.Out = c.Int("threads"), c.String("child-log-level"), log, os.Stdout
-			cfg.Manifest.Optimizer.Kind = c.String("optimizer")
-			if cfg.Manifest.Optimizer.Kind == manifest.KindNoLoCo {
-				// NoLoCo's own outer defaults (ALGORITHMS.md 2).
-				cfg.Manifest.Optimizer.OuterLR, cfg.Manifest.Optimizer.OuterMomentum = 0.7, 0.5
+			switch kind := c.String("optimizer"); kind {
+			case manifest.KindDiLoCo:
+			case manifest.KindNoLoCo:
+				cfg.Manifest.UseNoLoCo()
+			default:
+				return fmt.Errorf("--optimizer %q: want %s or %s", kind, manifest.KindDiLoCo, manifest.KindNoLoCo)
 			}
 			cfg.Manifest.Optimizer.InnerSteps = c.Int("inner-steps")
 			cfg.Manifest.Optimizer.Delayed = c.Bool("delayed")

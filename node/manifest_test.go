@@ -1,0 +1,60 @@
+package node
+
+import (
+	"errors"
+	"log/slog"
+	"testing"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/skein-ml/skein/bootstrap/manifest"
+)
+
+// Without a bootstrap, a newcomer takes the volunteers' manifest only when
+// they agree: one hostile member cannot point it at another run's settings.
+func TestAgreedManifest(t *testing.T) {
+	honest := manifest.Default()
+	forged := manifest.Default()
+	forged.Model.Preset = "small"
+	bad := errors.New("no answer")
+	for _, c := range []struct {
+		name    string
+		answers []any // manifest.Manifest or error, one per volunteer
+		want    *manifest.Manifest
+	}{
+		{"two agree", []any{honest, honest}, &honest},
+		{"majority of three", []any{honest, forged, honest}, &honest},
+		{"one against one", []any{honest, forged}, nil},
+		{"one of two answers", []any{honest, bad}, nil},
+		{"the only volunteer", []any{honest}, &honest},
+		{"forged majority needs two", []any{forged, bad, bad}, nil},
+		{"nobody answers", []any{bad, bad}, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var vols []peer.ID
+			answers := map[peer.ID]any{}
+			for i, a := range c.answers {
+				id := peer.ID(rune('a' + i))
+				vols = append(vols, id)
+				answers[id] = a
+			}
+			ask := func(id peer.ID) (manifest.Manifest, error) {
+				if m, ok := answers[id].(manifest.Manifest); ok {
+					return m, nil
+				}
+				return manifest.Manifest{}, answers[id].(error)
+			}
+			got, err := agreedManifest(vols, ask, slog.New(slog.DiscardHandler))
+			switch {
+			case c.want == nil && err == nil:
+				t.Fatalf("took manifest %s, want a refusal", got.ShortHash())
+			case c.want != nil && err != nil:
+				t.Fatalf("refused: %v", err)
+			case c.want != nil && got.Hash() != c.want.Hash():
+				t.Fatalf("took %s, want %s", got.ShortHash(), c.want.ShortHash())
+			case err != nil && !errors.Is(err, ErrManifest):
+				t.Fatalf("error %v is not ErrManifest", err)
+			}
+		})
+	}
+}
