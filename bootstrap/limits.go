@@ -15,8 +15,10 @@ import (
 const (
 	reportInterval = 500 * time.Millisecond
 	reportBurst    = 8
-	// maxLimited bounds the peers tracked; beyond it the least recently
-	// seen is forgotten (it only gets a fresh burst).
+	// maxLimited bounds the peers tracked; when it is reached, peers idle
+	// for a minute are forgotten and, if that is not enough, arbitrary
+	// ones until a quarter is free (a forgotten peer only gets a fresh
+	// burst; only members get this far).
 	maxLimited = 4096
 )
 
@@ -41,7 +43,7 @@ func (l *reportLimits) allow(from peer.ID, now time.Time) bool {
 	b, ok := l.peers[from]
 	if !ok {
 		if len(l.peers) >= maxLimited {
-			l.evictOldest()
+			l.evict(now)
 		}
 		b = &bucket{tokens: reportBurst, last: now}
 		l.peers[from] = b
@@ -55,13 +57,18 @@ func (l *reportLimits) allow(from peer.ID, now time.Time) bool {
 	return true
 }
 
-func (l *reportLimits) evictOldest() {
-	var oldest peer.ID
-	var at time.Time
+// evict frees at least a quarter of the table, idle peers first: one scan
+// per maxLimited/4 new peers.
+func (l *reportLimits) evict(now time.Time) {
 	for id, b := range l.peers {
-		if oldest == "" || b.last.Before(at) {
-			oldest, at = id, b.last
+		if now.Sub(b.last) > time.Minute {
+			delete(l.peers, id)
 		}
 	}
-	delete(l.peers, oldest)
+	for id := range l.peers { // map order is arbitrary
+		if len(l.peers) <= maxLimited*3/4 {
+			break
+		}
+		delete(l.peers, id)
+	}
 }
