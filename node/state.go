@@ -108,6 +108,14 @@ func (m memWriterAt) WriteAt(p []byte, off int64) (int, error) {
 	return copy(m[off:], p), nil
 }
 
+// A state download is spread over stateConns connections ("lanes"), each
+// with stateStreams/stateConns streams: on a long link one QUIC connection
+// spends most of a few-megabyte transfer in slow start.
+const (
+	stateStreams = 8
+	stateConns   = 4
+)
+
 // fetchState downloads a member's encoded shared state of n parameters
 // (stateSize(n) bytes, fixed before anything is allocated), showing its
 // progress on w when it is large enough to take a while.
@@ -122,7 +130,7 @@ func fetchState(ctx context.Context, pn *p2p.Node, id peer.ID, n int, w io.Write
 	// fails after the bulk protocol's idle timeout).
 	fctx, cancel := context.WithTimeout(ctx, 2*time.Minute+time.Duration(len(buf)*8/1e6)*time.Second)
 	defer cancel()
-	_, err := pn.Fetch(fctx, id, stateKey, tr.writerAt(buf), p2p.FetchOptions{Length: int64(len(buf)), Streams: 2})
+	_, err := pn.Fetch(fctx, id, stateKey, tr.writerAt(buf), p2p.FetchOptions{Length: int64(len(buf)), Streams: stateStreams, Conns: stateConns})
 	tr.finish(err == nil)
 	return buf, err
 }
