@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -124,6 +125,10 @@ func RunDemo(ctx context.Context, cfg DemoConfig) (*DemoResult, error) {
 	}
 	if cfg.Latency > 0 {
 		netFlags = append(netFlags, "--emulate-latency", cfg.Latency.String())
+	}
+	if busy, alt := portInUse(cfg.HTTPAddr); busy {
+		fmt.Fprintf(out, "%s is in use; the status page takes a free port instead\n", cfg.HTTPAddr)
+		cfg.HTTPAddr = alt
 	}
 	bsArgs := []string{"--log-level", cfg.LogLevel, "bootstrap", "--manifest", runFile,
 		"--data-dir", filepath.Join(cfg.Dir, "bootstrap"), "--http", cfg.HTTPAddr}
@@ -410,4 +415,19 @@ func waitForLine(ctx context.Context, path string, re *regexp.Regexp, d time.Dur
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// portInUse reports whether addr (host:port, a fixed port) cannot be
+// listened on, and the same host with any free port to use instead.
+func portInUse(addr string) (bool, string) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || port == "0" {
+		return false, addr
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return true, net.JoinHostPort(host, "0")
+	}
+	ln.Close()
+	return false, addr
 }
