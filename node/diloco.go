@@ -34,6 +34,9 @@ func (v *Volunteer) initDiLoCo() (err error) {
 		rc.Logger = v.log
 	}
 	rc.Codec.Codec = m.Codec()
+	// Room for a few rounds of every member's messages (about 2 bytes per
+	// parameter per member and round with an 8-bit codec).
+	rc.MaxStashBytes = max(rc.MaxStashBytes, 8*int64(v.n))
 	if v.ring, err = optimizer.NewRing(v.peers, rc); err != nil {
 		return err
 	}

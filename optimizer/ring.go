@@ -32,6 +32,14 @@ type RingConfig struct {
 	MaxAbs float32
 	// MaxAttempts bounds how often one round is redone with a smaller group.
 	MaxAttempts int
+	// MaxStashBytes bounds the bytes of the messages kept for rounds or
+	// groups not yet reached (members that finished their inner phase
+	// first); one sender may hold at most half of it, so that a member
+	// sending thousands of messages for a future round cannot pin memory
+	// nor push out the others'. It should hold a few rounds' worth of one
+	// member's messages: about 2 x the model's parameters in bytes with an
+	// 8-bit codec. Default DefaultMaxStashBytes.
+	MaxStashBytes int64
 	// Order arranges the group into a ring (for example by measured
 	// bandwidth); it must be a deterministic function of its input, which is
 	// sorted by ID. nil keeps ID order.
@@ -47,8 +55,11 @@ func DefaultRingConfig() RingConfig {
 	c.Codec = compression.MinMax8
 	c.ZstdLevel = 0
 	return RingConfig{Codec: c, InitialDeadline: 2 * time.Minute, MinDeadline: 2 * time.Second,
-		MaxDeadline: 10 * time.Minute, MaxAbs: 1e4, MaxAttempts: 16}
+		MaxDeadline: 10 * time.Minute, MaxAbs: 1e4, MaxAttempts: 16, MaxStashBytes: DefaultMaxStashBytes}
 }
+
+// DefaultMaxStashBytes is RingConfig.MaxStashBytes's default.
+const DefaultMaxStashBytes = 256 << 20
 
 // Validate names the first invalid field.
 func (c RingConfig) Validate() error {
@@ -59,6 +70,8 @@ func (c RingConfig) Validate() error {
 		return fmt.Errorf("%w: max abs %v must be positive", ErrConfig, c.MaxAbs)
 	case c.MaxAttempts <= 0:
 		return fmt.Errorf("%w: max attempts %d must be positive", ErrConfig, c.MaxAttempts)
+	case c.MaxStashBytes <= 0:
+		return fmt.Errorf("%w: max stash bytes %d must be positive", ErrConfig, c.MaxStashBytes)
 	}
 	return c.Codec.Validate()
 }
@@ -844,15 +857,55 @@ func (r *Ring) doneChunks(e envelope) ([][]byte, error) {
 	return chunks, nil
 }
 
-// stashLocked keeps e for later, dropping the oldest message when full.
+// stashLocked keeps e for later. It bounds the stash in messages (maxStash)
+// and in bytes (MaxStashBytes), and each sender to half of the bytes: when
+// a bound is reached, the sender's own oldest messages go first, then the
+// oldest of all. A message larger than a sender's share is not kept.
 func (r *Ring) stashLocked(e envelope) {
 	if r.voidLocked(e) || e.h.kind == kindQuery { // a query is news only while fresh
 		return
 	}
-	if len(r.stash) >= maxStash {
-		r.stash = r.stash[1:]
+	size := int64(len(e.body))
+	share := r.cfg.MaxStashBytes / 2
+	if size > share {
+		r.log.Debug("message too large to keep for later", "from", e.from, "bytes", size)
+		return
+	}
+	var total, mine int64
+	for _, s := range r.stash {
+		total += int64(len(s.body))
+		if s.from == e.from {
+			mine += int64(len(s.body))
+		}
+	}
+	drop := func(i int) {
+		total -= int64(len(r.stash[i].body))
+		if r.stash[i].from == e.from {
+			mine -= int64(len(r.stash[i].body))
+		}
+		r.stash = append(r.stash[:i], r.stash[i+1:]...)
+	}
+	for i := 0; i < len(r.stash) && mine+size > share; {
+		if r.stash[i].from == e.from {
+			drop(i)
+			continue
+		}
+		i++
+	}
+	for len(r.stash) > 0 && (len(r.stash) >= maxStash || total+size > r.cfg.MaxStashBytes) {
+		drop(0)
 	}
 	r.stash = append(r.stash, e)
+}
+
+// stashBytes is the bytes the stash holds.
+func (r *Ring) stashBytes() (total int64, n int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, s := range r.stash {
+		total += int64(len(s.body))
+	}
+	return total, len(r.stash)
 }
 
 // abandon records that from has left its ring gh of round and drops its

@@ -610,3 +610,47 @@ func TestMemberWaitingForResultIsNotAwaited(t *testing.T) {
 		t.Fatalf("took %v: waited for a member that said it was waiting (InitialDeadline %v)", took, cfg.InitialDeadline)
 	}
 }
+
+// One member sending thousands of large messages for a future round cannot
+// pin more than the stash's byte bound, nor more than half of it, nor push
+// out another member's message (issue: 2000 messages kept 243 MiB alive).
+func TestRingStashBoundedInBytes(t *testing.T) {
+	net := NewMemNetwork()
+	defer net.Close()
+	cfg := testRingConfig()
+	cfg.MaxStashBytes = 1 << 20
+	r, err := NewRing(net.Join("a"), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := make([]byte, 64<<10)
+	r.mu.Lock()
+	r.stashLocked(envelope{from: "honest", h: header{kind: kindReduce, round: 5}, body: body})
+	for i := 0; i < 2000; i++ {
+		r.stashLocked(envelope{from: "flood", h: header{kind: kindReduce, round: 9, chunk: uint32(i)}, body: body})
+	}
+	r.stashLocked(envelope{from: "flood", h: header{kind: kindReduce, round: 9}, body: make([]byte, 600<<10)}) // over its share
+	r.mu.Unlock()
+	total, n := r.stashBytes()
+	if total > cfg.MaxStashBytes {
+		t.Fatalf("stash holds %d bytes, bound %d", total, cfg.MaxStashBytes)
+	}
+	var honest, flood int64
+	r.mu.Lock()
+	for _, e := range r.stash {
+		switch e.from {
+		case "honest":
+			honest += int64(len(e.body))
+		case "flood":
+			flood += int64(len(e.body))
+		}
+	}
+	r.mu.Unlock()
+	if honest != int64(len(body)) {
+		t.Fatalf("the honest member's message was pushed out (%d bytes left of it)", honest)
+	}
+	if flood > cfg.MaxStashBytes/2 {
+		t.Fatalf("one sender holds %d bytes, more than half of %d", flood, cfg.MaxStashBytes)
+	}
+	t.Logf("stash: %d messages, %d bytes (flood %d)", n, total, flood)
+}
