@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"math"
+	"slices"
 
 	"github.com/skein-ml/skein/compression"
 )
@@ -19,6 +20,16 @@ type DiLoCoConfig struct {
 	// and of the averaged one; a larger or non-finite one is an error and
 	// nothing is applied (0 disables the bound).
 	MaxDeltaNorm float64
+	// NormGrowth bounds the averaged pseudo-gradient's norm by this many
+	// times the median of the last normWindow accepted averages, once
+	// normMinHistory have been seen (0 disables it). Honest averages change
+	// by a few percent from round to round; one member adding a large
+	// offset to its contribution moves the average by orders of magnitude.
+	// Such a round is rejected (nothing applied, the volunteer retries or
+	// takes the run's state) instead of poisoning every member. The history
+	// lives in memory: a member that just joined or restarted relies on
+	// MaxDeltaNorm alone until it has seen normMinHistory rounds.
+	NormGrowth float64
 	// Feedback, if set, compresses this member's pseudo-gradient with error
 	// feedback before it enters the ring (for example int4 + EF); the
 	// residual carries to the next round and is saved with the checkpoint.
@@ -27,7 +38,7 @@ type DiLoCoConfig struct {
 
 // DefaultDiLoCo returns the paper's outer settings: Nesterov, eta 0.7, mu 0.9.
 func DefaultDiLoCo() DiLoCoConfig {
-	return DiLoCoConfig{OuterLR: 0.7, Momentum: 0.9, MaxDeltaNorm: 1e6}
+	return DiLoCoConfig{OuterLR: 0.7, Momentum: 0.9, MaxDeltaNorm: 1e6, NormGrowth: 10}
 }
 
 // Validate names the first invalid field.
@@ -39,6 +50,8 @@ func (c DiLoCoConfig) Validate() error {
 		return fmt.Errorf("%w: outer momentum %v must be in [0, 1)", ErrConfig, c.Momentum)
 	case c.MaxDeltaNorm < 0:
 		return fmt.Errorf("%w: max delta norm %v must be >= 0", ErrConfig, c.MaxDeltaNorm)
+	case c.NormGrowth < 0 || (c.NormGrowth > 0 && c.NormGrowth < 1):
+		return fmt.Errorf("%w: norm growth %v must be 0 (off) or >= 1", ErrConfig, c.NormGrowth)
 	}
 	if c.Feedback != nil {
 		return c.Feedback.Validate()
@@ -77,6 +90,9 @@ type DiLoCo struct {
 	efDec      *compression.Decoder
 	efBuf      bytes.Buffer
 	efEncOnly  bool // quantize the contribution without feedback (for comparisons)
+
+	// norms of the last accepted averages (NormGrowth), oldest first
+	norms []float64
 
 	// delayed (overlapped) mode
 	start   []float32
@@ -169,12 +185,38 @@ func (d *DiLoCo) seed() uint64 {
 }
 
 func (d *DiLoCo) apply() error {
-	if n := l2(d.avg); math.IsNaN(n) || math.IsInf(n, 0) || (d.cfg.MaxDeltaNorm > 0 && n > d.cfg.MaxDeltaNorm) {
+	n := l2(d.avg)
+	if math.IsNaN(n) || math.IsInf(n, 0) || (d.cfg.MaxDeltaNorm > 0 && n > d.cfg.MaxDeltaNorm) {
 		return fmt.Errorf("%w: averaged pseudo-gradient norm %v (bound %v)", ErrRejected, n, d.cfg.MaxDeltaNorm)
+	}
+	if bound, ok := d.normBound(); ok && n > bound {
+		return fmt.Errorf("%w: averaged pseudo-gradient norm %.4g is more than %v times the recent median (bound %.4g)",
+			ErrRejected, n, d.cfg.NormGrowth, bound)
+	}
+	d.norms = append(d.norms, n)
+	if len(d.norms) > normWindow {
+		d.norms = d.norms[1:]
 	}
 	NesterovStep(d.Phi, d.Mom, d.avg, float32(d.cfg.OuterLR), float32(d.cfg.Momentum))
 	d.Round++
 	return nil
+}
+
+// The adaptive bound on the average's norm (DiLoCoConfig.NormGrowth).
+const (
+	normWindow     = 8
+	normMinHistory = 3
+)
+
+// normBound is NormGrowth times the median of the recent accepted norms,
+// and whether there is enough history for it.
+func (d *DiLoCo) normBound() (float64, bool) {
+	if d.cfg.NormGrowth == 0 || len(d.norms) < normMinHistory {
+		return 0, false
+	}
+	s := slices.Clone(d.norms)
+	slices.Sort(s)
+	return d.cfg.NormGrowth * s[len(s)/2], true
 }
 
 // OuterStep ends an inner phase: theta (the local weights after H inner

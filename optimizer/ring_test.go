@@ -654,3 +654,48 @@ func TestRingStashBoundedInBytes(t *testing.T) {
 	}
 	t.Logf("stash: %d messages, %d bytes (flood %d)", n, total, flood)
 }
+
+// One member adding +3000 to every element of its pseudo-gradient (issue 9:
+// it passed the fixed bounds) makes the round's average far larger than the
+// recent ones: every member rejects it identically and nothing is applied;
+// the next honest round goes through.
+func TestDiLoCoRejectsOutsizedAverage(t *testing.T) {
+	const M, n = 4, 1000
+	_, ms := swarm(t, M, testRingConfig())
+	ds, thetas := dilocos(t, ms, n)
+	step := func(poison bool) []error {
+		for i := range ms {
+			innerPhase(thetas[i], i, ds[i].Round)
+			if poison && i == 0 {
+				for k := range thetas[i] {
+					thetas[i][k] -= 3000 // delta = phi - theta grows by 3000
+				}
+			}
+		}
+		return runAll(ms, func(i int, m *member) error { _, err := ds[i].OuterStep(context.Background(), thetas[i]); return err })
+	}
+	for r := 0; r < normMinHistory+1; r++ {
+		for i, err := range step(false) {
+			if err != nil {
+				t.Fatalf("honest round %d member %d: %v", r, i, err)
+			}
+		}
+	}
+	before, round := ds[1].StateHash(), ds[1].Round
+	for i, err := range step(true) {
+		if !errors.Is(err, ErrRejected) {
+			t.Fatalf("poisoned round, member %d: %v, want ErrRejected", i, err)
+		}
+	}
+	for i := range ds {
+		if ds[i].Round != round || (i > 0 && ds[i].StateHash() != before) {
+			t.Fatalf("member %d applied the poisoned round (round %d, want %d)", i, ds[i].Round, round)
+		}
+		copy(thetas[i], ds[i].Phi) // the members go back to phi, as volunteers do
+	}
+	for i, err := range step(false) {
+		if err != nil {
+			t.Fatalf("honest round after the poisoned one, member %d: %v", i, err)
+		}
+	}
+}
