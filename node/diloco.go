@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/skein-ml/skein/optimizer"
@@ -254,12 +255,12 @@ func (v *Volunteer) announce(ctx context.Context) {
 // resynced takes the run's state when this member's differs from it
 // (divergedFrom; DESIGN.md, consistency) and says whether it did.
 func (v *Volunteer) resynced(ctx context.Context) bool {
-	ids := divergedFrom(v.pn, v.dl)
+	ids, hash := divergedFrom(v.pn, v.dl)
 	if len(ids) == 0 {
 		return false
 	}
 	v.log.Warn("state differs from the run's; re-syncing", "round", v.dl.Round)
-	if err := adoptFrom(ctx, v.pn, v.dl, v.n, ids, v.cfg.Progress); err != nil {
+	if err := adoptFrom(ctx, v.pn, v.dl, v.n, ids, hash, v.cfg.Progress); err != nil {
 		v.log.Warn("re-sync failed", "err", err)
 		return false
 	}
@@ -279,19 +280,66 @@ func (v *Volunteer) adopted(ctx context.Context, ph phase) {
 	v.report(rep, ph, 0)
 }
 
-// catchUp adopts the shared state of the most advanced volunteer when its
-// announced round (gossiped in membership metadata) is ahead of ours. Only
-// that member's state is downloaded, falling back to the next most advanced.
+// catchUp adopts the run's state when a quorum of the other volunteers
+// announces a later round with the same state hash (quorumAhead): the most
+// advanced such state, downloaded from one of its announcers and checked
+// against the hash. Nothing happens when no state ahead has a quorum.
 func catchUp(ctx context.Context, pn *p2p.Node, dl *optimizer.DiLoCo, n int, log *slog.Logger, progress io.Writer) error {
-	ids := membersAhead(pn, dl.Round)
+	var others []announcement
+	for _, m := range pn.Members() {
+		if m.Meta.Role == p2p.RoleVolunteer && m.ID != pn.ID() {
+			others = append(others, announcement{optimizer.PeerID(m.ID.String()), m.Meta.Round, m.Meta.StateHash})
+		}
+	}
+	hash, ids := quorumAhead(others, dl.Round)
 	if len(ids) == 0 {
 		return nil
 	}
-	if _, err := adoptState(ctx, pn, dl, n, dl.Round, ids, progress); err != nil {
+	if _, err := adoptState(ctx, pn, dl, n, dl.Round+1, hash, ids, progress); err != nil {
 		return err
 	}
 	log.Info("adopted the run's state", "round", dl.Round)
 	return nil
+}
+
+// announcement is what one volunteer gossips: its round and state hash.
+type announcement struct {
+	id    optimizer.PeerID
+	round uint64
+	hash  uint64
+}
+
+// quorumAhead picks the state to catch up to among the other volunteers'
+// announcements: the latest round after `after` whose state hash at least
+// two of them announce (or the only other volunteer, in a run of two), a
+// tie in round going to the hash with more announcers, then the smaller
+// hash. It returns that hash and its announcers, sorted; none when no
+// state ahead has a quorum. So one member that gossips a huge round and
+// serves weights of its own is never followed (issue 9).
+func quorumAhead(others []announcement, after uint64) (uint64, []optimizer.PeerID) {
+	quorum := min(2, len(others))
+	type key struct{ round, hash uint64 }
+	by := map[key][]optimizer.PeerID{}
+	for _, a := range others {
+		if a.round > after && a.hash != 0 {
+			k := key{a.round, a.hash}
+			by[k] = append(by[k], a.id)
+		}
+	}
+	var best key
+	var bestIDs []optimizer.PeerID
+	for k, ids := range by {
+		if len(ids) < quorum {
+			continue
+		}
+		better := bestIDs == nil || k.round > best.round ||
+			(k.round == best.round && (len(ids) > len(bestIDs) || (len(ids) == len(bestIDs) && k.hash < best.hash)))
+		if better {
+			best, bestIDs = k, ids
+		}
+	}
+	slices.Sort(bestIDs)
+	return best.hash, bestIDs
 }
 
 // runAhead is the highest round another volunteer announces.
@@ -311,7 +359,7 @@ func runAhead(pn *p2p.Node) uint64 {
 // that every member picks the same one (two members that ended a round
 // differently must not each keep their own). nil when this member holds the
 // winning hash or nobody else has announced this round yet.
-func divergedFrom(pn *p2p.Node, dl *optimizer.DiLoCo) []optimizer.PeerID {
+func divergedFrom(pn *p2p.Node, dl *optimizer.DiLoCo) ([]optimizer.PeerID, uint64) {
 	mine := dl.StateHash()
 	byHash := map[uint64][]optimizer.PeerID{}
 	for _, m := range pn.Members() {
@@ -320,12 +368,14 @@ func divergedFrom(pn *p2p.Node, dl *optimizer.DiLoCo) []optimizer.PeerID {
 		}
 		byHash[m.Meta.StateHash] = append(byHash[m.Meta.StateHash], optimizer.PeerID(m.ID.String()))
 	}
-	return winningState(mine, byHash)
+	hash, ids := winningState(mine, byHash)
+	return ids, hash
 }
 
 // winningState applies divergedFrom's rule to the holders of each hash
-// (self not included in byHash).
-func winningState(mine uint64, byHash map[uint64][]optimizer.PeerID) []optimizer.PeerID {
+// (self not included in byHash) and returns the winning hash and its
+// holders; none when this member holds it.
+func winningState(mine uint64, byHash map[uint64][]optimizer.PeerID) (uint64, []optimizer.PeerID) {
 	best, bestN := mine, len(byHash[mine])+1
 	for h, ids := range byHash {
 		if h != mine && (len(ids) > bestN || (len(ids) == bestN && h < best)) {
@@ -333,14 +383,14 @@ func winningState(mine uint64, byHash map[uint64][]optimizer.PeerID) []optimizer
 		}
 	}
 	if best == mine {
-		return nil
+		return 0, nil
 	}
-	return byHash[best]
+	return best, byHash[best]
 }
 
-// adoptFrom downloads the shared state from the first of ids that serves a
-// valid one at this member's round or later, and installs it.
-func adoptFrom(ctx context.Context, pn *p2p.Node, dl *optimizer.DiLoCo, n int, ids []optimizer.PeerID, progress io.Writer) error {
-	_, err := adoptState(ctx, pn, dl, n, dl.Round, ids, progress)
+// adoptFrom downloads the shared state with hash want from the first of ids
+// that serves it (at this member's round or later), and installs it.
+func adoptFrom(ctx context.Context, pn *p2p.Node, dl *optimizer.DiLoCo, n int, ids []optimizer.PeerID, want uint64, progress io.Writer) error {
+	_, err := adoptState(ctx, pn, dl, n, dl.Round, want, ids, progress)
 	return err
 }

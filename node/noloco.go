@@ -191,7 +191,7 @@ func (s *nolocoState) catchUp(ctx context.Context, v *Volunteer, slack uint64) (
 	if len(ids) == 0 {
 		return false, nil
 	}
-	from, err := adoptState(ctx, v.pn, s.opt, v.n, s.opt.Step+1, ids, v.cfg.Progress)
+	from, err := adoptState(ctx, v.pn, s.opt, v.n, s.opt.Step+1, 0, ids, v.cfg.Progress)
 	if err != nil {
 		return false, err
 	}

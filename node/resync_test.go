@@ -3,6 +3,7 @@ package node
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"slices"
 	"testing"
@@ -54,19 +55,19 @@ func TestDivergedMemberResyncs(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for len(majority) != 3 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
-		majority = divergedFrom(me, mine)
+		majority, _ = divergedFrom(me, mine)
 	}
 	if len(majority) != 3 {
 		t.Fatalf("majority %v, want the 3 members that agree with each other", majority)
 	}
-	if err := adoptFrom(ctx, me, mine, n, majority, nil); err != nil {
+	if err := adoptFrom(ctx, me, mine, n, majority, theirs.StateHash(), nil); err != nil {
 		t.Fatal(err)
 	}
 	if mine.StateHash() != theirs.StateHash() {
 		t.Fatal("state not adopted")
 	}
 	// Now with the majority: nothing to do.
-	if got := divergedFrom(me, mine); len(got) != 0 {
+	if got, _ := divergedFrom(me, mine); len(got) != 0 {
 		t.Fatalf("still diverged from %v", got)
 	}
 }
@@ -96,9 +97,68 @@ func TestWinningState(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			if got := winningState(tt.mine, tt.byHash); !slices.Equal(got, tt.want) {
+			if _, got := winningState(tt.mine, tt.byHash); !slices.Equal(got, tt.want) {
 				t.Fatalf("got %v, want %v", got, tt.want)
 			}
 		})
+	}
+}
+
+// catchUp's choice: a state ahead is followed only when a quorum of the
+// other volunteers announces it (issue 9: one member gossiping a huge round
+// was adopted by everyone).
+func TestQuorumAhead(t *testing.T) {
+	a := func(id string, round, hash uint64) announcement {
+		return announcement{optimizer.PeerID(id), round, hash}
+	}
+	for _, tt := range []struct {
+		name   string
+		others []announcement
+		after  uint64
+		want   []optimizer.PeerID
+		hash   uint64
+	}{
+		{"lone attacker far ahead", []announcement{a("x", 1_000_000, 66), a("b", 5, 7), a("c", 5, 7)}, 5, nil, 0},
+		{"two agree ahead", []announcement{a("b", 6, 7), a("c", 6, 7), a("x", 99, 66)}, 5, []optimizer.PeerID{"b", "c"}, 7},
+		{"latest round with a quorum", []announcement{a("b", 6, 7), a("c", 6, 7), a("d", 7, 8), a("e", 7, 9)}, 5, []optimizer.PeerID{"b", "c"}, 7},
+		{"only other volunteer", []announcement{a("b", 9, 7)}, 5, []optimizer.PeerID{"b"}, 7},
+		{"nobody ahead", []announcement{a("b", 5, 7), a("c", 4, 7)}, 5, nil, 0},
+		{"no hash announced", []announcement{a("b", 6, 0), a("c", 6, 0)}, 5, nil, 0},
+		{"more announcers win a tie in round", []announcement{a("b", 6, 7), a("c", 6, 7), a("d", 6, 8), a("e", 6, 8), a("f", 6, 8)}, 5,
+			[]optimizer.PeerID{"d", "e", "f"}, 8},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			hash, got := quorumAhead(tt.others, tt.after)
+			if !slices.Equal(got, tt.want) || hash != tt.hash {
+				t.Fatalf("got %v (hash %d), want %v (hash %d)", got, hash, tt.want, tt.hash)
+			}
+		})
+	}
+}
+
+// A member serving a state other than the one announced is refused: the
+// download must have the hash the run announces.
+func TestAdoptRefusesForgedState(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a libp2p swarm")
+	}
+	sw := p2ptest.NewSwarm(t, 3, p2ptest.Options{})
+	me, liar := sw.Nodes[1], sw.Nodes[2]
+	const n = 64
+	mine, _ := optimizer.NewDiLoCo(optimizer.DefaultDiLoCo(), nil, make([]float32, n))
+	honest, _ := optimizer.NewDiLoCo(optimizer.DefaultDiLoCo(), nil, make([]float32, n))
+	honest.Round = 4
+	forged := make([]float32, n)
+	for i := range forged {
+		forged[i] = 1000
+	}
+	blob := encodeState(4, forged, make([]float32, n))
+	liar.ServeBulk(func(context.Context, peer.ID, string) (io.ReaderAt, int64, error) {
+		return bytes.NewReader(blob), int64(len(blob)), nil
+	}, 0)
+	id := optimizer.PeerID(liar.ID().String())
+	err := adoptFrom(context.Background(), me, mine, n, []optimizer.PeerID{id}, honest.StateHash(), nil)
+	if !errors.Is(err, ErrBadState) || mine.Round != 0 {
+		t.Fatalf("forged state: err %v, round %d; want ErrBadState and nothing adopted", err, mine.Round)
 	}
 }

@@ -206,8 +206,10 @@ func membersAhead(pn *p2p.Node, after uint64) []optimizer.PeerID {
 // adoptState downloads the outer state (fetchState: bulk key stateKey,
 // stateSize(n) bytes, its progress shown on progress) from the first of ids
 // that serves a valid one at round minRound or later, installs it in st and
-// says whose it was.
-func adoptState(ctx context.Context, pn *p2p.Node, st outerState, n int, minRound uint64, ids []optimizer.PeerID,
+// says whose it was. With want != 0 only a state whose hash
+// (optimizer.StateHashOf) is want is taken: what a member serves must be
+// what the run announced, never one member's word.
+func adoptState(ctx context.Context, pn *p2p.Node, st outerState, n int, minRound uint64, want uint64, ids []optimizer.PeerID,
 	progress io.Writer) (optimizer.PeerID, error) {
 	var lastErr error = fmt.Errorf("node: no peer to take the state from")
 	for _, m := range ids {
@@ -223,6 +225,8 @@ func adoptState(ctx context.Context, pn *p2p.Node, st outerState, n int, minRoun
 			if round, phi, mom, err = decodeState(buf, n); err == nil {
 				if round < minRound {
 					err = fmt.Errorf("node: %s serves round %d, want %d or later", m, round, minRound)
+				} else if got := optimizer.StateHashOf(round, phi, mom); want != 0 && got != want {
+					err = fmt.Errorf("%w: %s serves a state with hash %016x, the run announces %016x", ErrBadState, m, got, want)
 				} else if err = st.SetState(round, phi, mom); err == nil {
 					return m, nil
 				}
