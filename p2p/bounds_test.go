@@ -92,10 +92,6 @@ func TestLeftAtBounded(t *testing.T) {
 
 // TestLeaveAfterBounds: bounding leftAt keeps leave and fail apart.
 func TestLeaveAfterBounds(t *testing.T) {
-	meta, err := Meta{RunID: "run"}.MarshalBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
 	cases := []struct {
 		name string
 		bye  time.Duration // goodbye this long before NotifyLeave; < 0 = none
@@ -111,7 +107,7 @@ func TestLeaveAfterBounds(t *testing.T) {
 			ev := newEvents("run", "", nil)
 			sub := ev.subscribe()
 			defer sub.Close()
-			id := p2ptestutil.RandPeerIDFatal(t)
+			id, meta := signedMember(t, Meta{RunID: "run"})
 			node := &memberlist.Node{Name: id.String(), Meta: meta}
 			ev.NotifyJoin(node)
 			if tc.bye >= 0 {
@@ -225,12 +221,8 @@ func TestTransportAddrsBounded(t *testing.T) {
 		t.Fatal("the oldest address still resolves")
 	}
 
-	meta, err := Meta{RunID: "run"}.MarshalBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, kind := range []EventKind{EventLeave, EventFail} {
-		id := p2ptestutil.RandPeerIDFatal(t)
+		id, meta := signedMember(t, Meta{RunID: "run"})
 		node := &memberlist.Node{Name: id.String(), Addr: []byte{127, 0, 0, 2}, Port: 9, Meta: meta}
 		n.ev.NotifyJoin(node)
 		if got, err := tr.resolve(memberlist.Address{Addr: "127.0.0.2:9"}); err != nil || got != id {

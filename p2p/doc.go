@@ -8,7 +8,9 @@
 //     AutoNAT, resource and connection managers) and its ed25519 identity, kept in
 //     the node's data directory (host.go, identity.go);
 //   - membership: hashicorp/memberlist carried on libp2p streams, node names are
-//     peer IDs (transport.go, membership.go), node metadata (meta.go), the
+//     peer IDs (transport.go, membership.go), node metadata signed by the
+//     node's identity key, so no peer can gossip another's (meta.go,
+//     metasig.go), the
 //     persisted peer book used to rejoin without the bootstrap (peerbook.go);
 //   - protocol IDs /skein/<run-id>/<name>/<version> (protocol.go), typed
 //     length-prefixed frames (frame.go, stream.go) and bulk transfers of large

@@ -1,6 +1,7 @@
 package p2p
 
 import (
+	"crypto/rand"
 	"errors"
 	"os"
 	"path/filepath"
@@ -8,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/hashicorp/memberlist"
+	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 )
 
@@ -37,12 +39,21 @@ func TestIdentityPersistsAndIsPrivate(t *testing.T) {
 // refused by memberlist if its metadata names another run.
 func TestDelegateRefusesOtherRun(t *testing.T) {
 	ev := newEvents("run-a", "", nil)
-	good, _ := Meta{RunID: "run-a"}.MarshalBinary()
-	bad, _ := Meta{RunID: "run-b"}.MarshalBinary()
-	id := "12D3KooWHGr3gLQADoFvneeDwLbcdTzShdqRFdw8hUypthwHXD1Y"
-	if _, err := peer.Decode(id); err != nil {
+	key, _, err := crypto.GenerateEd25519Key(rand.Reader)
+	if err != nil {
 		t.Fatal(err)
 	}
+	pid, _ := peer.IDFromPrivateKey(key)
+	id := pid.String()
+	sign := func(m Meta) []byte {
+		fields, _ := m.MarshalBinary()
+		b, err := signMeta(key, fields)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	good, bad := sign(Meta{RunID: "run-a"}), sign(Meta{RunID: "run-b"})
 	if err := ev.NotifyAlive(&memberlist.Node{Name: id, Meta: good}); err != nil {
 		t.Fatalf("same run refused: %v", err)
 	}

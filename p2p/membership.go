@@ -361,8 +361,12 @@ func (e *events) member(n *memberlist.Node) (Member, error) {
 	if err != nil {
 		return Member{}, fmt.Errorf("p2p: member name %q: %w", n.Name, err)
 	}
+	fields, err := verifyMeta(id, n.Meta)
+	if err != nil {
+		return Member{}, fmt.Errorf("p2p: member %s: %w", id, err)
+	}
 	var meta Meta
-	if err := meta.UnmarshalBinary(n.Meta); err != nil {
+	if err := meta.UnmarshalBinary(fields); err != nil {
 		return Member{}, fmt.Errorf("p2p: member %s: %w", id, err)
 	}
 	if meta.RunID != e.runID {

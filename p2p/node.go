@@ -261,7 +261,7 @@ func (n *Node) start(ctx context.Context) error {
 	meta := cfg.Meta
 	meta.RunID = cfg.RunID
 	meta.TCPPort = uint16(tcpPort)
-	mb, err := meta.MarshalBinary()
+	mb, err := n.signedMeta(meta)
 	if err != nil {
 		return err
 	}
@@ -655,6 +655,15 @@ func (n *Node) Member(id peer.ID) (Member, bool) { return n.ev.get(id) }
 // EventJoin, then delivers every change in order.
 func (n *Node) Subscribe() *Subscription { return n.ev.subscribe() }
 
+// signedMeta encodes m and signs it with this node's identity (metasig.go).
+func (n *Node) signedMeta(m Meta) ([]byte, error) {
+	fields, err := m.MarshalBinary()
+	if err != nil {
+		return nil, err
+	}
+	return signMeta(n.h.Peerstore().PrivKey(n.h.ID()), fields)
+}
+
 // Meta returns this node's metadata.
 func (n *Node) Meta() Meta {
 	n.metaMu.Lock()
@@ -669,7 +678,7 @@ func (n *Node) UpdateMeta(ctx context.Context, f func(*Meta)) error {
 	m := n.meta
 	f(&m)
 	m.RunID, m.TCPPort = n.meta.RunID, n.meta.TCPPort
-	b, err := m.MarshalBinary()
+	b, err := n.signedMeta(m)
 	if err != nil {
 		n.metaMu.Unlock()
 		return err

@@ -68,11 +68,7 @@ func TestMemberAddrsOutliveRecentTTL(t *testing.T) {
 	ps := n.h.Peerstore()
 
 	// A member known only through membership: no connection, no identify.
-	meta, err := Meta{RunID: "run", TCPPort: 10}.MarshalBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	id := p2ptestutil.RandPeerIDFatal(t)
+	id, meta := signedMember(t, Meta{RunID: "run", TCPPort: 10})
 	node := &memberlist.Node{Name: id.String(), Addr: []byte{127, 0, 0, 2}, Port: 9, Meta: meta}
 	quic := ma.StringCast("/ip4/127.0.0.2/udp/9/quic-v1")
 	tcp := ma.StringCast("/ip4/127.0.0.2/tcp/10")
