@@ -380,7 +380,7 @@ func printAddrs(w io.Writer, cfg Config, info Info) {
 		}
 	}
 	if len(info.Addrs) > 0 {
-		fmt.Fprintf(w, "volunteers join with:\n  skein node join --run-id %s --bootstrap %s\n", cfg.Manifest.RunID, info.Addrs[0])
+		fmt.Fprintf(w, "volunteers join with:\n  skein node join --bootstrap %s\n", info.Addrs[0])
 	}
 	if info.StatusURL != "" {
 		fmt.Fprintf(w, "status page: %s\n", info.StatusURL)

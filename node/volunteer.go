@@ -33,7 +33,7 @@ import (
 // run-wide setting comes from the manifest; this config holds only what is
 // the volunteer's own.
 type VolunteerConfig struct {
-	RunID     string // the run to join; must be the manifest's run id
+	RunID     string // the run to join; "": the run Bootstrap serves (p2p.DiscoverRun)
 	DataDir   string // identity, known peers, manifest, corpus shards, local checkpoint
 	Bootstrap []string
 	Listen    []string // default: QUIC and TCP on all interfaces, any port
@@ -181,6 +181,15 @@ func NewVolunteer(ctx context.Context, cfg VolunteerConfig) (_ *Volunteer, err e
 		if v.lock, err = dirlock.Acquire(cfg.DataDir); err != nil {
 			return nil, err
 		}
+	}
+	if cfg.RunID == "" {
+		if len(cfg.Bootstrap) == 0 {
+			return nil, fmt.Errorf("%w: give the run's bootstrap address (or --run-id to rejoin through known peers)", ErrConfig)
+		}
+		if cfg.RunID, err = p2p.DiscoverRun(ctx, cfg.Bootstrap, nil); err != nil {
+			return nil, err
+		}
+		v.cfg.RunID = cfg.RunID
 	}
 	ncfg := p2p.DefaultNodeConfig(cfg.RunID)
 	ncfg.DataDir, ncfg.Bootstrap, ncfg.Timing, ncfg.Logger = cfg.DataDir, cfg.Bootstrap, cfg.Timing, v.log

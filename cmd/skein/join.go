@@ -16,10 +16,10 @@ import (
 )
 
 func nodeCommand() *cli.Command {
-	d := node.DefaultVolunteerConfig("skein-demo")
+	d := node.DefaultVolunteerConfig("")
 	flags := []cli.Flag{
 		&cli.StringFlag{Name: "config", EnvVars: envVars("config"), Usage: "TOML file of settings (keys are flag names)"},
-		altsrc.NewStringFlag(&cli.StringFlag{Name: "run-id", Value: d.RunID, EnvVars: envVars("run-id"), Usage: "the run to join (the bootstrap prints it)"}),
+		altsrc.NewStringFlag(&cli.StringFlag{Name: "run-id", Value: d.RunID, EnvVars: envVars("run-id"), Usage: "the run to join (default: the run the --bootstrap serves; needed only to rejoin through known peers)"}),
 		altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "bootstrap", EnvVars: envVars("bootstrap"),
 			Usage: "full multiaddr of the run's bootstrap (repeatable); known peers from earlier runs are tried too"}),
 		altsrc.NewPathFlag(&cli.PathFlag{Name: "data-dir", Value: "skein-node", EnvVars: envVars("data-dir"),
