@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -155,6 +156,9 @@ type Node struct {
 
 	metaMu sync.Mutex
 	meta   Meta
+	// memberDialed, set by tests, is told when the connection attempt to a
+	// new member has ended.
+	memberDialed atomic.Pointer[func(peer.ID)]
 
 	handlersMu sync.Mutex
 	handlers   map[protocol.ID]network.StreamHandler
@@ -567,6 +571,9 @@ func (n *Node) onEvent(kind EventKind, m Member) {
 				ctx, cancel := context.WithTimeout(n.ctx, n.cfg.JoinTimeout)
 				defer cancel()
 				_ = n.h.Connect(network.WithAllowLimitedConn(ctx, "members"), peer.AddrInfo{ID: m.ID})
+				if f := n.memberDialed.Load(); f != nil {
+					(*f)(m.ID)
+				}
 			}()
 		}
 		var addrs []ma.Multiaddr

@@ -74,7 +74,22 @@ func TestMemberAddrsOutliveRecentTTL(t *testing.T) {
 	tcp := ma.StringCast("/ip4/127.0.0.2/tcp/10")
 	relayed := seedAddr.Encapsulate(ma.StringCast("/p2p/" + seedID.String() + "/p2p-circuit"))
 	pinned := []ma.Multiaddr{quic, tcp, relayed}
+	// The node dials a new member at once; that dial (to nobody here) must
+	// be over before the test plays identify's part, or under load it
+	// interleaves with the address updates below.
+	dialed := make(chan struct{}, 1)
+	hook := func(p peer.ID) {
+		if p == id {
+			dialed <- struct{}{}
+		}
+	}
+	n.memberDialed.Store(&hook)
 	n.ev.NotifyJoin(node)
+	select {
+	case <-dialed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the dial to the new member never ended")
+	}
 	checkAddrs(t, ps, id, "joined", pinned, nil)
 
 	// What identify does to a peer's addresses (go-libp2p v0.51.0,
