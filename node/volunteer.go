@@ -204,7 +204,7 @@ func NewVolunteer(ctx context.Context, cfg VolunteerConfig) (_ *Volunteer, err e
 		ncfg.ListenUDP = emu.ListenUDP
 	}
 	v.device = kernels.NewCPU(cfg.Threads).Name()
-	ncfg.Meta.Role, ncfg.Meta.Device, ncfg.Meta.Version = p2p.RoleVolunteer, v.device, cfg.Version
+	ncfg.Meta.Role, ncfg.Meta.Device, ncfg.Meta.Version = p2p.RoleVolunteer, clip(v.device, p2p.MaxDeviceLen), clip(cfg.Version, p2p.MaxVersionLen)
 	if v.pn, err = p2p.NewNode(ctx, ncfg); err != nil {
 		return nil, err
 	}
@@ -519,6 +519,14 @@ func (v *Volunteer) validate() float32 {
 		return float32(math.NaN())
 	}
 	return vl
+}
+
+// clip cuts s to at most n bytes (metadata fields are bounded).
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
 }
 
 // measured maps a loss that is no number (a diverged step) to NaN, which

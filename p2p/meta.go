@@ -31,10 +31,14 @@ func (r Role) String() string {
 // MetaLimit is memberlist's bound on node metadata.
 const MetaLimit = 512
 
-// Bounds of the variable-length metadata fields.
+// Bounds of the variable-length metadata fields (MarshalBinary refuses
+// longer ones).
 const (
-	maxDeviceLen  = 32
-	maxVersionLen = 32
+	MaxDeviceLen  = 32
+	MaxVersionLen = 32
+
+	maxDeviceLen  = MaxDeviceLen
+	maxVersionLen = MaxVersionLen
 )
 
 const metaVersion = 1
