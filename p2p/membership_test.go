@@ -114,8 +114,11 @@ func TestFailureAndLeave(t *testing.T) {
 	}
 	leaveTook := waitGone(t, s, leaver.ID(), window)
 	t.Logf("graceful leave seen by all in %v (Close took %v)", leaveTook, time.Since(t0)-leaveTook)
-	if leaveTook >= took {
-		t.Errorf("leave took %v, not faster than failure %v", leaveTook, took)
+	// Compared with the failure window, not with the one failure measured
+	// above: that one can come early (a probe right after the shutdown),
+	// and under load a leave's gossip then loses a race it need not win.
+	if leaveTook >= window {
+		t.Errorf("leave took %v, not faster than the failure window %v (failure took %v)", leaveTook, window, took)
 	}
 	expectEvent(t, sub, leaver.ID(), p2p.EventLeave)
 }
