@@ -309,13 +309,20 @@ type announcement struct {
 	hash  uint64
 }
 
+// maxLoneJump is how many rounds ahead a state announced by a single
+// member (no quorum) may be and still be followed.
+const maxLoneJump = 2
+
 // quorumAhead picks the state to catch up to among the other volunteers'
 // announcements: the latest round after `after` whose state hash at least
 // two of them announce (or the only other volunteer, in a run of two), a
 // tie in round going to the hash with more announcers, then the smaller
-// hash. It returns that hash and its announcers, sorted; none when no
-// state ahead has a quorum. So one member that gossips a huge round and
-// serves weights of its own is never followed (issue 9).
+// hash. Without such a quorum, a state one member alone announces is
+// followed only within maxLoneJump rounds: a member excluded from a round
+// that only one other member finished must still catch up, but one member
+// gossiping a huge round and serving weights of its own is never followed
+// (issue 9). It returns the hash and its announcers, sorted; none when
+// nothing qualifies.
 func quorumAhead(others []announcement, after uint64) (uint64, []optimizer.PeerID) {
 	quorum := min(2, len(others))
 	type key struct{ round, hash uint64 }
@@ -326,20 +333,27 @@ func quorumAhead(others []announcement, after uint64) (uint64, []optimizer.PeerI
 			by[k] = append(by[k], a.id)
 		}
 	}
-	var best key
-	var bestIDs []optimizer.PeerID
-	for k, ids := range by {
-		if len(ids) < quorum {
-			continue
+	// pick returns the best state among those ok accepts: latest round,
+	// then most announcers, then smallest hash.
+	pick := func(ok func(k key, ids []optimizer.PeerID) bool) (uint64, []optimizer.PeerID) {
+		var best key
+		var bestIDs []optimizer.PeerID
+		for k, ids := range by {
+			if !ok(k, ids) {
+				continue
+			}
+			if bestIDs == nil || k.round > best.round ||
+				(k.round == best.round && (len(ids) > len(bestIDs) || (len(ids) == len(bestIDs) && k.hash < best.hash))) {
+				best, bestIDs = k, ids
+			}
 		}
-		better := bestIDs == nil || k.round > best.round ||
-			(k.round == best.round && (len(ids) > len(bestIDs) || (len(ids) == len(bestIDs) && k.hash < best.hash)))
-		if better {
-			best, bestIDs = k, ids
-		}
+		slices.Sort(bestIDs)
+		return best.hash, bestIDs
 	}
-	slices.Sort(bestIDs)
-	return best.hash, bestIDs
+	if h, ids := pick(func(_ key, ids []optimizer.PeerID) bool { return len(ids) >= quorum }); ids != nil {
+		return h, ids
+	}
+	return pick(func(k key, _ []optimizer.PeerID) bool { return k.round <= after+maxLoneJump })
 }
 
 // runAhead is the highest round another volunteer announces.
