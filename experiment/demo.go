@@ -174,6 +174,7 @@ func RunDemo(ctx context.Context, cfg DemoConfig) (*DemoResult, error) {
 	defer tick.Stop()
 	var last status.Snapshot
 	var shown uint64
+	quiet := time.Now()
 watch:
 	for {
 		select {
@@ -194,6 +195,13 @@ watch:
 			continue
 		}
 		last = snap
+		// Until the first round lands (the volunteers fetch the corpus, then
+		// train a whole inner phase), say what is happening now and then.
+		if shown == 0 && snap.Round == 0 && time.Since(quiet) >= 10*time.Second {
+			quiet = time.Now()
+			fmt.Fprintf(out, "  %s: %d volunteers in the run, fetching the corpus or training the first round (their logs: %s)\n",
+				time.Since(began).Round(time.Second), max(snap.MembersOnline-1, 0), cfg.Dir)
+		}
 		if snap.Round > shown {
 			shown = snap.Round
 			val := "-"
