@@ -12,6 +12,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/skein-ml/skein/internal/atomicfile"
 )
 
 // File name extensions inside a ShardStore directory.
@@ -331,7 +333,7 @@ func (p *PartialShard) Confirm(prefix int64) error {
 	rec = append(rec, partMagic...)
 	rec = binary.LittleEndian.AppendUint64(rec, uint64(p.info.Bytes))
 	rec = binary.LittleEndian.AppendUint64(rec, uint64(prefix))
-	if err := writeFileAtomic(p.s.dir, p.info.Hash+recordExt, rec); err != nil {
+	if err := atomicfile.WriteFile(filepath.Join(p.s.dir, p.info.Hash+recordExt), rec, 0o644); err != nil {
 		return err
 	}
 	p.have = prefix
@@ -365,7 +367,7 @@ func (p *PartialShard) Commit() error {
 		err = os.Rename(p.path(partExt), p.path(shardExt))
 	}
 	if err == nil {
-		err = syncDir(p.s.dir)
+		err = atomicfile.SyncDir(p.s.dir)
 	}
 	if err != nil {
 		p.done = true

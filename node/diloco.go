@@ -131,7 +131,7 @@ func (v *Volunteer) contributeDelayed(ctx context.Context, ph phase) error {
 	}
 	v.lastReported = v.dl.Round
 	rep := RoundReport{Round: v.dl.Round, Loss: ph.meanLoss(), Members: len(st.Group),
-		Stats: st, StateHash: v.dl.StateHash()}
+		Stats: st, StateHash: v.stateHash}
 	v.report(rep, ph, len(st.Group))
 	return nil
 }
@@ -186,7 +186,7 @@ func (v *Volunteer) contribute(ctx context.Context, ph phase) error {
 	}
 	v.lastReported = v.dl.Round
 	rep := RoundReport{Round: v.dl.Round, Loss: ph.meanLoss(), Members: len(st.Group),
-		Stats: st, StateHash: v.dl.StateHash()}
+		Stats: st, StateHash: v.stateHash}
 	v.report(rep, ph, len(st.Group))
 	return nil
 }
@@ -249,13 +249,14 @@ func (v *Volunteer) publish(ctx context.Context) {
 
 // announce gossips this member's round and state hash in its metadata.
 func (v *Volunteer) announce(ctx context.Context) {
-	v.gossipRound(ctx, v.dl.Round, v.dl.StateHash())
+	v.stateHash = v.dl.StateHash()
+	v.gossipRound(ctx, v.dl.Round, v.stateHash)
 }
 
 // resynced takes the run's state when this member's differs from it
 // (divergedFrom; DESIGN.md, consistency) and says whether it did.
 func (v *Volunteer) resynced(ctx context.Context) bool {
-	ids, hash := divergedFrom(v.pn, v.dl)
+	ids, hash := divergedFrom(v.pn, v.dl.Round, v.stateHash)
 	if len(ids) == 0 {
 		return false
 	}
@@ -276,7 +277,7 @@ func (v *Volunteer) adopted(ctx context.Context, ph phase) {
 	}
 	v.lastReported = v.dl.Round
 	rep := RoundReport{Round: v.dl.Round, Loss: ph.meanLoss(), Members: len(v.peers.Members()),
-		StateHash: v.dl.StateHash(), Adopted: true}
+		StateHash: v.stateHash, Adopted: true}
 	v.report(rep, ph, 0)
 }
 
@@ -285,13 +286,7 @@ func (v *Volunteer) adopted(ctx context.Context, ph phase) {
 // advanced such state, downloaded from one of its announcers and checked
 // against the hash. Nothing happens when no state ahead has a quorum.
 func catchUp(ctx context.Context, pn *p2p.Node, dl *optimizer.DiLoCo, n int, log *slog.Logger, progress io.Writer) error {
-	var others []announcement
-	for _, m := range pn.Members() {
-		if m.Meta.Role == p2p.RoleVolunteer && m.ID != pn.ID() {
-			others = append(others, announcement{optimizer.PeerID(m.ID.String()), m.Meta.Round, m.Meta.StateHash})
-		}
-	}
-	hash, ids := quorumAhead(others, dl.Round)
+	hash, ids := quorumAhead(announcements(pn), dl.Round)
 	if len(ids) == 0 {
 		return nil
 	}
@@ -307,6 +302,17 @@ type announcement struct {
 	id    optimizer.PeerID
 	round uint64
 	hash  uint64
+}
+
+// announcements lists the other volunteers' announcements.
+func announcements(pn *p2p.Node) []announcement {
+	var out []announcement
+	for _, m := range pn.Members() {
+		if m.Meta.Role == p2p.RoleVolunteer && m.ID != pn.ID() {
+			out = append(out, announcement{optimizer.PeerID(m.ID.String()), m.Meta.Round, m.Meta.StateHash})
+		}
+	}
+	return out
 }
 
 // maxLoneJump is how many rounds ahead a state announced by a single
@@ -359,10 +365,8 @@ func quorumAhead(others []announcement, after uint64) (uint64, []optimizer.PeerI
 // runAhead is the highest round another volunteer announces.
 func runAhead(pn *p2p.Node) uint64 {
 	var r uint64
-	for _, m := range pn.Members() {
-		if m.Meta.Role == p2p.RoleVolunteer && m.ID != pn.ID() {
-			r = max(r, m.Meta.Round)
-		}
+	for _, a := range announcements(pn) {
+		r = max(r, a.round)
 	}
 	return r
 }
@@ -373,11 +377,10 @@ func runAhead(pn *p2p.Node) uint64 {
 // that every member picks the same one (two members that ended a round
 // differently must not each keep their own). nil when this member holds the
 // winning hash or nobody else has announced this round yet.
-func divergedFrom(pn *p2p.Node, dl *optimizer.DiLoCo) ([]optimizer.PeerID, uint64) {
-	mine := dl.StateHash()
+func divergedFrom(pn *p2p.Node, round, mine uint64) ([]optimizer.PeerID, uint64) {
 	byHash := map[uint64][]optimizer.PeerID{}
 	for _, m := range pn.Members() {
-		if m.Meta.Role != p2p.RoleVolunteer || m.ID == pn.ID() || m.Meta.Round != dl.Round || m.Meta.StateHash == 0 {
+		if m.Meta.Role != p2p.RoleVolunteer || m.ID == pn.ID() || m.Meta.Round != round || m.Meta.StateHash == 0 {
 			continue
 		}
 		byHash[m.Meta.StateHash] = append(byHash[m.Meta.StateHash], optimizer.PeerID(m.ID.String()))

@@ -55,7 +55,7 @@ func TestDivergedMemberResyncs(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for len(majority) != 3 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
-		majority, _ = divergedFrom(me, mine)
+		majority, _ = divergedFrom(me, mine.Round, mine.StateHash())
 	}
 	if len(majority) != 3 {
 		t.Fatalf("majority %v, want the 3 members that agree with each other", majority)
@@ -67,7 +67,7 @@ func TestDivergedMemberResyncs(t *testing.T) {
 		t.Fatal("state not adopted")
 	}
 	// Now with the majority: nothing to do.
-	if got, _ := divergedFrom(me, mine); len(got) != 0 {
+	if got, _ := divergedFrom(me, mine.Round, mine.StateHash()); len(got) != 0 {
 		t.Fatalf("still diverged from %v", got)
 	}
 }

@@ -120,6 +120,9 @@ type Volunteer struct {
 	ckPath    string    // local checkpoint; "" = none
 	// lastReported is the last round told to the user and OnRound.
 	lastReported uint64
+	// stateHash is the hash of the shared state as last announced (SHA-256
+	// over the whole state: computed once per change, in announce).
+	stateHash uint64
 
 	run    manifest.Manifest
 	lock   *dirlock.Lock

@@ -332,17 +332,7 @@ source = "local"
 // shardedRun is smallRun with its corpus (a few packages of the Go sources,
 // given to the bootstrap with --corpus) packed into shards that travel with
 // the run.
-const shardedRun = `
-[model]
-preset = "tiny"
-batch = 2
-seq_len = 32
-[optimizer]
-inner_steps = 4
-[data]
-source = "shards"
-shard_bytes = 262144
-`
+var shardedRun = strings.Replace(smallRun, `source = "local"`, "source = \"shards\"\nshard_bytes = 262144", 1)
 
 // testRun is a bootstrap started by a test, with what the test needs of it.
 type testRun struct {

@@ -9,13 +9,6 @@ import (
 	"github.com/skein-ml/skein/internal/atomicfile"
 )
 
-// writeFileAtomic writes b to dir/name atomically.
-func writeFileAtomic(dir, name string, b []byte) error {
-	return atomicfile.WriteFile(filepath.Join(dir, name), b, 0o644)
-}
-
-func syncDir(dir string) error { return atomicfile.SyncDir(dir) }
-
 // removeTempFiles deletes the leftovers of atomic writes in dir that a crash
 // interrupted.
 func removeTempFiles(dir string) error {
