@@ -11,6 +11,7 @@ package bootstrap
 
 import (
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"fmt"
 	"io"
@@ -65,6 +66,13 @@ type Config struct {
 	Out io.Writer
 	// Ready, if set, is called once the server listens.
 	Ready func(Info)
+
+	// A closed run's bootstrap is a member like any other and needs a join
+	// token of role bootstrap for its peer ID (Token), or the run key
+	// (RunKey), with which it issues and renews its own. Both are ignored
+	// in an open run.
+	Token  []byte
+	RunKey ed25519.PrivateKey
 }
 
 // Info describes a running bootstrap.
@@ -98,7 +106,41 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%w: advertise address %q: %v", ErrConfig, c.Advertise, err)
 		}
 	}
+	if c.RunKey != nil && c.Manifest.Admission.Mode == manifest.AdmissionClosed {
+		pub, ok := c.RunKey.Public().(ed25519.PublicKey)
+		if len(c.RunKey) != ed25519.PrivateKeySize || !ok || !pub.Equal(c.Manifest.Admission.RunPublicKey()) {
+			return fmt.Errorf("%w: the run key given is not the one admission.run_key names (%s)", ErrConfig, c.Manifest.Admission.RunKey)
+		}
+	}
 	return nil
+}
+
+// admission is the manifest's admission policy as p2p enforces it.
+func admission(m manifest.Manifest) p2p.Admission {
+	a := m.Admission
+	if a.Mode == manifest.AdmissionClosed {
+		return p2p.Admission{Closed: true, RunKey: a.RunPublicKey(), MaxMembers: a.MaxMembers}
+	}
+	return p2p.Admission{MaxMembers: a.MaxMembers, MaxPerPrefix: a.MaxPerPrefix}
+}
+
+// checkAdmission refuses to start a closed run's bootstrap without a token
+// or the run key, saying how to get one for its peer ID.
+func (s *server) checkAdmission() error {
+	if s.run.Admission.Mode != manifest.AdmissionClosed || s.cfg.RunKey != nil || len(s.cfg.Token) > 0 {
+		return nil
+	}
+	key, err := p2p.LoadOrCreateIdentity(s.cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	id, err := peer.IDFromPrivateKey(key)
+	if err != nil {
+		return err
+	}
+	return fmt.Errorf("%w: run %q is closed, so its bootstrap needs a join token too: give it the run key (--run-key) "+
+		"or a token for its peer ID %s (skein token issue --key RUN-KEY --peer %s --run %s --role bootstrap)",
+		ErrConfig, s.run.RunID, id, id, s.run.RunID)
 }
 
 // server is a running bootstrap.
@@ -131,6 +173,17 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	defer lock.Release()
+	// Held by this process alone now: what a crash left half written can go.
+	removed, err := atomicfile.RemoveStale(cfg.DataDir, atomicfile.ProcessStart())
+	if err != nil {
+		return fmt.Errorf("bootstrap: %w", err)
+	}
+	if len(removed) > 0 {
+		s.log.Info("removed temporary files left by a crash", "dir", cfg.DataDir, "files", removed)
+	}
+	if err := s.checkAdmission(); err != nil {
+		return err
+	}
 	if err := s.prepareData(); err != nil {
 		return err
 	}
@@ -147,6 +200,10 @@ func Run(ctx context.Context, cfg Config) error {
 		sc.ListenAddrs = cfg.Listen
 	}
 	sc.AdvertiseAddr, sc.Version, sc.Logger = cfg.Advertise, cfg.Version, s.log
+	sc.Admission = admission(s.run)
+	if sc.Admission.Closed {
+		sc.Token, sc.RunKey = cfg.Token, cfg.RunKey
+	}
 	if cfg.Timing != (p2p.Timing{}) {
 		sc.Timing = cfg.Timing
 	}
@@ -379,8 +436,17 @@ func printAddrs(w io.Writer, cfg Config, info Info) {
 			public = true
 		}
 	}
+	closed := info.Manifest.Admission.Mode == manifest.AdmissionClosed
 	if len(info.Addrs) > 0 {
-		fmt.Fprintf(w, "volunteers join with:\n  skein node join --bootstrap %s\n", info.Addrs[0])
+		token := ""
+		if closed {
+			token = " --token TOKEN"
+		}
+		fmt.Fprintf(w, "volunteers join with:\n  skein node join --bootstrap %s%s\n", info.Addrs[0], token)
+	}
+	if closed {
+		fmt.Fprintf(w, "the run is closed: each volunteer needs a token for its peer ID, from the holder of the run key:\n"+
+			"  skein token issue --key RUN-KEY --peer PEER-ID --run %s --role volunteer\n", info.Manifest.RunID)
 	}
 	if info.StatusURL != "" {
 		fmt.Fprintf(w, "status page: %s\n", info.StatusURL)

@@ -2,8 +2,11 @@ package bootstrap
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"testing"
@@ -21,7 +24,13 @@ import (
 // pack) with its status page, and returns what it announced.
 func startRun(t *testing.T) Info {
 	t.Helper()
-	cfg := DefaultConfig(t.TempDir())
+	return startRunIn(t, t.TempDir())
+}
+
+// startRunIn is startRun on data directory dir.
+func startRunIn(t *testing.T, dir string) Info {
+	t.Helper()
+	cfg := DefaultConfig(dir)
 	cfg.Manifest = manifest.Default()
 	cfg.Manifest.RunID = "bootstrap-test"
 	cfg.Listen, cfg.HTTPAddr, cfg.Timing = []string{"/ip4/127.0.0.1/udp/0/quic-v1"}, "127.0.0.1:0", p2p.FastTiming()
@@ -132,5 +141,28 @@ func TestTelemetryOnlyFromVolunteers(t *testing.T) {
 	}
 	if n := refusedTotal(t, info); n < 2 {
 		t.Fatalf("%d reports refused, want at least 2 (the observer's and the malformed one)", n)
+	}
+}
+
+// A bootstrap removes the temporary files a crash left in its data
+// directory, and only those.
+func TestBootstrapRemovesStaleTempFiles(t *testing.T) {
+	dir := t.TempDir()
+	old := time.Now().Add(-time.Hour)
+	mk := func(name string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		os.Chtimes(p, old, old)
+		return p
+	}
+	stale, kept := mk(".run.toml.31337.tmp"), mk("notes.tmp")
+	startRunIn(t, dir)
+	if _, err := os.Stat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("stale temporary file kept: %v", err)
+	}
+	if _, err := os.Stat(kept); err != nil {
+		t.Errorf("%s removed: %v", kept, err)
 	}
 }

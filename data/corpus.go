@@ -408,6 +408,18 @@ func (c *Corpus) ReadAt(s Split, p []byte, off int64) (int, error) {
 	return n, nil
 }
 
+// Resplit returns a corpus over the same files split with another
+// validation fraction (0: DefaultValFraction), without walking the paths
+// again: a volunteer opens its corpus before it learns the run's fraction.
+// c stays usable; the new corpus has its own open files.
+func (c *Corpus) Resplit(valFraction float64) (*Corpus, error) {
+	valFraction, maxOpen, err := indexOptions("Resplit", valFraction, c.cache.max)
+	if err != nil {
+		return nil, err
+	}
+	return newCorpus(slices.Clone(c.files), valFraction, maxOpen), nil
+}
+
 // Close closes the corpus's open files. Reads after Close fail.
 func (c *Corpus) Close() error {
 	return c.cache.close()

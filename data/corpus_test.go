@@ -370,3 +370,25 @@ func TestDefaultCorpus(t *testing.T) {
 		t.Fatalf("ReadAt(Train, 0) = %q, %v; want %q", got, err, want[:len(got)])
 	}
 }
+
+// Resplit gives the corpus Open gives with that fraction, without walking
+// the paths again.
+func TestCorpusResplit(t *testing.T) {
+	dir := writeCorpus(t, randomFiles(100, 200, 3))
+	c := openCorpus(t, CorpusConfig{Paths: []string{dir}})
+	r, err := c.Resplit(0.3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	want := openCorpus(t, CorpusConfig{Paths: []string{dir}, ValFraction: 0.3})
+	if r.Fingerprint() != want.Fingerprint() || r.Stats() != want.Stats() {
+		t.Fatalf("resplit %+v, opened with the fraction %+v", r.Stats(), want.Stats())
+	}
+	if !bytes.Equal(streamOf(t, r, Validation), streamOf(t, want, Validation)) {
+		t.Fatal("validation streams differ")
+	}
+	if _, err := c.Resplit(1.5); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("fraction 1.5: %v", err)
+	}
+}

@@ -68,8 +68,8 @@ func OpenShardStore(dir string) (*ShardStore, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("data: shard store: %w", err)
 	}
-	if err := removeTempFiles(dir); err != nil {
-		return nil, err
+	if _, err := atomicfile.RemoveStale(dir, atomicfile.ProcessStart()); err != nil {
+		return nil, fmt.Errorf("data: shard store: %w", err)
 	}
 	return &ShardStore{dir: dir, verified: make(map[string]fileStamp), busy: make(map[string]bool)}, nil
 }

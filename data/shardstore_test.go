@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // testShard returns a valid shard of about n bytes and its info.
@@ -387,6 +388,8 @@ func TestShardStorePartialLimits(t *testing.T) {
 	// Stale temporary files go when the store is opened.
 	tmp := filepath.Join(s.Dir(), ".pack-123.tmp")
 	os.WriteFile(tmp, []byte("x"), 0o644)
+	old := time.Now().Add(-time.Hour) // left by an earlier process
+	os.Chtimes(tmp, old, old)
 	if _, err := OpenShardStore(s.Dir()); err != nil {
 		t.Fatal(err)
 	}

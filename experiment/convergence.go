@@ -66,10 +66,10 @@ func Arms() []Arm {
 			c.Algorithm, c.InnerSteps = DiLoCo, 25
 		}},
 		{Name: "diloco-h50-fp32", Description: "DiLoCo H=50, fp32 ring", configure: func(c *SwarmConfig) {
-			c.Algorithm, c.InnerSteps, c.RingCodec = DiLoCo, 50, codecConfig(compression.FP32)
+			c.Algorithm, c.InnerSteps, c.Codec = DiLoCo, 50, codecConfig(compression.FP32)
 		}},
 		{Name: "diloco-h50-int4ef", Description: "DiLoCo H=50, int4 ring + error feedback", configure: func(c *SwarmConfig) {
-			c.Algorithm, c.InnerSteps, c.RingCodec = DiLoCo, 50, codecConfig(compression.Int4)
+			c.Algorithm, c.InnerSteps, c.Codec = DiLoCo, 50, codecConfig(compression.Int4)
 			fb := codecConfig(compression.Int4)
 			c.DiLoCo.Feedback = &fb
 		}},
@@ -127,7 +127,7 @@ func RunConvergence(ctx context.Context, cfg ConvergenceConfig) ([]ArmResult, er
 		a.LR, a.Warmup = cfg.LR, max(cfg.Steps/20, 1)
 		return SwarmConfig{Preset: cfg.Preset, Workers: cfg.Workers, Batch: cfg.Batch, SeqLen: cfg.SeqLen,
 			InnerSteps: 50, Seed: cfg.Seed, Threads: 1, AdamW: a, DiLoCo: optimizer.DefaultDiLoCo(),
-			NoLoCo: optimizer.DefaultNoLoCo(), RingCodec: int8Ring(), Corpus: nil, EvalBatches: cfg.EvalBatches, Logger: log}
+			NoLoCo: optimizer.DefaultNoLoCo(), Codec: int8Ring(), Corpus: nil, EvalBatches: cfg.EvalBatches, Logger: log}
 	}
 	var warm *model.Checkpoint
 	var results []ArmResult

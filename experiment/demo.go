@@ -2,12 +2,14 @@ package experiment
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -16,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -57,6 +60,20 @@ type DemoConfig struct {
 	Logger *slog.Logger
 	// Started, if set, is called with the status page's URL once it is up.
 	Started func(statusURL string)
+
+	// Chaos runs the soak (chaos.go): every ChaosEvery (default 1 min) a
+	// ChaosShare of the honest volunteers (default a third) are killed -9
+	// and restarted, and between two waves one is paused (SIGSTOP) for
+	// ChaosPause (default 20 s). At the end the run's invariants are
+	// checked; RunDemo fails with ErrInvariant if one did not hold.
+	Chaos      bool
+	ChaosEvery time.Duration
+	ChaosPause time.Duration
+	ChaosShare float64
+	ChaosSeed  uint64
+	// Hostile adds one volunteer that misbehaves: scale, signflip, nan or
+	// forge (node join --hostile).
+	Hostile string
 }
 
 // DefaultDemoConfig returns the README's demo: 4 volunteers training the
@@ -82,6 +99,9 @@ type DemoResult struct {
 	ReachedTargetLoss bool
 	VolunteerLogs     []string
 	BootstrapLog      string
+	// The chaos soak's report and the invariants it checked (Chaos only).
+	Chaos      *ChaosReport
+	Invariants []Invariant
 }
 
 // RunDemo starts the bootstrap and the volunteers, shows the run's progress
@@ -94,6 +114,12 @@ func RunDemo(ctx context.Context, cfg DemoConfig) (*DemoResult, error) {
 	}
 	if cfg.Binary == "" || cfg.Dir == "" {
 		return nil, fmt.Errorf("%w: binary %q and directory %q are required", ErrConfig, cfg.Binary, cfg.Dir)
+	}
+	// Every process of the demo is on loopback, behind one address prefix:
+	// an open run's caps must admit them all (the bootstrap counts).
+	if a := &cfg.Manifest.Admission; a.Mode == manifest.AdmissionOpen {
+		a.MaxMembers = max(a.MaxMembers, cfg.Volunteers+1)
+		a.MaxPerPrefix = max(a.MaxPerPrefix, cfg.Volunteers+1)
 	}
 	if err := cfg.Manifest.ValidateTemplate(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
@@ -153,14 +179,39 @@ func RunDemo(ctx context.Context, cfg DemoConfig) (*DemoResult, error) {
 	}
 	fmt.Fprintf(out, "starting %d volunteers (logs in %s); links emulated at %g Mbit/s, %v one way\n",
 		cfg.Volunteers, cfg.Dir, cfg.RateMbit, cfg.Latency)
+	var honest []*child
 	for i := 0; i < cfg.Volunteers; i++ {
 		log := filepath.Join(cfg.Dir, fmt.Sprintf("volunteer-%d.log", i+1))
 		res.VolunteerLogs = append(res.VolunteerLogs, log)
-		if _, err := kids.start(cfg.Binary, log, false, append([]string{"--log-level", cfg.LogLevel, "node", "join",
+		c, err := kids.start(cfg.Binary, log, false, append([]string{"--log-level", cfg.LogLevel, "node", "join",
 			"--run-id", cfg.Manifest.RunID, "--bootstrap", addr, "--data-dir", filepath.Join(cfg.Dir, fmt.Sprintf("volunteer-%d", i+1)),
-			"--threads", strconv.Itoa(max(cfg.Threads, 1)), "--min-peers", strconv.Itoa(cfg.Volunteers)}, netFlags...)...); err != nil {
+			"--threads", strconv.Itoa(max(cfg.Threads, 1)), "--min-peers", strconv.Itoa(cfg.Volunteers)}, netFlags...)...)
+		if err != nil {
 			return nil, err
 		}
+		honest = append(honest, c)
+	}
+	if cfg.Hostile != "" {
+		log := filepath.Join(cfg.Dir, "volunteer-hostile.log")
+		fmt.Fprintf(out, "starting a hostile volunteer (%s; log %s)\n", cfg.Hostile, log)
+		if _, err := kids.start(cfg.Binary, log, false, append([]string{"--log-level", cfg.LogLevel, "node", "join",
+			"--run-id", cfg.Manifest.RunID, "--bootstrap", addr, "--data-dir", filepath.Join(cfg.Dir, "volunteer-hostile"),
+			"--threads", strconv.Itoa(max(cfg.Threads, 1)), "--min-peers", strconv.Itoa(cfg.Volunteers), "--hostile", cfg.Hostile}, netFlags...)...); err != nil {
+			return nil, err
+		}
+	}
+	chaosCtx, stopChaos := context.WithCancel(ctx)
+	defer stopChaos()
+	chaosDone := make(chan struct{})
+	if cfg.Chaos {
+		res.Chaos = &ChaosReport{}
+		m := &chaosMonkey{kids: &kids, honest: honest, every: cmp.Or(cfg.ChaosEvery, time.Minute), pause: cmp.Or(cfg.ChaosPause, 20*time.Second),
+			share: cmp.Or(cfg.ChaosShare, 1.0/3), rng: rand.New(rand.NewPCG(cfg.ChaosSeed, 1)), out: out, report: res.Chaos}
+		fmt.Fprintf(out, "chaos: every %v, kill -9 and restart %.0f%% of the honest volunteers; pause one for %v between waves\n",
+			m.every, 100*m.share, m.pause)
+		go func() { defer close(chaosDone); m.run(chaosCtx) }()
+	} else {
+		close(chaosDone)
 	}
 
 	// Watch the run through the status API until it ends.
@@ -185,7 +236,11 @@ watch:
 			fmt.Fprintf(out, "%v elapsed: stopping the volunteers\n", cfg.Duration)
 			break watch
 		case err := <-kids.exited:
-			return res, err
+			if !cfg.Chaos {
+				return res, err
+			}
+			res.Chaos.Crashes = append(res.Chaos.Crashes, err.Error()) // judged at the end
+			fmt.Fprintf(out, "chaos: %v\n", err)
 		case <-tick.C:
 		}
 		fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -217,8 +272,15 @@ watch:
 			}
 		}
 	}
+	stopChaos()
+	<-chaosDone
 	if snap, err := status.Fetch(context.Background(), res.StatusURL); err == nil {
 		last = snap
+	}
+	var hist []status.RoundStats
+	var histErr error
+	if cfg.Chaos {
+		hist, histErr = status.FetchHistory(context.Background(), res.StatusURL, 0, 100000)
 	}
 	kids.stop(out)
 	res.Wall = time.Since(began)
@@ -231,6 +293,9 @@ watch:
 			res.ValEnd = *p.Val
 		}
 	}
+	if cfg.Chaos {
+		res.Invariants = checkInvariants(hist, histErr, &kids, res.VolunteerLogs, cfg.Hostile != "", res.Chaos)
+	}
 	first := regexp.MustCompile(`first training step ([0-9.]+)s after starting`)
 	compute := regexp.MustCompile(`computing ([0-9.]+)% of the time`)
 	for _, l := range res.VolunteerLogs {
@@ -242,6 +307,11 @@ watch:
 		if m := compute.FindSubmatch(b); m != nil {
 			pct, _ := strconv.ParseFloat(string(m[1]), 64)
 			res.ComputeFraction = append(res.ComputeFraction, pct/100)
+		}
+	}
+	for _, v := range res.Invariants {
+		if !v.OK {
+			return res, fmt.Errorf("%w: %s (%s)", ErrInvariant, v.Name, v.Detail)
 		}
 	}
 	return res, nil
@@ -269,14 +339,31 @@ func (r *DemoResult) Summary() string {
 		cf = append(cf, fmt.Sprintf("%.0f%%", 100*f))
 	}
 	fmt.Fprintf(&b, "  computing        %s of each volunteer's time\n", strings.Join(cf, ", "))
+	if c := r.Chaos; c != nil {
+		fmt.Fprintf(&b, "chaos: %d kill -9 (%d restarted), %d pauses", c.Kills, c.Restarts, c.Pauses)
+		if c.Offenders > 0 {
+			fmt.Fprintf(&b, "; the honest volunteers logged the hostile one %d times", c.Offenders)
+		}
+		fmt.Fprintln(&b)
+		fmt.Fprintln(&b, "invariants:")
+		for _, v := range r.Invariants {
+			mark := "ok  "
+			if !v.OK {
+				mark = "FAIL"
+			}
+			fmt.Fprintf(&b, "  %s %s (%s)\n", mark, v.Name, v.Detail)
+		}
+	}
 	return b.String()
 }
 
 // children are the demo's processes.
 type children struct {
-	mu     sync.Mutex
-	procs  []*child
-	exited chan error
+	mu      sync.Mutex
+	procs   []*child
+	all     []*child // every child ever started, for the leak check
+	stopped bool
+	exited  chan error
 }
 
 type child struct {
@@ -285,23 +372,40 @@ type child struct {
 	done   chan struct{}
 	name   string
 	log    string
+	bin    string
+	args   []string
+	// killed: the chaos monkey killed it; its exit is not a crash.
+	killed atomic.Bool
 }
 
 // start runs bin with args, its output to logPath (stdout piped instead
 // when wantStdout), in its own process group, killed if this process dies.
 func (k *children) start(bin, logPath string, wantStdout bool, args ...string) (*child, error) {
+	return k.launch(bin, logPath, wantStdout, os.O_TRUNC, args...)
+}
+
+// restart starts a stopped child again with the same command line, its
+// output appended to the same log.
+func (k *children) restart(c *child) (*child, error) {
+	return k.launch(c.bin, c.log, false, os.O_APPEND, c.args...)
+}
+
+func (k *children) launch(bin, logPath string, wantStdout bool, mode int, args ...string) (*child, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.exited == nil {
 		k.exited = make(chan error, 1)
 	}
-	f, err := os.Create(logPath)
+	if k.stopped {
+		return nil, fmt.Errorf("experiment: the demo is stopping")
+	}
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|mode, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("experiment: %w", err)
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stderr = f
-	c := &child{cmd: cmd, done: make(chan struct{}), name: filepath.Base(logPath), log: logPath}
+	c := &child{cmd: cmd, done: make(chan struct{}), name: filepath.Base(logPath), log: logPath, bin: bin, args: args}
 	var pw *io.PipeWriter
 	if wantStdout {
 		var r *io.PipeReader
@@ -320,6 +424,7 @@ func (k *children) start(bin, logPath string, wantStdout bool, args ...string) (
 		return nil, fmt.Errorf("experiment: starting %s: %w", bin, err)
 	}
 	k.procs = append(k.procs, c)
+	k.all = append(k.all, c)
 	go func() {
 		err := cmd.Wait()
 		f.Close()
@@ -328,9 +433,9 @@ func (k *children) start(bin, logPath string, wantStdout bool, args ...string) (
 		}
 		close(c.done)
 		k.mu.Lock()
-		stopping := k.procs == nil
+		stopping := k.stopped
 		k.mu.Unlock()
-		if !stopping {
+		if !stopping && !c.killed.Load() {
 			msg := "exited"
 			if err != nil {
 				msg = err.Error()
@@ -349,7 +454,7 @@ func (k *children) start(bin, logPath string, wantStdout bool, args ...string) (
 func (k *children) stop(out io.Writer) {
 	k.mu.Lock()
 	procs := k.procs
-	k.procs = nil
+	k.procs, k.stopped = nil, true
 	k.mu.Unlock()
 	if len(procs) == 0 {
 		return

@@ -2,6 +2,8 @@ package experiment
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"io"
@@ -48,8 +50,16 @@ type SwarmConfig struct {
 	AdamW  optimizer.AdamWConfig // TotalSteps is set to Rounds*InnerSteps
 	DiLoCo optimizer.DiLoCoConfig
 	NoLoCo optimizer.NoLoCoConfig
-	// RingCodec encodes the all-reduce's partial sums and results.
-	RingCodec compression.Config
+	// Codec encodes the contributions and the aggregates of the butterfly
+	// collective.
+	Codec compression.Config
+	// Trim is the robust aggregation's trim (optimizer.RobustConfig): the
+	// values dropped at each end of every coordinate; 0 is the plain mean.
+	Trim int
+	// Attack, when non-zero, makes the last worker hostile: before every
+	// round it multiplies its pseudo-gradient by Attack (for example 1000,
+	// or -1 to flip its sign). Worker 0, the one evaluated, stays honest.
+	Attack float64
 
 	Corpus      []string
 	EvalBatches int
@@ -187,7 +197,6 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 	var net *optimizer.MemNetwork
 	var dilocos []*optimizer.DiLoCo
 	var nolocos []*optimizer.NoLoCo
-	var rings []*optimizer.Ring
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if nw > 1 {
@@ -197,15 +206,18 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 			p := net.Join(optimizer.PeerID(fmt.Sprintf("worker-%02d", i)))
 			switch cfg.Algorithm {
 			case DiLoCo:
-				rc := optimizer.DefaultRingConfig()
-				rc.Codec = cfg.RingCodec
-				r, err := optimizer.NewRing(p, rc)
+				bc := optimizer.DefaultButterflyConfig(len(w.theta), swarmSigner{p.Self()}, swarmTick.Seconds())
+				bc.Codec, bc.Robust.Trim = cfg.Codec, cfg.Trim
+				// Every worker in every round, as in the papers: the leader
+				// waits for all (in-process inner phases end at about the
+				// same time, but a loaded machine spreads them).
+				bc.ReadyWait, bc.LeaderWait = int64(time.Hour/swarmTick), int64(2*time.Hour/swarmTick)
+				r, err := optimizer.NewButterflyDriver(p, bc, optimizer.ButterflyOptions{Tick: swarmTick, Logger: log})
 				if err != nil {
 					return nil, err
 				}
 				r.Start(rctx)
 				defer r.Close()
-				rings = append(rings, r)
 				d, err := optimizer.NewDiLoCo(cfg.DiLoCo, r, w.theta)
 				if err != nil {
 					return nil, err
@@ -240,6 +252,12 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 					}
 				}
 				dev.CopyOut(w.theta, w.Stage.Params)
+				if cfg.Attack != 0 && i == nw-1 && cfg.Algorithm == DiLoCo {
+					// theta' = phi - Attack*(phi - theta): the pseudo-gradient scaled
+					for j, phi := range dilocos[i].Phi {
+						w.theta[j] = phi - float32(cfg.Attack)*(phi-w.theta[j])
+					}
+				}
 				var err error
 				switch cfg.Algorithm {
 				case DiLoCo:
@@ -271,4 +289,25 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 	res.BytesPerToken = float64(res.BytesSent) / float64(int64(totalSteps)*tokensPerStep)
 	res.Final = append([]float32(nil), workers[0].theta...)
 	return res, nil
+}
+
+// swarmTick is the in-process collective's clock.
+const swarmTick = 5 * time.Millisecond
+
+// swarmSigner signs with deterministic ed25519 keys derived from the
+// worker's name: in-process workers trust each other; the collective
+// still checks every signature.
+type swarmSigner struct{ self optimizer.PeerID }
+
+func swarmKey(id optimizer.PeerID) ed25519.PrivateKey {
+	seed := sha256.Sum256([]byte("skein-swarm-key/" + id))
+	return ed25519.NewKeyFromSeed(seed[:])
+}
+
+func (s swarmSigner) Sign(msg []byte) ([]byte, error) {
+	return ed25519.Sign(swarmKey(s.self), msg), nil
+}
+
+func (s swarmSigner) Verify(id optimizer.PeerID, msg, sig []byte) bool {
+	return len(sig) == ed25519.SignatureSize && ed25519.Verify(swarmKey(id).Public().(ed25519.PublicKey), msg, sig)
 }

@@ -15,7 +15,7 @@ func smallSwarm(alg Algorithm) SwarmConfig {
 	a.LR, a.Warmup = 1e-3, 2
 	nl := optimizer.DefaultNoLoCo()
 	return SwarmConfig{Algorithm: alg, Preset: "tiny", Workers: 3, Batch: 2, SeqLen: 32, InnerSteps: 3, Rounds: 2,
-		Seed: 1, Threads: 1, AdamW: a, DiLoCo: optimizer.DefaultDiLoCo(), NoLoCo: nl, RingCodec: rc, EvalBatches: 1}
+		Seed: 1, Threads: 1, AdamW: a, DiLoCo: optimizer.DefaultDiLoCo(), NoLoCo: nl, Codec: rc, EvalBatches: 1}
 }
 
 func TestRunSwarmAlgorithms(t *testing.T) {

@@ -125,6 +125,29 @@ func NewStage(dev kernels.Device, c Config, spec StageSpec, B, T int, seed uint6
 	return s, nil
 }
 
+// ActivationFloats is how many float32s NewStage allocates for a stage's
+// activations and scratch at batch B x T (parameters, gradients and AdamW
+// moments, 4 x the stage's parameters, come on top), so that a caller can
+// tell whether a model fits before allocating it. It mirrors NewStage's
+// allocations exactly (tested).
+func ActivationFloats(c Config, spec StageSpec, B, T int) int64 {
+	C, N, NH := int64(c.C), int64(B)*int64(T), int64(c.Heads)
+	att := int64(B) * NH * int64(T) * int64(T)
+	var n int64
+	if layers := int64(spec.LastLayer - spec.FirstLayer); layers > 0 {
+		n += layers * (18*N*C + 4*N + att) // each block's activations
+		n += 3*att + 16*N*C                // backward scratch shared by all blocks
+	}
+	if spec.Embedding {
+		n += N * C
+	}
+	n += 2 * N * C // dresA, dresB
+	if spec.Head {
+		n += 3*N*C + 4*N + 2*N*int64(c.PaddedVocab) // ln_f, logits, probs, losses (and their host copy)
+	}
+	return n
+}
+
 // Init sets every parameter from seed (normal std 0.02, residual projections
 // scaled by 1/sqrt(2*layers), layernorm weights 1, biases 0) and clears the
 // gradients and AdamW moments.

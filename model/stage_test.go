@@ -184,3 +184,37 @@ func TestForwardRejectsBadTokens(t *testing.T) {
 		t.Error("negative target accepted")
 	}
 }
+
+// countingDevice counts the float32s allocated through it.
+type countingDevice struct {
+	kernels.Device
+	n int64
+}
+
+func (d *countingDevice) Alloc(n int) kernels.Buffer {
+	d.n += int64(n)
+	return d.Device.Alloc(n)
+}
+
+// ActivationFloats is what NewStage allocates beyond the four parameter
+// buffers, for any stage split.
+func TestActivationFloatsMatchesNewStage(t *testing.T) {
+	c := micro
+	c.Layers = 3
+	for _, spec := range []StageSpec{
+		FullSpec(c),
+		{FirstLayer: 0, LastLayer: 1, Embedding: true},
+		{FirstLayer: 1, LastLayer: 2},
+		{FirstLayer: 2, LastLayer: 3, Head: true},
+	} {
+		dev := &countingDevice{Device: kernels.NewCPU(1)}
+		s, err := NewStage(dev, c, spec, 3, 7, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		host := int64(len(s.lossHost)) // the one activation kept in Go memory
+		if got, want := ActivationFloats(c, spec, 3, 7), dev.n-4*int64(s.NumParams())+host; got != want {
+			t.Errorf("%+v: ActivationFloats %d, NewStage allocated %d", spec, got, want)
+		}
+	}
+}

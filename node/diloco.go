@@ -5,8 +5,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"slices"
 	"time"
 
@@ -30,29 +28,72 @@ func (v *Volunteer) initDiLoCo() (err error) {
 	if v.peers, err = NewP2PPeers(v.pn, p2p.ProtoReduce, maxMsg, 60*time.Second); err != nil {
 		return err
 	}
+	// The butterfly collective (optimizer/butterfly.go): each round's group
+	// agreed before it starts, every part aggregated by two owners with a
+	// trimmed mean and cross-checked. The ring's deadlines configure its
+	// phases.
 	rc := v.cfg.Ring
-	if rc.Logger == nil {
-		rc.Logger = v.log
-	}
-	rc.Codec.Codec = m.Codec()
+	bc := optimizer.DefaultButterflyConfig(v.n, nodeSigner{v.pn}, butterflyTick.Seconds())
+	bc.Codec.Codec = m.Codec()
+	bc.MaxAbs, bc.Hostile = rc.MaxAbs, v.cfg.Hostile
+	ticks := func(d time.Duration) int64 { return max(1, int64(d/butterflyTick)) }
+	bc.PhaseWait, bc.MinPhase, bc.MaxPhase = ticks(rc.InitialDeadline), ticks(rc.MinDeadline), ticks(rc.MaxDeadline)
 	// Room for a few rounds of every member's messages (about 2 bytes per
 	// parameter per member and round with an 8-bit codec).
-	rc.MaxStashBytes = max(rc.MaxStashBytes, 8*int64(v.n))
-	if v.ring, err = optimizer.NewRing(v.peers, rc); err != nil {
+	bc.MaxStashBytes = max(rc.MaxStashBytes, 8*int64(v.n))
+	log := rc.Logger
+	if log == nil {
+		log = v.log
+	}
+	onReject := func(p optimizer.PeerID, err error) {
+		v.log.Warn("offender excluded from the run", "peer", p, "err", err)
+		if rc.OnReject != nil {
+			rc.OnReject(p, err)
+		}
+	}
+	if v.coll, err = optimizer.NewButterflyDriver(v.peers, bc, optimizer.ButterflyOptions{Tick: butterflyTick, Logger: log, OnReject: onReject}); err != nil {
 		return err
 	}
-	// The ring outlives ctx long enough to finish cleanly; Close stops it.
+	// The collective outlives ctx long enough to finish cleanly; Close stops it.
 	var rctx context.Context
 	rctx, v.cancelRing = context.WithCancel(context.Background())
-	v.ring.Start(rctx)
+	v.coll.Start(rctx)
 	d := optimizer.DefaultDiLoCo()
 	d.OuterLR, d.Momentum = m.Optimizer.OuterLR, m.Optimizer.OuterMomentum
-	if v.dl, err = optimizer.NewDiLoCo(d, v.ring, v.theta); err != nil {
+	if v.dl, err = optimizer.NewDiLoCo(d, v.coll, v.theta); err != nil {
 		return err
 	}
 	v.resume()
 	v.served = encodeState(v.dl.State())
 	return nil
+}
+
+// HostileMode maps a chaos test's name for a hostile behaviour (scale,
+// signflip, nan, forge) to VolunteerConfig.Hostile; "" if unknown.
+func HostileMode(name string) string {
+	switch name {
+	case "scale":
+		return optimizer.HostileScale
+	case "signflip":
+		return optimizer.HostileSignFlip
+	case "nan":
+		return optimizer.HostilePoison
+	case "forge":
+		return optimizer.HostileForge
+	}
+	return ""
+}
+
+// butterflyTick is the collective's clock.
+const butterflyTick = 50 * time.Millisecond
+
+// nodeSigner signs the collective's messages with the node's identity.
+type nodeSigner struct{ n *p2p.Node }
+
+func (s nodeSigner) Sign(msg []byte) ([]byte, error) { return s.n.Sign(msg) }
+
+func (s nodeSigner) Verify(id optimizer.PeerID, msg, sig []byte) bool {
+	return p2p.VerifyPeer(string(id), msg, sig)
 }
 
 // runDiLoCo catches up with the run, then trains round after round: an
@@ -70,6 +111,10 @@ func (v *Volunteer) runDiLoCo(ctx context.Context) error {
 	stopAt := v.dl.Round + uint64(v.cfg.Rounds)
 	for v.cfg.Rounds == 0 || v.dl.Round < stopAt {
 		ph, err := v.trainPhase(ctx)
+		if isNonFinite(err) {
+			v.rollback(ctx, err) // back to phi; the others finish the round without us
+			continue
+		}
 		if err != nil || ctx.Err() != nil {
 			return err
 		}
@@ -139,18 +184,9 @@ func (v *Volunteer) contributeDelayed(ctx context.Context, ph phase) error {
 // resume loads the local checkpoint (weights, AdamW moments, the round and
 // phi/momentum), if any; the weights restart from phi.
 func (v *Volunteer) resume() {
-	if v.cfg.DataDir == "" {
-		return
-	}
-	v.ckPath = filepath.Join(v.cfg.DataDir, volunteerCheckpoint)
-	step, err := resumeState(v.ckPath, v.su.Stage, v.dl)
-	switch {
-	case err == nil:
-		v.innerStep = step
+	if v.resumeLocal(v.dl) {
 		v.setWeights()
 		say(v.cfg.Progress, "resumed local checkpoint at round %d", v.dl.Round)
-	case !errors.Is(err, os.ErrNotExist):
-		v.log.Warn("ignoring unusable local checkpoint", "path", v.ckPath, "err", err)
 	}
 }
 
@@ -200,6 +236,9 @@ func (v *Volunteer) outerStep(ctx context.Context) (optimizer.RoundStats, error)
 			return st, err
 		}
 		v.log.Warn("round failed", "round", v.dl.Round+1, "try", try, "err", err)
+		if errors.Is(err, optimizer.ErrExcluded) && v.resynced(ctx) {
+			return st, err // started from another state than the run's: took the run's
+		}
 		say(v.cfg.Progress, "round %d did not complete (%v); re-syncing and retrying", v.dl.Round+1, err)
 		before := v.dl.Round
 		if cerr := catchUp(ctx, v.pn, v.dl, v.n, v.log, v.cfg.Progress); cerr != nil {

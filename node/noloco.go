@@ -2,10 +2,7 @@ package node
 
 import (
 	"context"
-	"errors"
 	"math"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -79,18 +76,9 @@ func nolocoConfig(m manifest.Manifest, ring optimizer.RingConfig) optimizer.NoLo
 // resumeNoLoCo loads the local checkpoint (weights, AdamW moments, the step,
 // phi and momentum), if any; the weights restart from phi.
 func (v *Volunteer) resumeNoLoCo() {
-	if v.cfg.DataDir == "" {
-		return
-	}
-	v.ckPath = filepath.Join(v.cfg.DataDir, volunteerCheckpoint)
-	step, err := resumeState(v.ckPath, v.su.Stage, v.nl.opt)
-	switch {
-	case err == nil:
-		v.innerStep = step
+	if v.resumeLocal(v.nl.opt) {
 		v.nl.setWeights(v)
 		say(v.cfg.Progress, "resumed local checkpoint at round %d", v.nl.opt.Step)
-	case !errors.Is(err, os.ErrNotExist):
-		v.log.Warn("ignoring unusable local checkpoint", "path", v.ckPath, "err", err)
 	}
 }
 
@@ -112,6 +100,10 @@ func (v *Volunteer) runNoLoCo(ctx context.Context) error {
 	stopAt := o.Step + uint64(v.cfg.Rounds)
 	for v.cfg.Rounds == 0 || o.Step < stopAt {
 		ph, err := v.trainPhase(ctx)
+		if isNonFinite(err) {
+			v.rollback(ctx, err) // back to phi, at the next step
+			continue
+		}
 		if err != nil || ctx.Err() != nil {
 			return err
 		}

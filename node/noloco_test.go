@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -39,7 +40,7 @@ type nolocoRun struct {
 	ctx    context.Context // ends the whole test
 }
 
-func newNoLoCoRun(t *testing.T) *nolocoRun {
+func newNoLoCoRun(t *testing.T, edits ...func(*manifest.Manifest)) *nolocoRun {
 	root, err := data.GoRoot()
 	if err != nil {
 		t.Skip(err)
@@ -50,6 +51,9 @@ func newNoLoCoRun(t *testing.T) *nolocoRun {
 	o := &m.Optimizer
 	o.Kind, o.InnerSteps, o.InnerLR, o.Warmup, o.TotalSteps = manifest.KindNoLoCo, 4, 2e-3, 8, 1000
 	o.OuterLR, o.OuterMomentum, o.GroupSize, o.Gamma = 0.7, 0.5, 2, 0.7
+	for _, e := range edits {
+		e(&m)
+	}
 	if err := m.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -200,6 +204,9 @@ func (r *nolocoRun) until(what string, timeout time.Duration, cond func() bool, 
 			for _, tv := range show {
 				r.t.Logf("--- %s:\n%s", tv.name, tv.output())
 			}
+			// Where everything is stuck, for a failure seen once under load.
+			buf := make([]byte, 4<<20)
+			r.t.Logf("goroutines:\n%s", buf[:runtime.Stack(buf, true)])
 			r.t.Fatalf("%s: not after %v", what, timeout)
 		}
 		time.Sleep(50 * time.Millisecond)

@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"io/fs"
 	"math"
 	"os"
+	"path/filepath"
 	"slices"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
+	"github.com/skein-ml/skein/trainer"
 )
 
 // The shared DiLoCo state that a joiner downloads from a member (protocol
@@ -157,16 +160,40 @@ type outerState interface {
 // atomically one after the other, the stage (weights and AdamW moments) in
 // safetensors and the outer state beside it. On resume the weights are
 // reset to phi, so a crash between the two writes loses at most one round
-// of local progress.
+// of local progress. A non-finite value anywhere is refused
+// (trainer.ErrNonFinite) and nothing is written: the last good checkpoint
+// stays.
 func saveState(path string, stage *model.Stage, step int, st outerState) error {
-	if err := model.SaveCheckpoint(path, stage.Snapshot(step, nil)); err != nil {
+	ck := stage.Snapshot(step, nil)
+	round, phi, mom := st.State()
+	for _, t := range []struct {
+		name string
+		x    []float32
+	}{{"weights", ck.Params}, {"AdamW first moments", ck.M}, {"AdamW second moments", ck.V}, {"phi", phi}, {"outer momentum", mom}} {
+		if i := nonFinite(t.x); i >= 0 {
+			return fmt.Errorf("node: not saving %s: %w: %s[%d] = %v", path, trainer.ErrNonFinite, t.name, i, t.x[i])
+		}
+	}
+	if err := model.SaveCheckpoint(path, ck); err != nil {
 		return err
 	}
-	return atomicfile.WriteFile(path+".state", encodeState(st.State()), 0o644)
+	return atomicfile.WriteFile(path+".state", encodeState(round, phi, mom), 0o644)
+}
+
+// nonFinite returns the index of the first NaN or infinity in x, or -1.
+func nonFinite(x []float32) int {
+	for i, v := range x {
+		if f := float64(v); math.IsNaN(f) || math.IsInf(f, 0) {
+			return i
+		}
+	}
+	return -1
 }
 
 // resumeState loads both files into stage and st and returns the inner
-// step reached.
+// step reached. Everything is checked (sizes, checksum, finite values)
+// before anything is installed, so a failure leaves stage and st as they
+// were. An error wrapping fs.ErrNotExist means there is no checkpoint.
 func resumeState(path string, stage *model.Stage, st outerState) (int, error) {
 	raw, err := os.ReadFile(path + ".state")
 	if err != nil {
@@ -177,13 +204,53 @@ func resumeState(path string, stage *model.Stage, st outerState) (int, error) {
 		return 0, err
 	}
 	ck, err := model.LoadCheckpoint(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		// The outer state without the stage is half a checkpoint, not none.
+		return 0, fmt.Errorf("%w: %s is missing beside %s.state", ErrBadState, path, path)
+	}
 	if err != nil {
 		return 0, err
+	}
+	for _, x := range [][]float32{ck.Params, ck.M, ck.V} {
+		if i := nonFinite(x); i >= 0 {
+			return 0, fmt.Errorf("%w: %s: %w: value %v at %d", ErrBadState, path, trainer.ErrNonFinite, x[i], i)
+		}
 	}
 	if err := stage.Restore(ck); err != nil {
 		return 0, err
 	}
 	return ck.Step, st.SetState(round, phi, mom)
+}
+
+// resumeLocal resumes the local checkpoint into the stage and st and says
+// whether it did. A checkpoint that cannot be used (damaged, poisoned, half
+// written) is moved aside to <file>.corrupt-<UTC time>, with a warning
+// naming both paths, so it is never silently overwritten by the next save.
+func (v *Volunteer) resumeLocal(st outerState) bool {
+	if v.cfg.DataDir == "" {
+		return false
+	}
+	v.ckPath = filepath.Join(v.cfg.DataDir, volunteerCheckpoint)
+	step, err := resumeState(v.ckPath, v.su.Stage, st)
+	if err == nil {
+		v.innerStep = step
+		return true
+	}
+	stamp := time.Now().UTC().Format("20060102T150405Z")
+	for _, p := range []string{v.ckPath, v.ckPath + ".state"} {
+		if _, serr := os.Lstat(p); serr != nil {
+			continue // absent: nothing to keep
+		}
+		aside := p + ".corrupt-" + stamp
+		if rerr := os.Rename(p, aside); rerr != nil {
+			v.log.Error("could not move an unusable checkpoint aside", "path", p, "err", rerr)
+			say(v.cfg.Progress, "warning: local checkpoint %s is unusable (%v) and could not be moved aside (%v)", p, err, rerr)
+			continue
+		}
+		v.log.Warn("moved an unusable local checkpoint aside", "path", p, "to", aside, "err", err)
+		say(v.cfg.Progress, "warning: local checkpoint %s is unusable (%v); moved it to %s and starting without it", p, err, aside)
+	}
+	return false
 }
 
 // membersAhead lists the other volunteers that announce a round beyond

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"math"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,12 +17,16 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	ma "github.com/multiformats/go-multiaddr"
 
 	"github.com/skein-ml/skein/bootstrap/manifest"
 	"github.com/skein-ml/skein/bootstrap/telemetry"
+	"github.com/skein-ml/skein/compression"
 	"github.com/skein-ml/skein/data"
+	"github.com/skein-ml/skein/internal/atomicfile"
 	"github.com/skein-ml/skein/internal/dirlock"
 	"github.com/skein-ml/skein/kernels"
+	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/p2p/wan"
@@ -41,6 +47,10 @@ type VolunteerConfig struct {
 	// WAN, if set, emulates this link on every QUIC packet the volunteer
 	// sends (the demo shows what the internet costs with it).
 	WAN *wan.Link
+	// Token is this volunteer's join token (p2p.IssueToken, role
+	// volunteer), which a closed run requires; the volunteer learns the
+	// run's admission policy from the peers it joins through.
+	Token []byte
 
 	// Local holds the run-wide settings given on this volunteer's command
 	// line; each one set must agree with the manifest, or the volunteer is
@@ -72,6 +82,15 @@ type VolunteerConfig struct {
 	Progress io.Writer
 	// OnRound is told about every finished round.
 	OnRound func(RoundReport)
+
+	// Hostile makes the volunteer misbehave in the collective, for chaos
+	// tests only (optimizer.ButterflyConfig.Hostile; HostileMode maps the
+	// command line's names). "" is honest.
+	Hostile string
+
+	// beforeStep, a test hook, is called before each inner step with the
+	// volunteer's setup and the step (tests poison the weights with it).
+	beforeStep func(su *trainer.Setup, step int)
 }
 
 // RoundReport describes one finished outer round of a volunteer.
@@ -97,6 +116,109 @@ func DefaultVolunteerConfig(runID string) VolunteerConfig {
 		ManifestWait: 2 * time.Minute, Ring: optimizer.DefaultRingConfig()}
 }
 
+// Validate names the first invalid setting, by its `skein node join` flag
+// where it has one, without touching the network: NewVolunteer calls it
+// before anything else. A --corpus path must exist and be readable here;
+// NewVolunteer then opens the corpus, still before joining.
+func (c VolunteerConfig) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrConfig}, args...)...)
+	}
+	switch {
+	case c.RunID == "" && len(c.Bootstrap) == 0:
+		return bad("give the run's --bootstrap address (or --run-id to rejoin through known peers)")
+	case c.Rounds < 0:
+		return bad("--rounds %d must be >= 0 (0: until interrupted)", c.Rounds)
+	case c.MinPeers < 1:
+		return bad("--min-peers %d must be >= 1 (this volunteer counts)", c.MinPeers)
+	case c.Threads < 0:
+		return bad("--threads %d must be >= 0 (0: all cores)", c.Threads)
+	case c.ValBatches < 0:
+		return bad("--val-batches %d must be >= 0 (0: none)", c.ValBatches)
+	case c.ManifestWait <= 0:
+		return bad("ManifestWait %v must be positive", c.ManifestWait)
+	}
+	if c.RunID != "" {
+		if err := p2p.ValidateRunID(c.RunID); err != nil {
+			return bad("--run-id: %w", err)
+		}
+	}
+	for _, a := range c.Bootstrap {
+		if _, err := peer.AddrInfoFromString(a); err != nil {
+			return bad("--bootstrap %q: want a multiaddr ending in /p2p/<peer id>: %w", a, err)
+		}
+	}
+	for _, a := range c.Listen {
+		if _, err := ma.NewMultiaddr(a); err != nil {
+			return bad("--listen %q: %w", a, err)
+		}
+	}
+	if err := c.Timing.Validate(); err != nil {
+		return bad("--timing: %w", err)
+	}
+	if c.WAN != nil {
+		if err := c.WAN.Validate(); err != nil {
+			return bad("--emulate-rate/--emulate-latency: %w", err)
+		}
+	}
+	if c.MetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(c.MetricsAddr); err != nil {
+			return bad("--metrics %q: want HOST:PORT: %w", c.MetricsAddr, err)
+		}
+	}
+	if c.DataDir != "" {
+		if st, err := os.Stat(c.DataDir); err == nil && !st.IsDir() {
+			return bad("--data-dir %q is not a directory", c.DataDir)
+		} else if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return bad("--data-dir %q: %w", c.DataDir, err)
+		}
+	}
+	for _, p := range c.Corpus {
+		f, err := os.Open(p)
+		if err != nil {
+			return bad("--corpus %q: %w", p, err)
+		}
+		f.Close()
+	}
+	if err := c.validateLocal(); err != nil {
+		return err
+	}
+	if err := c.Ring.Validate(); err != nil {
+		return bad("ring: %w", err)
+	}
+	return nil
+}
+
+// validateLocal checks the run-wide settings given to be compared with the
+// manifest: a value no run can have is a mistake on this command line.
+func (c VolunteerConfig) validateLocal() error {
+	l := c.Local
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrConfig}, args...)...)
+	}
+	switch {
+	case l.Batch < 0:
+		return bad("--batch %d must be >= 0 (0: the run's)", l.Batch)
+	case l.SeqLen < 0:
+		return bad("--seq-len %d must be >= 0 (0: the run's)", l.SeqLen)
+	case l.InnerSteps < 0:
+		return bad("--inner-steps %d must be >= 0 (0: the run's)", l.InnerSteps)
+	case l.Optimizer != "" && l.Optimizer != manifest.KindDiLoCo && l.Optimizer != manifest.KindNoLoCo:
+		return bad("--optimizer %q: want %s or %s", l.Optimizer, manifest.KindDiLoCo, manifest.KindNoLoCo)
+	}
+	if l.Preset != "" {
+		if _, err := model.Preset(l.Preset); err != nil {
+			return bad("--preset: %w", err)
+		}
+	}
+	if l.Codec != "" {
+		if _, err := compression.ParseCodec(l.Codec); err != nil {
+			return bad("--codec: %w", err)
+		}
+	}
+	return nil
+}
+
 const volunteerCheckpoint = "volunteer.safetensors"
 
 // Volunteer is one machine lent to a run: its p2p node, its model and data
@@ -111,12 +233,13 @@ type Volunteer struct {
 	pn    *p2p.Node
 	su    *trainer.Setup
 	peers *P2PPeers
-	ring  *optimizer.Ring
+	coll  *optimizer.ButterflyDriver
 	dl    *optimizer.DiLoCo
 
 	theta     []float32 // the stage's weights, host copy
 	n         int       // parameters
 	innerStep int       // inner steps trained so far (the AdamW schedule's clock)
+	rollbacks int       // inner phases dropped in a row for non-finite values (rollback.go)
 	ckPath    string    // local checkpoint; "" = none
 	// lastReported is the last round told to the user and OnRound.
 	lastReported uint64
@@ -127,7 +250,10 @@ type Volunteer struct {
 	run    manifest.Manifest
 	lock   *dirlock.Lock
 	corpus *data.Corpus
-	shards *data.ShardStore // nil for a "local" run
+	// localCorpus is the --corpus files, opened before joining; openCorpus
+	// splits them with the run's fraction.
+	localCorpus *data.Corpus
+	shards      *data.ShardStore // nil for a "local" run
 	// tempShards is a shard directory made for a volunteer without a data
 	// directory; Close removes it.
 	tempShards string
@@ -171,24 +297,37 @@ func NewVolunteer(ctx context.Context, cfg VolunteerConfig) (_ *Volunteer, err e
 	if v.log == nil {
 		v.log = slog.New(slog.DiscardHandler)
 	}
-	if cfg.Rounds < 0 || cfg.MinPeers < 1 || cfg.Threads < 0 || cfg.ValBatches < 0 {
-		return nil, fmt.Errorf("%w: rounds %d, min peers %d, threads %d, validation batches %d", ErrConfig,
-			cfg.Rounds, cfg.MinPeers, cfg.Threads, cfg.ValBatches)
+	// Everything that can be checked here is, before the network.
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
 	defer func() {
 		if err != nil {
 			v.close()
 		}
 	}()
+	if len(cfg.Corpus) > 0 {
+		// Split again with the run's fraction once the manifest is known
+		// (openCorpus).
+		if v.localCorpus, err = data.OpenPaths(cfg.Corpus, 0); err != nil {
+			return nil, fmt.Errorf("%w: --corpus: %w", ErrConfig, err)
+		}
+	}
 	if cfg.DataDir != "" {
 		if v.lock, err = dirlock.Acquire(cfg.DataDir); err != nil {
 			return nil, err
 		}
+		// Held by this process alone now: what a crash left half written
+		// can go.
+		removed, serr := atomicfile.RemoveStale(cfg.DataDir, atomicfile.ProcessStart())
+		if serr != nil {
+			return nil, fmt.Errorf("node: %w", serr)
+		}
+		if len(removed) > 0 {
+			v.log.Info("removed temporary files left by a crash", "dir", cfg.DataDir, "files", removed)
+		}
 	}
 	if cfg.RunID == "" {
-		if len(cfg.Bootstrap) == 0 {
-			return nil, fmt.Errorf("%w: give the run's bootstrap address (or --run-id to rejoin through known peers)", ErrConfig)
-		}
 		if cfg.RunID, err = p2p.DiscoverRun(ctx, cfg.Bootstrap, nil); err != nil {
 			return nil, err
 		}
@@ -196,6 +335,7 @@ func NewVolunteer(ctx context.Context, cfg VolunteerConfig) (_ *Volunteer, err e
 	}
 	ncfg := p2p.DefaultNodeConfig(cfg.RunID)
 	ncfg.DataDir, ncfg.Bootstrap, ncfg.Timing, ncfg.Logger = cfg.DataDir, cfg.Bootstrap, cfg.Timing, v.log
+	ncfg.Token = cfg.Token
 	if len(cfg.Listen) > 0 {
 		ncfg.ListenAddrs = cfg.Listen
 	}
@@ -229,9 +369,13 @@ func NewVolunteer(ctx context.Context, cfg VolunteerConfig) (_ *Volunteer, err e
 	a.LR, a.Warmup, a.TotalSteps, a.WeightDecay, a.Clip = m.Optimizer.InnerLR, m.Optimizer.Warmup,
 		m.Optimizer.TotalSteps, m.Optimizer.WeightDecay, m.Optimizer.GradClip
 	const slots = 1 << 16
+	hostCopies := dilocoHostCopies
+	if m.Optimizer.Kind == manifest.KindNoLoCo {
+		hostCopies = nolocoHostCopies
+	}
 	if v.su, err = trainer.NewSetup(trainer.SetupConfig{Preset: m.Model.Preset, Batch: m.Model.Batch, SeqLen: m.SeqLen(),
 		Seed: m.Model.Seed, Threads: cfg.Threads, Corpus: corpus, Worker: trainer.WorkerSlot(v.pn.ID().String(), slots),
-		Workers: slots, AdamW: a, ValBatches: cfg.ValBatches}); err != nil {
+		Workers: slots, AdamW: a, ValBatches: cfg.ValBatches, HostCopies: hostCopies}); err != nil {
 		corpus.Close()
 		return nil, err
 	}
@@ -290,12 +434,28 @@ func (v *Volunteer) takeManifest(ctx context.Context) error {
 	return ServeManifest(v.pn, m)
 }
 
+// Copies of the parameters a volunteer keeps beside its stage, for the
+// memory check: the host copy of the weights, the encoded state it serves
+// (two), and the optimizer's: DiLoCo's phi, momentum, pseudo-gradient and
+// average; NoLoCo's phi, outer gradient and four buffers.
+const (
+	dilocoHostCopies = 3 + 4
+	nolocoHostCopies = 3 + 6
+)
+
 // openCorpus opens the run's corpus: the manifest's shards (fetched into
-// the data directory first) or, for a "local" run, this machine's files.
+// the data directory first) or, for a "local" run, this machine's files
+// (opened before joining, split here with the run's fraction).
 func (v *Volunteer) openCorpus(ctx context.Context) (*data.Corpus, error) {
 	m := v.run
 	if m.Data.Source != manifest.SourceShards {
+		if v.localCorpus != nil {
+			return v.localCorpus.Resplit(m.Data.ValFraction)
+		}
 		return data.OpenPaths(v.cfg.Corpus, m.Data.ValFraction)
+	}
+	if v.localCorpus != nil {
+		v.log.Warn("ignoring --corpus: the run brings its own shards", "corpus", v.cfg.Corpus)
 	}
 	dir := filepath.Join(v.cfg.DataDir, "shards")
 	if v.cfg.DataDir == "" {
@@ -379,8 +539,8 @@ func (v *Volunteer) close() error {
 	if v.metrics != nil {
 		v.metrics.close()
 	}
-	if v.ring != nil {
-		v.ring.Close()
+	if v.coll != nil {
+		v.coll.Close()
 	}
 	if v.cancelRing != nil {
 		v.cancelRing()
@@ -393,6 +553,9 @@ func (v *Volunteer) close() error {
 	}
 	if v.corpus != nil {
 		v.corpus.Close()
+	}
+	if v.localCorpus != nil {
+		v.localCorpus.Close()
 	}
 	var err error
 	if v.pn != nil {
@@ -483,6 +646,9 @@ func (v *Volunteer) trainPhase(ctx context.Context) (phase, error) {
 		if ctx.Err() != nil {
 			break
 		}
+		if v.cfg.beforeStep != nil {
+			v.cfg.beforeStep(v.su, v.innerStep)
+		}
 		r, err := v.su.Step(v.innerStep)
 		if err != nil {
 			return ph, err
@@ -496,6 +662,9 @@ func (v *Volunteer) trainPhase(ctx context.Context) (phase, error) {
 		ph.lossSum += float64(r.Loss)
 	}
 	ph.computeSec = time.Since(ph.began).Seconds()
+	if ph.steps > 0 {
+		v.rollbacks = 0
+	}
 	return ph, nil
 }
 

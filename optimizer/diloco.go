@@ -80,7 +80,7 @@ func NesterovStep(phi, m, delta []float32, eta, mu float32) {
 // after each round.
 type DiLoCo struct {
 	cfg   DiLoCoConfig
-	ring  *Ring
+	coll  Collective
 	Phi   []float32
 	Mom   []float32
 	Round uint64
@@ -106,12 +106,13 @@ type pendingRound struct {
 }
 
 // NewDiLoCo starts from global weights phi (copied) with zero momentum.
-func NewDiLoCo(cfg DiLoCoConfig, ring *Ring, phi []float32) (*DiLoCo, error) {
+// coll may be nil for a member that only holds state (it cannot step).
+func NewDiLoCo(cfg DiLoCoConfig, coll Collective, phi []float32) (*DiLoCo, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	n := len(phi)
-	d := &DiLoCo{cfg: cfg, ring: ring, Phi: append([]float32(nil), phi...), Mom: make([]float32, n),
+	d := &DiLoCo{cfg: cfg, coll: coll, Phi: append([]float32(nil), phi...), Mom: make([]float32, n),
 		delta: make([]float32, n), avg: make([]float32, n)}
 	if cfg.Feedback != nil {
 		if cfg.Feedback.MaxElements < int64(n) {
@@ -179,8 +180,8 @@ func (d *DiLoCo) prepare(start, theta []float32) error {
 // member, so that members' rounding errors are independent and average out.
 func (d *DiLoCo) seed() uint64 {
 	h := fnv.New64a()
-	if d.ring != nil {
-		h.Write([]byte(d.ring.peers.Self()))
+	if d.coll != nil {
+		h.Write([]byte(d.coll.Self()))
 	}
 	return d.Round*0x9E3779B97F4A7C15 ^ h.Sum64()
 }
@@ -239,7 +240,7 @@ func (d *DiLoCo) OuterStep(ctx context.Context, theta []float32) (RoundStats, er
 	var st RoundStats
 	err := d.prepare(d.Phi, theta)
 	if err == nil {
-		st, err = d.ring.AllReduceMean(ctx, d.Round, d.delta, d.avg)
+		st, err = d.reduce(ctx, d.Round, d.StateHash())
 	}
 	if err == nil {
 		err = d.apply()
@@ -279,11 +280,23 @@ func (d *DiLoCo) OuterStepDelayed(ctx context.Context, theta []float32) (RoundSt
 	}
 	copy(d.start, theta)
 	d.pending = make(chan pendingRound, 1)
-	go func(round uint64, ch chan pendingRound) {
-		s, err := d.ring.AllReduceMean(ctx, round, d.delta, d.avg)
+	go func(round, hash uint64, ch chan pendingRound) {
+		s, err := d.reduce(ctx, round, hash)
 		ch <- pendingRound{stats: s, err: err}
-	}(d.Round, d.pending)
+	}(d.Round, d.StateHash(), d.pending)
 	return st, nil
+}
+
+// reduce averages delta into avg over the round's group; a collective that
+// checks states gets the hash of the state the round starts from.
+func (d *DiLoCo) reduce(ctx context.Context, round, hash uint64) (RoundStats, error) {
+	if d.coll == nil {
+		return RoundStats{}, fmt.Errorf("optimizer: DiLoCo without a collective")
+	}
+	if sc, ok := d.coll.(stateCollective); ok {
+		return sc.AllReduceFrom(ctx, round, hash, d.delta, d.avg)
+	}
+	return d.coll.AllReduceMean(ctx, round, d.delta, d.avg)
 }
 
 // Flush waits for a delayed round in flight, applies it and sets theta to

@@ -38,7 +38,9 @@ type MemPeer struct {
 	diedAt    time.Time
 	delay     time.Duration // added to every message this member sends
 	jitter    time.Duration
-	failAfter int // sends left before this member dies (-1: never)
+	uplink    float64   // bytes per second this member sends at (0: unlimited)
+	upFree    time.Time // when its uplink finishes the messages already sent
+	failAfter int       // sends left before this member dies (-1: never)
 	rng       *rand.Rand
 	last      map[PeerID]time.Time     // per-destination delivery time, for ordering
 	links     map[PeerID]chan timedMsg // per-destination delivery queues
@@ -98,6 +100,17 @@ func (n *MemNetwork) SetDelay(id PeerID, d, jitter time.Duration) {
 	defer n.mu.Unlock()
 	if p, ok := n.members[id]; ok {
 		p.delay, p.jitter = d, jitter
+	}
+}
+
+// SetUplink limits what the member sends to bytesPerSec in total, as a home
+// uplink does: its messages leave one after another, each taking
+// len/bytesPerSec, then travel for the member's delay (0: unlimited).
+func (n *MemNetwork) SetUplink(id PeerID, bytesPerSec float64) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if p, ok := n.members[id]; ok {
+		p.uplink = bytesPerSec
 	}
 }
 
@@ -175,7 +188,16 @@ func (p *MemPeer) Send(ctx context.Context, to PeerID, payload []byte) error {
 	if p.jitter > 0 {
 		d += time.Duration(p.rng.Int64N(int64(p.jitter)))
 	}
-	at := time.Now().Add(d)
+	now := time.Now()
+	if p.uplink > 0 {
+		start := now
+		if p.upFree.After(start) {
+			start = p.upFree
+		}
+		p.upFree = start.Add(time.Duration(float64(len(payload)) / p.uplink * float64(time.Second)))
+		now = p.upFree
+	}
+	at := now.Add(d)
 	if prev := p.last[to]; at.Before(prev) {
 		at = prev // keep per-link order
 	}

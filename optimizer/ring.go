@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"slices"
 	"sync"
 	"time"
@@ -58,9 +57,6 @@ func DefaultRingConfig() RingConfig {
 		MaxDeadline: 10 * time.Minute, MaxAbs: 1e4, MaxAttempts: 16, MaxStashBytes: DefaultMaxStashBytes}
 }
 
-// DefaultMaxStashBytes is RingConfig.MaxStashBytes's default.
-const DefaultMaxStashBytes = 256 << 20
-
 // Validate names the first invalid field.
 func (c RingConfig) Validate() error {
 	switch {
@@ -75,22 +71,6 @@ func (c RingConfig) Validate() error {
 	}
 	return c.Codec.Validate()
 }
-
-// RoundStats describes one completed collective.
-type RoundStats struct {
-	Round     uint64
-	Group     []PeerID // the group that produced the result
-	Attempts  int
-	Adopted   bool // the result came from a peer that had finished the round
-	BytesSent int64
-	BytesRecv int64
-	Duration  time.Duration
-}
-
-// ErrExcluded: the other members excluded this one from a round (it was too
-// slow or unreachable) and no finished result could be fetched; the caller
-// must re-sync its state from a peer.
-var ErrExcluded = errors.New("optimizer: excluded from the round")
 
 // Ring runs fault-tolerant ring all-reduces among the members of a Peers.
 // Rounds are numbered by the caller; a round's group is the set of members
@@ -349,6 +329,9 @@ var (
 type adoptedError struct{ chunks [][]byte }
 
 func (adoptedError) Error() string { return "adopted a finished result" }
+
+// Self is this member's ID.
+func (r *Ring) Self() PeerID { return r.peers.Self() }
 
 // AllReduceMean averages x (identical length on every member) over the
 // round's group into out. On success every member that returns holds the
@@ -689,15 +672,6 @@ func (r *Ring) decodeExact(frame []byte, dst []float32) error {
 	return err
 }
 
-func checkFinite(x []float32, bound float32) error {
-	for i, v := range x {
-		if !(v <= bound && v >= -bound) { // false for NaN too
-			return fmt.Errorf("%w: element %d is %v (bound %v)", ErrRejected, i, v, bound)
-		}
-	}
-	return nil
-}
-
 // decodeAll rebuilds a whole result from every chunk's final bytes.
 func (r *Ring) decodeAll(chunks [][]byte, out []float32) error {
 	M := len(chunks)
@@ -1013,29 +987,4 @@ func (r *Ring) awaitResult(ctx context.Context, round uint64, group []PeerID, ou
 		}
 	}
 	return nil, fmt.Errorf("%w: round %d", ErrExcluded, round)
-}
-
-// estimator learns how long to wait for a message, like TCP's RTO.
-type estimator struct {
-	mean, dev float64 // seconds
-	n         int
-}
-
-func (e *estimator) observe(d time.Duration) {
-	s := d.Seconds()
-	if e.n == 0 {
-		e.mean, e.dev = s, s/2
-	} else {
-		e.dev = 0.75*e.dev + 0.25*math.Abs(s-e.mean)
-		e.mean = 0.875*e.mean + 0.125*s
-	}
-	e.n++
-}
-
-func (e *estimator) deadline(initial, lo, hi time.Duration) time.Duration {
-	if e.n == 0 {
-		return initial
-	}
-	d := time.Duration(2 * (e.mean + 4*e.dev) * float64(time.Second))
-	return min(max(d, lo), hi)
 }

@@ -176,7 +176,7 @@ func dilocos(t *testing.T, ms []*member, n int) ([]*DiLoCo, [][]float32) {
 		thetas = append(thetas, append([]float32(nil), phi0...))
 	}
 	for i, m := range ms {
-		ds[i].ring = m.ring
+		ds[i].coll = m.ring
 	}
 	return ds, thetas
 }

@@ -40,14 +40,27 @@ const (
 	kindDone    kind = 5 // a finished round's result
 	kindGossip  kind = 6 // NoLoCo exchange within a group
 	kindGone    kind = 7 // "I finished round r but no longer hold its result"
-	maxKind          = kindGone
+
+	// The butterfly collective (butterfly.go); step carries the attempt.
+	kindReady    kind = 8  // "I am ready for round r with state hash H"
+	kindGroup    kind = 9  // the round's group, signed by its leader
+	kindPart     kind = 10 // one part of a contribution, signed by its producer, to an owner
+	kindHave     kind = 11 // an owner's list of the signed inputs it holds, to its co-owner
+	kindResult   kind = 12 // an owner's aggregate of a part, with the inputs it used
+	kindDigest   kind = 13 // the co-owner's hash of the same aggregate
+	kindFetch    kind = 14 // "send me your result for part p"
+	kindAudit    kind = 15 // "send me the signed inputs of part p"
+	kindInputs   kind = 16 // the answer to an audit
+	kindFinished kind = 17 // "I already finished round r"
+	maxKind           = kindFinished
 )
 
 func (k kind) String() string {
 	if k == 0 || k > maxKind {
 		return fmt.Sprintf("kind(%d)", uint8(k))
 	}
-	return [...]string{"", "reduce", "gather", "suspect", "query", "done", "gossip", "gone"}[k]
+	return [...]string{"", "reduce", "gather", "suspect", "query", "done", "gossip", "gone",
+		"ready", "group", "part", "have", "result", "digest", "fetch", "audit", "inputs", "finished"}[k]
 }
 
 type header struct {

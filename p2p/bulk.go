@@ -147,13 +147,37 @@ func bulkFrameConfig(timeout time.Duration) FrameConfig {
 	return FrameConfig{Version: 1, MaxSize: 1024, ReadTimeout: timeout, WriteTimeout: timeout}
 }
 
+// MaxBulkStreamsPerPeer bounds the bulk streams one peer has served at once
+// (a joiner fetching the state over 8 streams and shards over 8 more fits);
+// more are reset, so that one member cannot take a server's whole uplink
+// with streams. Who is served at all is the BulkSource's to say (members
+// only, in node and bootstrap).
+const MaxBulkStreamsPerPeer = 32
+
 // ServeBulk serves bulk requests from src. ioTimeout bounds every read and
 // write (0 = 30 s).
 func (n *Node) ServeBulk(src BulkSource, ioTimeout time.Duration) error {
 	if ioTimeout <= 0 {
 		ioTimeout = DefaultFrameTimeout
 	}
+	var mu sync.Mutex
+	active := make(map[peer.ID]int) // bulk streams being served, per peer; no entry at 0
 	return n.Handle(ProtoBulk, bulkFrameConfig(ioTimeout), func(ctx context.Context, s *Stream) error {
+		from := s.Peer()
+		mu.Lock()
+		if active[from] >= MaxBulkStreamsPerPeer {
+			mu.Unlock()
+			return fmt.Errorf("%w: %s has %d bulk streams open, limit %d", ErrBulk, from, MaxBulkStreamsPerPeer, MaxBulkStreamsPerPeer)
+		}
+		active[from]++
+		mu.Unlock()
+		defer func() {
+			mu.Lock()
+			if active[from]--; active[from] == 0 {
+				delete(active, from)
+			}
+			mu.Unlock()
+		}()
 		buf := pool.Get(bulkIOBlock)
 		defer pool.Put(buf)
 		for {

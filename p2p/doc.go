@@ -16,6 +16,10 @@
 //     length-prefixed frames (frame.go, stream.go) and bulk transfers of large
 //     byte ranges, striped over streams and connections and resumable (bulk.go,
 //     lanes.go);
+//   - admission: a run's policy, open (caps per address prefix and in
+//     total) or closed (join tokens signed by the run key), enforced by
+//     every member in membership, on every run protocol stream (one gate)
+//     and at the admission handshake (admission.go, admit.go, runkey.go);
 //   - per-peer and per-protocol byte accounting (accounting.go);
 //   - the bootstrap seed (seed.go) and a volunteer node (node.go).
 //
@@ -29,7 +33,8 @@
 //
 //  1. Create one Seed per run (NewSeed) and print Seed.FullAddr for volunteers.
 //  2. Each volunteer calls NewNode with the seed's address; NewNode returns once
-//     the node has joined (or fails with ErrWrongRun, ErrNoSeed ...).
+//     the node has joined (or fails with ErrWrongRun, ErrNoSeed, a
+//     *NotAdmittedError ...). In a closed run it needs NodeConfig.Token.
 //  3. Subscribe to membership events with Node.Subscribe; events arrive in order.
 //  4. Register protocols with Node.Handle before peers use them; open them with
 //     Node.Open. Every frame has a size limit and every read/write a deadline.

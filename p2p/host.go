@@ -91,6 +91,7 @@ type hostParams struct {
 	bw           metrics.Reporter
 	addrs        func() []ma.Multiaddr // advertised addresses instead of the listen addresses (lanes)
 	peerstore    peerstore.Peerstore   // nil: libp2p's default; the host closes it
+	relayACL     relayv2.ACLFilter     // whom the relay service serves; nil: anyone
 }
 
 func newHost(p hostParams) (host.Host, error) {
@@ -139,7 +140,11 @@ func newHost(p hostParams) (host.Host, error) {
 		res.Limit = &relayv2.RelayLimit{Duration: p.limits.RelayDuration, Data: p.limits.RelayData}
 		res.MaxCircuits = p.limits.RelayCircuits
 		res.MaxReservations = 4 * p.limits.ConnHigh
-		opts = append(opts, libp2p.EnableRelayService(relayv2.WithResources(res)))
+		ropts := []relayv2.Option{relayv2.WithResources(res)}
+		if p.relayACL != nil {
+			ropts = append(ropts, relayv2.WithACL(p.relayACL))
+		}
+		opts = append(opts, libp2p.EnableRelayService(ropts...))
 	}
 	if len(p.relays) > 0 {
 		opts = append(opts, libp2p.EnableAutoRelayWithStaticRelays(p.relays,

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/hashicorp/memberlist"
@@ -30,8 +31,62 @@ func TestIdentityPersistsAndIsPrivate(t *testing.T) {
 	if err := os.Chmod(filepath.Join(dir, IdentityFile), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := LoadOrCreateIdentity(dir); !errors.Is(err, ErrInsecureKey) {
-		t.Fatalf("world-readable key: err %v, want ErrInsecureKey", err)
+	_, err = LoadOrCreateIdentity(dir)
+	if !errors.Is(err, ErrInsecureKey) || !strings.Contains(err.Error(), "chmod 600") {
+		t.Fatalf("world-readable key: err %v, want ErrInsecureKey saying how to fix it", err)
+	}
+}
+
+// A key path that is a symbolic link is refused, whether it points at a
+// key or nowhere (a dangling link is not created through).
+func TestIdentityRefusesSymlink(t *testing.T) {
+	elsewhere := t.TempDir()
+	if _, err := LoadOrCreateIdentity(elsewhere); err != nil {
+		t.Fatal(err)
+	}
+	for name, target := range map[string]string{
+		"to a key": filepath.Join(elsewhere, IdentityFile),
+		"dangling": filepath.Join(elsewhere, "absent.key"),
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := os.Symlink(target, filepath.Join(dir, IdentityFile)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := LoadOrCreateIdentity(dir); !errors.Is(err, ErrInsecureKey) {
+				t.Fatalf("err %v, want ErrInsecureKey", err)
+			}
+		})
+	}
+	if _, err := os.Lstat(filepath.Join(elsewhere, "absent.key")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a key was created through the dangling link: %v", err)
+	}
+}
+
+// Processes starting together on one data directory end up with one key:
+// a second create never replaces the first (exclusive creation).
+func TestIdentityRacingCreatesAgree(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "data")
+	const n = 8
+	keys := make([]crypto.PrivKey, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { keys[i], errs[i] = LoadOrCreateIdentity(dir) })
+	}
+	wg.Wait()
+	onDisk, err := LoadOrCreateIdentity(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if errs[i] != nil || !keys[i].Equals(onDisk) {
+			t.Fatalf("creator %d: err %v, same key as on disk %v", i, errs[i], errs[i] == nil && keys[i].Equals(onDisk))
+		}
+	}
+	left, _ := os.ReadDir(dir)
+	if len(left) != 1 {
+		t.Fatalf("data directory holds %v, want only the key", left)
 	}
 }
 

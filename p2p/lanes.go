@@ -27,7 +27,12 @@ import (
 const MaxLanes = 32
 
 // setHandler registers a protocol handler on the host and on every lane.
+// Every handler but the admission handshake's passes the admission gate
+// first (admit.go): the one place where a run's streams are accepted.
 func (n *Node) setHandler(pid protocol.ID, h network.StreamHandler) {
+	if pid != n.admID {
+		h = n.gate(pid, h)
+	}
 	n.handlersMu.Lock()
 	defer n.handlersMu.Unlock()
 	n.handlers[pid] = h

@@ -3,10 +3,12 @@ package p2p
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
+	"net"
 	"strings"
 	"sync"
 	"time"
@@ -240,23 +242,45 @@ const (
 )
 
 // events is memberlist's EventDelegate, AliveDelegate and MergeDelegate: it
-// keeps the member table, refuses other runs and fans events out.
+// keeps the member table, refuses other runs and nodes the run's admission
+// policy does not admit (admit.go), and fans events out.
 type events struct {
 	runID string
 	self  peer.ID
 	log   *slog.Logger
 	hooks func(kind EventKind, m Member) // node bookkeeping, called under mu
+	// ipOf returns the address a member's prefix is taken from (admit.go);
+	// nil: the address it announces.
+	ipOf func(id peer.ID, addr string) net.IP
 
 	mu      sync.Mutex
 	members map[peer.ID]Member
-	subs    map[*Subscription]struct{}
-	leftAt  map[peer.ID]time.Time // peers that said goodbye; bounded by leaveWindow and maxLeftAt
-	closed  bool
+	// until holds the token expiry of each member of a closed run: a
+	// member is not listed from then on, and the next sweep (expireTokens)
+	// reports it failed.
+	until  map[peer.ID]time.Time
+	subs   map[*Subscription]struct{}
+	leftAt map[peer.ID]time.Time // peers that said goodbye; bounded by leaveWindow and maxLeftAt
+	closed bool
+
+	// The admission policy (admit.go). While learning (a node that takes
+	// the policy from the peers it joins through and has not yet) only the
+	// node itself is admitted.
+	adm      Admission
+	learning bool
+	exempt   map[peer.ID]bool // seeds: never refused by a cap
+	// door holds the peers the admission handshake let in recently (closed
+	// runs), until when; bounded by doorTTL and maxDoor.
+	door map[peer.ID]time.Time
 }
 
 func newEvents(runID string, self peer.ID, log *slog.Logger) *events {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	return &events{runID: runID, self: self, log: log,
-		members: make(map[peer.ID]Member), subs: make(map[*Subscription]struct{}), leftAt: make(map[peer.ID]time.Time)}
+		members: make(map[peer.ID]Member), until: make(map[peer.ID]time.Time), subs: make(map[*Subscription]struct{}),
+		leftAt: make(map[peer.ID]time.Time), exempt: make(map[peer.ID]bool), door: make(map[peer.ID]time.Time)}
 }
 
 func (e *events) subscribe() *Subscription {
@@ -295,26 +319,43 @@ func (e *events) close() {
 }
 
 func (e *events) list() []Member {
+	now := time.Now()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	out := make([]Member, 0, len(e.members))
 	for _, m := range e.members {
-		out = append(out, m)
+		if e.liveLocked(m.ID, now) {
+			out = append(out, m)
+		}
 	}
 	return out
 }
 
 func (e *events) count() int {
+	now := time.Now()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return len(e.members)
+	n := 0
+	for id := range e.members {
+		if e.liveLocked(id, now) {
+			n++
+		}
+	}
+	return n
 }
 
 func (e *events) get(id peer.ID) (Member, bool) {
+	now := time.Now()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	m, ok := e.members[id]
-	return m, ok
+	return m, ok && e.liveLocked(id, now)
+}
+
+// liveLocked reports whether member id's token (if any) is still valid.
+func (e *events) liveLocked(id peer.ID, now time.Time) bool {
+	u, ok := e.until[id]
+	return !ok || now.Before(u)
 }
 
 // markLeft records a goodbye from id received at now. When the table is full
@@ -356,7 +397,16 @@ func (e *events) expireLeftLocked(now time.Time) {
 	}
 }
 
+// member decodes n and checks it: metadata signed by its own key
+// (metasig.go), of this run, and in a closed run a token for it and its
+// role (see admit).
 func (e *events) member(n *memberlist.Node) (Member, error) {
+	m, _, err := e.admit(n, time.Now())
+	return m, err
+}
+
+// decode is member without the admission policy.
+func (e *events) decode(n *memberlist.Node) (Member, error) {
 	id, err := peer.Decode(n.Name)
 	if err != nil {
 		return Member{}, fmt.Errorf("p2p: member name %q: %w", n.Name, err)
@@ -376,13 +426,25 @@ func (e *events) member(n *memberlist.Node) (Member, error) {
 }
 
 func (e *events) emit(kind EventKind, m Member) {
+	e.emitUntil(kind, m, time.Time{})
+}
+
+// emitUntil is emit for a member whose token expires at until (zero: no
+// token, an open run).
+func (e *events) emitUntil(kind EventKind, m Member, until time.Time) {
 	ev := Event{Kind: kind, Member: m, Time: time.Now()}
 	e.mu.Lock()
 	switch kind {
 	case EventJoin, EventUpdate:
 		e.members[m.ID] = m
+		if until.IsZero() {
+			delete(e.until, m.ID)
+		} else {
+			e.until[m.ID] = until
+		}
 	case EventLeave, EventFail:
 		delete(e.members, m.ID)
+		delete(e.until, m.ID)
 	}
 	if e.hooks != nil {
 		e.hooks(kind, m)
@@ -395,22 +457,30 @@ func (e *events) emit(kind EventKind, m Member) {
 
 // NotifyJoin is memberlist's EventDelegate.
 func (e *events) NotifyJoin(n *memberlist.Node) {
-	m, err := e.member(n)
+	m, until, err := e.admit(n, time.Now())
 	if err != nil {
 		e.log.Warn("member ignored", "node", n.Name, "err", err)
 		return
 	}
-	e.emit(EventJoin, m)
+	e.emitUntil(EventJoin, m, until)
 }
 
-// NotifyUpdate is memberlist's EventDelegate.
+// NotifyUpdate is memberlist's EventDelegate. A member that was dropped
+// when its token expired comes back with a new one as a join.
 func (e *events) NotifyUpdate(n *memberlist.Node) {
-	m, err := e.member(n)
+	m, until, err := e.admit(n, time.Now())
 	if err != nil {
 		e.log.Warn("member update ignored", "node", n.Name, "err", err)
 		return
 	}
-	e.emit(EventUpdate, m)
+	e.mu.Lock()
+	_, known := e.members[m.ID]
+	e.mu.Unlock()
+	kind := EventUpdate
+	if !known {
+		kind = EventJoin
+	}
+	e.emitUntil(kind, m, until)
 }
 
 // NotifyLeave is memberlist's EventDelegate. memberlist v0.7.0 does not tell
@@ -436,18 +506,28 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 	e.emit(kind, m)
 }
 
-// NotifyAlive is memberlist's AliveDelegate: members of other runs and
-// undecodable metadata are refused.
+// NotifyAlive is memberlist's AliveDelegate: members of other runs,
+// undecodable or unsigned metadata, and nodes the admission policy does not
+// admit (no valid token in a closed run, past a cap) are refused, so they
+// never become members.
 func (e *events) NotifyAlive(n *memberlist.Node) error {
-	_, err := e.member(n)
-	return err
+	m, _, err := e.admit(n, time.Now())
+	if err != nil {
+		return err
+	}
+	return e.checkCaps(m)
 }
 
-// NotifyMerge is memberlist's MergeDelegate: a push/pull that would bring in a
-// member of another run is refused as a whole.
+// NotifyMerge is memberlist's MergeDelegate: a push/pull (a join) that would
+// bring in a member of another run, unsigned metadata or a member without a
+// token of this run is refused as a whole. An expired token or a cap is
+// not a reason to refuse the whole state of a member whose view differs
+// from this node's: memberlist checks each node of the merge with
+// NotifyAlive as well, which refuses those nodes alone.
 func (e *events) NotifyMerge(nodes []*memberlist.Node) error {
+	now := time.Now()
 	for _, n := range nodes {
-		if _, err := e.member(n); err != nil {
+		if _, _, err := e.admit(n, now); err != nil && !errors.Is(err, ErrTokenExpired) {
 			return err
 		}
 	}

@@ -44,7 +44,8 @@ const (
 const metaVersion = 1
 
 // Meta is the node metadata gossiped with membership. Encoded it is at most
-// MetaLimit bytes (about 150 with every string at its bound).
+// MetaLimit bytes (178 with every string at its bound, 382 with a token of
+// MaxTokenLen; 448 signed).
 type Meta struct {
 	Role    Role
 	RunID   string // set by the node from its config
@@ -71,6 +72,12 @@ type Meta struct {
 	// encodings without it decode as zero).
 	Round     uint64
 	StateHash uint64
+
+	// Token is the node's join token of a closed run (admission.go), its
+	// raw bytes, at most MaxTokenLen; "" in an open run. Set by the node
+	// from NodeConfig.Token (an optional trailing field: u8 length, then
+	// the bytes; older encodings without it decode as "").
+	Token string
 }
 
 // MarshalBinary encodes m. Strings over their bound are an error.
@@ -84,7 +91,10 @@ func (m Meta) MarshalBinary() ([]byte, error) {
 	if len(m.Version) > maxVersionLen {
 		return nil, fmt.Errorf("%w: version %q longer than %d bytes", ErrBadMeta, m.Version, maxVersionLen)
 	}
-	b := make([]byte, 0, 64+len(m.RunID)+len(m.Device)+len(m.Version))
+	if len(m.Token) > MaxTokenLen {
+		return nil, fmt.Errorf("%w: token of %d bytes, limit %d", ErrBadMeta, len(m.Token), MaxTokenLen)
+	}
+	b := make([]byte, 0, 64+len(m.RunID)+len(m.Device)+len(m.Version)+1+len(m.Token))
 	b = append(b, metaVersion, byte(m.Role))
 	b = appendStr(b, m.RunID)
 	b = binary.BigEndian.AppendUint16(b, uint16(m.Stage))
@@ -97,6 +107,9 @@ func (m Meta) MarshalBinary() ([]byte, error) {
 	b = binary.BigEndian.AppendUint16(b, m.TCPPort)
 	b = binary.BigEndian.AppendUint64(b, m.Round)
 	b = binary.BigEndian.AppendUint64(b, m.StateHash)
+	if m.Token != "" {
+		b = appendStr(b, m.Token)
+	}
 	return b, nil
 }
 
@@ -132,6 +145,9 @@ func (m *Meta) UnmarshalBinary(b []byte) error {
 	if d.err == nil && len(d.b) >= 16 {
 		out.Round = binary.BigEndian.Uint64(d.take(8))
 		out.StateHash = binary.BigEndian.Uint64(d.take(8))
+		if len(d.b) > 0 {
+			out.Token = d.str(MaxTokenLen)
+		}
 	}
 	if d.err != nil {
 		return d.err

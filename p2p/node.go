@@ -2,6 +2,7 @@ package p2p
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -44,8 +45,21 @@ type NodeConfig struct {
 	// from the peer book are tried after them.
 	Bootstrap []string
 
-	Meta   Meta // RunID and TCPPort are filled in by the node
+	Meta   Meta // RunID, TCPPort and Token are filled in by the node
 	Timing Timing
+
+	// Admission is the run's admission policy (admission.go). nil: the
+	// node learns it from the first peer that admits it when it joins (a
+	// volunteer, which learns the run's settings from its members), and
+	// admits no one else until then; a node that joins no one is then open.
+	Admission *Admission
+	// Token is this node's join token (IssueToken); a closed run admits
+	// no node without one, for its peer ID, run and Meta.Role.
+	Token []byte
+	// RunKey, when set, is the run key's private half: the node issues its
+	// own token with it (a bootstrap run by the operator) and renews it
+	// before it expires. Token is then ignored.
+	RunKey ed25519.PrivateKey
 	Limits Limits
 
 	Reachability Reachability
@@ -134,6 +148,19 @@ func (c NodeConfig) Validate() error {
 	if c.PeerBookSize < 1 || c.PeerBookSize > MaxPeerBookSize {
 		return fmt.Errorf("p2p: NodeConfig.PeerBookSize %d out of range [1, %d]", c.PeerBookSize, MaxPeerBookSize)
 	}
+	if c.Admission != nil {
+		if err := c.Admission.Validate(); err != nil {
+			return err
+		}
+	}
+	if len(c.Token) > 0 {
+		if _, err := ParseToken(c.Token); err != nil {
+			return fmt.Errorf("p2p: NodeConfig.Token: %w", err)
+		}
+	}
+	if c.RunKey != nil && len(c.RunKey) != ed25519.PrivateKeySize {
+		return fmt.Errorf("p2p: NodeConfig.RunKey of %d bytes, want an ed25519 private key of %d", len(c.RunKey), ed25519.PrivateKeySize)
+	}
 	return nil
 }
 
@@ -153,6 +180,14 @@ type Node struct {
 	// peers (peerstore.go).
 	keeper *peerKeeper
 	byeID  protocol.ID
+	admID  protocol.ID // the admission handshake (admit.go)
+	acl    *relayACL
+
+	// admMu orders learning the admission policy; introMu guards intros,
+	// when this node presents itself again to each peer (admit.go).
+	admMu   sync.Mutex
+	introMu sync.Mutex
+	intros  map[peer.ID]time.Time
 
 	metaMu sync.Mutex
 	meta   Meta
@@ -208,7 +243,8 @@ func NewNode(ctx context.Context, cfg NodeConfig) (*Node, error) {
 	}
 	n := &Node{cfg: cfg, log: log, bw: newAccounting(maxTrafficPairs), book: book, seeds: seeds, key: key,
 		handlers: make(map[protocol.ID]network.StreamHandler),
-		byeID:    ProtoMembersBye.ID(cfg.RunID)}
+		byeID:    ProtoMembersBye.ID(cfg.RunID), admID: ProtoAdmission.ID(cfg.RunID),
+		intros: make(map[peer.ID]time.Time), acl: &relayACL{}}
 	var relays []peer.AddrInfo
 	if !cfg.RelayService {
 		relays = seeds
@@ -226,7 +262,7 @@ func NewNode(ctx context.Context, cfg NodeConfig) (*Node, error) {
 	}
 	n.h, err = newHost(hostParams{key: key, listen: cfg.ListenAddrs, limits: cfg.Limits, reachability: cfg.Reachability,
 		relayService: cfg.RelayService, relays: relays, holePunching: cfg.HolePunching, listenUDP: cfg.ListenUDP, bw: n.bw,
-		peerstore: ps})
+		peerstore: ps, relayACL: n.acl})
 	if err != nil {
 		return nil, err
 	}
@@ -265,6 +301,14 @@ func (n *Node) start(ctx context.Context) error {
 	meta := cfg.Meta
 	meta.RunID = cfg.RunID
 	meta.TCPPort = uint16(tcpPort)
+	meta.Token = string(cfg.Token)
+	if cfg.RunKey != nil {
+		tok, err := n.issueOwnToken(time.Now())
+		if err != nil {
+			return err
+		}
+		meta.Token = string(tok)
+	}
 	mb, err := n.signedMeta(meta)
 	if err != nil {
 		return err
@@ -274,7 +318,23 @@ func (n *Node) start(ctx context.Context) error {
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.ev = newEvents(cfg.RunID, n.h.ID(), n.log)
 	n.ev.hooks = n.onEvent
+	n.ev.ipOf = n.peerIP
+	for _, s := range n.seeds {
+		n.ev.exempt[s.ID] = true
+	}
+	if cfg.Admission != nil {
+		if err := n.checkOwnToken(*cfg.Admission); err != nil {
+			return err
+		}
+		n.ev.setPolicy(*cfg.Admission)
+	} else {
+		n.ev.learning = true
+	}
+	allow := func(p peer.ID) bool { return n.ev.admitted(p, time.Now()) }
+	n.acl.allow.Store(&allow)
+	n.setHandler(n.admID, n.handleAdmission)
 	n.tr = newTransport(n.h, n.setHandler, cfg.RunID, advIP, advPort, cfg.Timing.StreamTimeout, n.log)
+	n.tr.introduce = n.introduce
 	n.setHandler(n.byeID, n.handleBye)
 
 	mc := memberlist.DefaultLANConfig()
@@ -299,7 +359,8 @@ func (n *Node) start(ctx context.Context) error {
 	cands := n.candidates()
 	if len(cands) > 0 {
 		joined, err := n.join(ctx, cands)
-		if joined == 0 && !cfg.JoinAlone {
+		var refused *NotAdmittedError
+		if joined == 0 && (!cfg.JoinAlone || errors.As(err, &refused)) {
 			n.shutdown()
 			if err == nil {
 				err = ErrNoSeed
@@ -312,6 +373,14 @@ func (n *Node) start(ctx context.Context) error {
 	} else if !cfg.JoinAlone {
 		n.shutdown()
 		return fmt.Errorf("%w: no bootstrap address and an empty peer book", ErrNoSeed)
+	}
+	if _, learning := n.ev.policy(); learning {
+		// Alone: nobody to learn from, so the run is this node's, open.
+		n.log.Warn("no peer stated the run's admission policy; admitting anyone")
+		if err := n.learn(Admission{}, n.h.ID()); err != nil {
+			n.shutdown()
+			return err
+		}
 	}
 	n.wg.Add(1)
 	go n.maintain()
@@ -424,6 +493,14 @@ func (n *Node) join(ctx context.Context, cands []peer.AddrInfo) (int, error) {
 				n.awaitIdentify(ctx, ai.ID)
 				err = n.checkRun(ai.ID)
 			}
+			if err == nil {
+				// The door: this node's token (or address) against the
+				// peer's policy, which a node still learning takes.
+				var adm Admission
+				if adm, err = n.ask(ctx, ai.ID); err == nil {
+					err = n.learn(adm, ai.ID)
+				}
+			}
 			ch <- res{ai, err}
 		}()
 	}
@@ -457,6 +534,13 @@ collect:
 	}
 	err := errors.Join(errs...)
 	if len(joins) == 0 {
+		// A refusal says more than a dial error: the node cannot join.
+		for _, e := range errs {
+			var refused *NotAdmittedError
+			if errors.As(e, &refused) {
+				return 0, refused
+			}
+		}
 		if err != nil && !errors.Is(err, ErrWrongRun) {
 			err = fmt.Errorf("%w: %w", ErrNoSeed, err)
 		}
@@ -571,6 +655,9 @@ func (n *Node) onEvent(kind EventKind, m Member) {
 				ctx, cancel := context.WithTimeout(n.ctx, n.cfg.JoinTimeout)
 				defer cancel()
 				_ = n.h.Connect(network.WithAllowLimitedConn(ctx, "members"), peer.AddrInfo{ID: m.ID})
+				if err := n.introduce(ctx, m.ID); err != nil {
+					n.log.Debug("not admitted by a new member", "member", m.ID, "err", err)
+				}
 				if f := n.memberDialed.Load(); f != nil {
 					(*f)(m.ID)
 				}
@@ -628,6 +715,8 @@ func (n *Node) maintain() {
 			n.log.Warn("peer book not saved", "err", err)
 		}
 		n.ev.expireLeft(time.Now())
+		n.ev.expireTokens(time.Now())
+		n.renewToken(time.Now())
 		n.bw.trim(func(p peer.ID) bool { return n.h.Network().Connectedness(p) == network.Connected })
 		n.forgetIdle(time.Now())
 	}
@@ -678,13 +767,20 @@ func (n *Node) Meta() Meta {
 	return n.meta
 }
 
-// UpdateMeta changes this node's metadata and gossips it. RunID and TCPPort
-// cannot be changed.
+// UpdateMeta changes this node's metadata and gossips it. RunID, TCPPort
+// and Token cannot be changed (SetToken changes the token).
 func (n *Node) UpdateMeta(ctx context.Context, f func(*Meta)) error {
+	return n.updateMeta(ctx, func(m *Meta) {
+		runID, port, token := m.RunID, m.TCPPort, m.Token
+		f(m)
+		m.RunID, m.TCPPort, m.Token = runID, port, token
+	})
+}
+
+func (n *Node) updateMeta(ctx context.Context, f func(*Meta)) error {
 	n.metaMu.Lock()
 	m := n.meta
 	f(&m)
-	m.RunID, m.TCPPort = n.meta.RunID, n.meta.TCPPort
 	b, err := n.signedMeta(m)
 	if err != nil {
 		n.metaMu.Unlock()

@@ -40,6 +40,10 @@ var (
 	ProtoManifest = Protocol{"manifest", 1}
 	// ProtoTelemetry carries volunteers' per-round reports to the bootstrap.
 	ProtoTelemetry = Protocol{"telemetry", 1}
+	// ProtoAdmission is the admission handshake (admit.go): a node presents
+	// its join token and learns the run's policy. The only protocol a peer
+	// that is not admitted may open.
+	ProtoAdmission = Protocol{"admission", 1}
 )
 
 // MaxRunIDLen bounds a run id (it rides in node metadata and protocol IDs).

@@ -2,6 +2,7 @@ package p2p
 
 import (
 	"context"
+	"crypto/ed25519"
 	"log/slog"
 	"net"
 	"time"
@@ -26,6 +27,12 @@ type SeedConfig struct {
 	// PeerBookSize bounds the seed's peer book (see NodeConfig.PeerBookSize);
 	// 0 = MaxPeerBookSize.
 	PeerBookSize int
+	// Admission is the run's admission policy (the zero value admits
+	// anyone). A closed run's seed needs a Token (role bootstrap) or the
+	// RunKey, with which it issues and renews its own.
+	Admission Admission
+	Token     []byte
+	RunKey    ed25519.PrivateKey
 }
 
 // DefaultSeedConfig returns WAN timing, default limits and QUIC+TCP on port 4001.
@@ -73,6 +80,8 @@ func NewSeed(ctx context.Context, cfg SeedConfig) (*Seed, error) {
 	if cfg.PeerBookSize != 0 {
 		nc.PeerBookSize = cfg.PeerBookSize
 	}
+	adm := cfg.Admission
+	nc.Admission, nc.Token, nc.RunKey = &adm, cfg.Token, cfg.RunKey
 	n, err := NewNode(ctx, nc)
 	if err != nil {
 		return nil, err

@@ -66,6 +66,10 @@ type transport struct {
 
 	mu     sync.Mutex
 	byAddr *addrIndex // memberlist "ip:port" -> peer, for WriteTo without a name
+
+	// introduce, if set, runs before a packet or stream to a peer: the node
+	// presents itself at the peer's admission door (admit.go).
+	introduce func(context.Context, peer.ID) error
 }
 
 var _ memberlist.NodeAwareTransport = (*transport)(nil)
@@ -296,7 +300,13 @@ func (t *transport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, e
 func (t *transport) sendPacket(id peer.ID, buf []byte) error {
 	ctx, cancel := context.WithTimeout(t.ctx, t.sendTO)
 	defer cancel()
-	s, err := t.h.NewStream(network.WithAllowLimitedConn(ctx, "members"), id, t.packetID)
+	ctx = network.WithAllowLimitedConn(ctx, "members")
+	if t.introduce != nil {
+		if err := t.introduce(ctx, id); err != nil {
+			return err
+		}
+	}
+	s, err := t.h.NewStream(ctx, id, t.packetID)
 	if err != nil {
 		return err
 	}
@@ -384,7 +394,13 @@ func (t *transport) DialAddressTimeout(a memberlist.Address, timeout time.Durati
 	}
 	ctx, cancel := context.WithTimeout(t.ctx, timeout)
 	defer cancel()
-	s, err := t.h.NewStream(network.WithAllowLimitedConn(ctx, "members"), id, t.streamID)
+	ctx = network.WithAllowLimitedConn(ctx, "members")
+	if t.introduce != nil {
+		if err := t.introduce(ctx, id); err != nil {
+			return nil, err
+		}
+	}
+	s, err := t.h.NewStream(ctx, id, t.streamID)
 	if err != nil {
 		return nil, err
 	}

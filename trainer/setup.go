@@ -39,6 +39,16 @@ type SetupConfig struct {
 	// Init, if set, replaces the seeded initial parameters (warm start);
 	// its optimizer moments are not used.
 	Init *model.Checkpoint
+
+	// HostCopies is how many more float32 copies of the parameters the
+	// caller keeps beside the stage (an outer optimizer's phi, momentum and
+	// buffers); they count in the memory check.
+	HostCopies int
+	// MemAvailable is the memory the setup may take, in bytes; 0 means the
+	// system's figure (MemAvailable of /proc/meminfo on Linux; elsewhere no
+	// check). A model that needs more is refused (ErrMemory) before
+	// anything is allocated.
+	MemAvailable uint64
 }
 
 // Setup is one model ready to train: the single chain preset -> corpus ->
@@ -76,6 +86,11 @@ func NewSetup(cfg SetupConfig) (*Setup, error) {
 		return nil, fmt.Errorf("%w: sequence length %d outside [1, %d] (the %s context)", ErrConfig, T, mc.MaxT, mc.Name)
 	case cfg.Threads < 0:
 		return nil, fmt.Errorf("%w: threads %d must be >= 0", ErrConfig, cfg.Threads)
+	case cfg.HostCopies < 0:
+		return nil, fmt.Errorf("%w: host copies %d must be >= 0", ErrConfig, cfg.HostCopies)
+	}
+	if err := checkMemory(mc, cfg.Batch, T, cfg.HostCopies, cfg.MemAvailable); err != nil {
+		return nil, err
 	}
 	s := &Setup{Model: mc, T: T, Corpus: cfg.Corpus, valBatches: cfg.ValBatches}
 	if s.Corpus == nil {

@@ -1,7 +1,9 @@
 package trainer
 
 import (
+	"errors"
 	"fmt"
+	"math"
 
 	"github.com/skein-ml/skein/data"
 	"github.com/skein-ml/skein/model"
@@ -14,6 +16,12 @@ type StepResult struct {
 	GradNorm, LR float64
 }
 
+// ErrNonFinite is returned (wrapped) when a step's loss or gradient norm is
+// NaN or infinite. The step changed no weights and no AdamW moments; the
+// weights that produced it are suspect, and a caller holding a good copy
+// (a volunteer's phi) goes back to it.
+var ErrNonFinite = errors.New("trainer: non-finite loss or gradient")
+
 // trainStep runs training step `step` on its batch: forward, backward and a
 // clipped AdamW update. in and tg are the caller's reused batch buffers.
 func trainStep(stage *model.Stage, opt *optimizer.AdamW, loader *data.Loader, step int, in, tg []int32) (StepResult, error) {
@@ -22,6 +30,9 @@ func trainStep(stage *model.Stage, opt *optimizer.AdamW, loader *data.Loader, st
 	}
 	loss, err := stage.Forward(in, nil, tg)
 	if err != nil {
+		if !finite(float64(loss)) {
+			return StepResult{Loss: loss}, fmt.Errorf("%w: step %d: loss %v", ErrNonFinite, step, loss)
+		}
 		return StepResult{}, fmt.Errorf("trainer: step %d: %w", step, err)
 	}
 	stage.ZeroGrad()
@@ -29,8 +40,13 @@ func trainStep(stage *model.Stage, opt *optimizer.AdamW, loader *data.Loader, st
 		return StepResult{}, err
 	}
 	norm, lr, err := opt.Step(stage, step)
+	if err != nil && !finite(norm) {
+		return StepResult{Loss: loss, GradNorm: norm}, fmt.Errorf("%w: step %d: gradient norm %v", ErrNonFinite, step, norm)
+	}
 	return StepResult{Loss: loss, GradNorm: norm, LR: lr}, err
 }
+
+func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
 
 // evalLoss is the mean loss of the stage over the first n batches of val.
 func evalLoss(stage *model.Stage, val *data.Loader, n int, in, tg []int32) (float32, error) {

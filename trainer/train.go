@@ -36,6 +36,10 @@ var ErrConfig = errors.New("trainer: invalid config")
 // settings that would change the run (model, seed, batch shape or corpus).
 var ErrResumeMismatch = errors.New("trainer: checkpoint does not match this run")
 
+// ErrCheckpointExists is returned when the output directory holds a
+// checkpoint and neither Resume nor Force says what to do with it.
+var ErrCheckpointExists = errors.New("trainer: a checkpoint exists")
+
 // CheckpointFile is the name of the latest checkpoint inside TrainConfig.Out.
 const CheckpointFile = "checkpoint.safetensors"
 
@@ -59,6 +63,10 @@ type TrainConfig struct {
 	Out string
 	// Resume continues from Out/checkpoint.safetensors when it exists.
 	Resume bool
+	// Force starts over, replacing Out/checkpoint.safetensors. Without
+	// Resume or Force an existing checkpoint is refused
+	// (ErrCheckpointExists), never overwritten.
+	Force bool
 
 	EvalEvery       int // steps between validation losses; 0 disables
 	EvalBatches     int // batches per validation
@@ -99,6 +107,8 @@ func (c *TrainConfig) Validate() error {
 		return fmt.Errorf("%w: eval-every, eval-batches and checkpoint-every must be >= 0", ErrConfig)
 	case c.Resume && c.Out == "":
 		return fmt.Errorf("%w: --resume needs an output directory", ErrConfig)
+	case c.Resume && c.Force:
+		return fmt.Errorf("%w: --resume (continue from the checkpoint) and --force (start over) exclude each other", ErrConfig)
 	}
 	a := c.AdamW
 	a.TotalSteps = c.Steps
@@ -137,6 +147,21 @@ func Train(ctx context.Context, cfg TrainConfig) (*TrainResult, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	ckPath := ""
+	if cfg.Out != "" {
+		ckPath = filepath.Join(cfg.Out, CheckpointFile)
+		if _, err := os.Lstat(ckPath); err == nil && !cfg.Resume && !cfg.Force {
+			return nil, fmt.Errorf("%w: %s; pass --resume to continue from it or --force to start over and replace it",
+				ErrCheckpointExists, ckPath)
+		}
+		removed, err := atomicfile.RemoveStale(cfg.Out, atomicfile.ProcessStart())
+		if err != nil {
+			return nil, fmt.Errorf("trainer: %w", err)
+		}
+		if len(removed) > 0 {
+			log.Info("removed temporary files left by a crash", "dir", cfg.Out, "files", removed)
+		}
+	}
 	acfg := cfg.AdamW
 	acfg.TotalSteps = cfg.Steps
 	valBatches := 0
@@ -158,10 +183,6 @@ func Train(ctx context.Context, cfg TrainConfig) (*TrainResult, error) {
 	idJSON, _ := json.Marshal(id)
 
 	res := &TrainResult{ValLosses: map[int]float32{}, Device: dev.Name(), Params: stage.NumParams()}
-	ckPath := ""
-	if cfg.Out != "" {
-		ckPath = filepath.Join(cfg.Out, CheckpointFile)
-	}
 	start := 0
 	if cfg.Resume {
 		ck, err := model.LoadCheckpoint(ckPath)

@@ -13,7 +13,9 @@ import (
 // package, not by a library, so that the bytes depend on the format version
 // only: every key in schema order, one "key = value" per line, tables in
 // the order model, optimizer, wire, data, data.shards, admission; created
-// only when set; floats in Go's shortest round-trip form with ".0" added to
+// and admission.run_key only when set, admission.max_members and
+// max_per_prefix only when they differ from Default's (so that manifests
+// written before those keys existed keep their hash); floats in Go's shortest round-trip form with ".0" added to
 // integral values; no comments. -0 is written as 0 and an empty shard list
 // is left out, as Parse would return them.
 //
@@ -65,7 +67,17 @@ func (m Manifest) Canonical() []byte {
 	}
 
 	w.table("[admission]")
-	w.str("mode", m.Admission.Mode)
+	a, d := m.Admission, Default().Admission
+	w.str("mode", a.Mode)
+	if a.MaxMembers != d.MaxMembers {
+		w.int("max_members", int64(a.MaxMembers))
+	}
+	if a.MaxPerPrefix != d.MaxPerPrefix {
+		w.int("max_per_prefix", int64(a.MaxPerPrefix))
+	}
+	if a.RunKey != "" {
+		w.str("run_key", a.RunKey)
+	}
 	return w.b
 }
 

@@ -48,6 +48,15 @@ func full() Manifest {
 		GroupSize: 16, Gamma: 5e-324}
 	m.Wire.Codec = "int4"
 	m.Data.ValFraction, m.Data.ShardBytes = 0.1, 1
+	m.Admission.MaxMembers, m.Admission.MaxPerPrefix = MaxMembers, MaxMembers
+	return m
+}
+
+// fullClosed is full() as a closed run: the keys of an open run that a
+// closed one leaves at their defaults are replaced by run_key.
+func fullClosed() Manifest {
+	m := full()
+	m.Admission = Admission{Mode: AdmissionClosed, MaxMembers: 1, MaxPerPrefix: DefaultMaxPerPrefix, RunKey: testRunKey}
 	return m
 }
 
@@ -55,6 +64,7 @@ func TestCanonicalRoundTrip(t *testing.T) {
 	roundTrip(t, "Default", Default())
 	roundTrip(t, "run.toml", mustLoad(t, filepath.Join("testdata", "run.toml")))
 	roundTrip(t, "full", full())
+	roundTrip(t, "fullClosed", fullClosed())
 	roundTrip(t, "MaxShards", withShards(MaxShards))
 	for _, x := range []float64{1, 1e-3, 0.1, 1.0 / 3, 1e20, 1e21, 123456789012345678, math.SmallestNonzeroFloat64, 2.5e-7, math.Nextafter(1, 2)} {
 		m := Default()
@@ -105,17 +115,20 @@ func TestCanonicalGolden(t *testing.T) {
 }
 
 // TestCanonicalHasEveryKey reads canonical bytes with the TOML library and
-// checks that they hold every key of the schema, and nothing else.
+// checks that they hold every key of the schema, and nothing else: full()
+// has every key of an open run, fullClosed() those of a closed one.
 func TestCanonicalHasEveryKey(t *testing.T) {
-	var v map[string]any
-	md, err := toml.Decode(string(full().Canonical()), &v)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var got []string
-	for _, k := range md.Keys() {
-		if !slices.Contains(got, k.String()) {
-			got = append(got, k.String())
+	for _, m := range []Manifest{full(), fullClosed()} {
+		var v map[string]any
+		md, err := toml.Decode(string(m.Canonical()), &v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range md.Keys() {
+			if !slices.Contains(got, k.String()) {
+				got = append(got, k.String())
+			}
 		}
 	}
 	var want []string
@@ -198,6 +211,11 @@ func TestHashCoversEveryField(t *testing.T) {
 		"data.shards.bytes":        func(m *Manifest) { m.Data.Shards[1].Bytes++ },
 		"data.shards.files":        func(m *Manifest) { m.Data.Shards[1].Files++ },
 		"admission.mode":           func(m *Manifest) { m.Admission.Mode = "closed" },
+		"admission.max_members":    func(m *Manifest) { m.Admission.MaxMembers++ },
+		"admission.max_per_prefix": func(m *Manifest) { m.Admission.MaxPerPrefix-- },
+		"admission.run_key": func(m *Manifest) {
+			m.Admission.Mode, m.Admission.RunKey = AdmissionClosed, testRunKey
+		},
 	}
 	for k := range knownKeys {
 		if _, ok := edits[k]; !ok && !isTable(k) {

@@ -101,5 +101,21 @@
 //	files = 40
 //
 //	[admission]
-//	mode = "open" # anyone may join; the only mode supported yet
+//	mode = "open"       # "open": anyone may join, within the caps; "closed": join tokens only
+//	max_members = 256   # members at most, the bootstrap included, 1..65536
+//	max_per_prefix = 16 # open runs: members behind one /24 (IPv4) or /48 (IPv6) prefix
+//	# run_key = "..."   # closed runs: the run key's public half, as `skein token keygen` prints it
+//
+// # Admission
+//
+// An open run (the default) admits anyone, up to admission.max_members
+// members and admission.max_per_prefix behind one /24 or /48 address
+// prefix. A closed run admits only holders of a join token: the operator
+// makes a run key once (`skein token keygen --out run.key`, kept off the
+// bootstrap if they like), puts its public half in admission.run_key, and
+// signs a token for each node's peer ID (`skein token issue`). The token
+// format and where it is checked are in p2p/admission.go. Keys other than
+// mode are written in the canonical bytes only when they differ from
+// Default, so changing Default's caps would change what manifests that
+// leave them out mean: that is a format change.
 package manifest

@@ -1,7 +1,10 @@
 package manifest
 
 import (
+	"crypto/ed25519"
+	"encoding/base64"
 	"errors"
+	"fmt"
 
 	"github.com/skein-ml/skein/compression"
 	"github.com/skein-ml/skein/model"
@@ -53,13 +56,30 @@ const (
 	SourceShards = "shards" // data.source: the content-addressed shards listed in data.shards
 	SourceLocal  = "local"  // data.source: each volunteer's own default corpus
 
-	AdmissionOpen = "open" // admission.mode: anyone may join
+	AdmissionOpen   = "open"   // admission.mode: anyone may join, within admission.max_members and max_per_prefix
+	AdmissionClosed = "closed" // admission.mode: members need a join token signed by admission.run_key
 )
 
 // Defaults that no other package defines.
 const (
 	DefaultValFraction = 0.02     // the same as data.DefaultValFraction
 	DefaultShardBytes  = 64 << 20 // target shard size when cutting a corpus
+
+	// DefaultMaxMembers is admission.max_members: what a node is sized for
+	// (p2p.DefaultLimits' ConnHigh of 256 connections).
+	DefaultMaxMembers = 256
+	// DefaultMaxPerPrefix is admission.max_per_prefix: members of an open
+	// run behind one /24 (IPv4) or /48 (IPv6).
+	DefaultMaxPerPrefix = 16
+)
+
+// Bounds of the [admission] section.
+const (
+	// MaxMembers bounds admission.max_members.
+	MaxMembers = 1 << 16
+	// RunKeyLen is the length of admission.run_key: the standard, padded
+	// base64 of a 32-byte ed25519 public key.
+	RunKeyLen = 44
 )
 
 // Manifest holds every run-wide setting. The zero value is not valid; start
@@ -167,10 +187,26 @@ type Shard struct {
 	Files int `toml:"files"`
 }
 
-// Admission is the [admission] section: who may join.
+// Admission is the [admission] section: who may join. Every member checks
+// every other (p2p/admission.go): a member that breaks the rules is left
+// out of its member list and its streams are refused.
 type Admission struct {
-	// Mode is AdmissionOpen, the only mode supported yet.
+	// Mode is AdmissionOpen (anyone may join, within the caps below) or
+	// AdmissionClosed (only holders of a join token signed by RunKey).
 	Mode string `toml:"mode"`
+	// MaxMembers is the most members a run has, the bootstrap included, in
+	// [1, MaxMembers]; a member refuses newcomers past it. Every mode.
+	MaxMembers int `toml:"max_members"`
+	// MaxPerPrefix (open runs) is the most members behind one address
+	// prefix, /24 for IPv4 and /48 for IPv6, in [1, max_members]: one host
+	// cannot fill an open run with identities of its own. A closed run
+	// admits by token and leaves it at its default.
+	MaxPerPrefix int `toml:"max_per_prefix"`
+	// RunKey (closed runs, required there) is the run's ed25519 public key,
+	// standard base64 (RunKeyLen characters) as `skein token keygen`
+	// prints it. Its private half signs the join tokens (`skein token
+	// issue`) and stays with the operator; an open run leaves it empty.
+	RunKey string `toml:"run_key"`
 }
 
 // Default returns the demo's manifest: run "skein-demo", the tiny preset on
@@ -201,7 +237,7 @@ func Default() Manifest {
 		},
 		Wire:      Wire{Codec: compression.MinMax8.String()},
 		Data:      Data{Source: SourceLocal, ValFraction: DefaultValFraction, ShardBytes: DefaultShardBytes},
-		Admission: Admission{Mode: AdmissionOpen},
+		Admission: Admission{Mode: AdmissionOpen, MaxMembers: DefaultMaxMembers, MaxPerPrefix: DefaultMaxPerPrefix},
 	}
 }
 
@@ -240,4 +276,27 @@ func (m Manifest) SeqLen() int {
 func (m Manifest) Codec() compression.Codec {
 	c, _ := codecByName(m.Wire.Codec)
 	return c
+}
+
+// RunPublicKey returns admission.run_key decoded, or nil for an open run
+// (or a key Validate refuses).
+func (a Admission) RunPublicKey() ed25519.PublicKey {
+	k, err := decodeRunKey(a.RunKey)
+	if err != nil {
+		return nil
+	}
+	return k
+}
+
+// decodeRunKey decodes a run_key: exactly RunKeyLen characters of standard
+// base64 holding ed25519.PublicKeySize bytes.
+func decodeRunKey(s string) (ed25519.PublicKey, error) {
+	if len(s) != RunKeyLen {
+		return nil, fmt.Errorf("%d characters, want %d", len(s), RunKeyLen)
+	}
+	b, err := base64.StdEncoding.Strict().DecodeString(s)
+	if err != nil || len(b) != ed25519.PublicKeySize {
+		return nil, errors.New("not the base64 of 32 bytes")
+	}
+	return ed25519.PublicKey(b), nil
 }

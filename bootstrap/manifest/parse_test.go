@@ -34,7 +34,7 @@ func TestParseExample(t *testing.T) {
 			{Hash: "15c0f201cb87e86f96d52ed0ae05a262cc9bb6412c3ee93ae5b87d96122e444e", Bytes: 67108864, Files: 112},
 			{Hash: "6c26c15631f11ae6bea043ea66a4a58e1abbdf95e87e987a45f6488a36712100", Bytes: 23462910, Files: 40},
 		}},
-		Admission: Admission{Mode: AdmissionOpen},
+		Admission: Admission{Mode: AdmissionOpen, MaxMembers: 256, MaxPerPrefix: 16},
 	}
 	if !reflect.DeepEqual(m, want) {
 		t.Fatalf("got\n%+v\nwant\n%+v", m, want)
@@ -155,7 +155,14 @@ func TestParseErrors(t *testing.T) {
 		{"[optimizer]\ninner_steps = 0\n", "manifest: optimizer.inner_steps = 0: must be positive"},
 		{"[optimizer]\ninner_lr = nan\n", "manifest: optimizer.inner_lr = NaN: must be positive and finite"},
 		{"[optimizer]\ngamma = -inf\n", "manifest: optimizer.gamma = -Inf:"},
-		{"[admission]\nmode = \"closed\"\n", `manifest: admission.mode = "closed": only "open" is supported yet`},
+		{"[admission]\nmode = \"closed\"\n", `manifest: admission.run_key = "": a closed run needs the run's public key`},
+		{"[admission]\nmode = \"allowlist\"\n", `manifest: admission.mode = "allowlist": want "open" or "closed"`},
+		{"[admission]\nmax_members = 0\n", `manifest: admission.max_members = 0: out of range [1, 65536]`},
+		{"[admission]\nmax_members = \"10\"\n", "manifest: toml:"},
+		{"[admission]\nrun_key = \"" + testRunKey + "\"\n", `manifest: admission.run_key = "` + testRunKey + `": applies to closed runs only`},
+		{"[admission]\nmode = \"closed\"\nrun_key = \"" + testRunKey + "\"\nmax_per_prefix = 4\n", `manifest: admission.max_per_prefix = 4: applies to open runs only`},
+		{"[admission]\nRun_Key = \"x\"\n", `did you mean "admission.run_key"?`},
+		{"[admission]\ntoken = \"x\"\n", `manifest: unknown key "admission.token"`},
 		{"[data]\nsource = \"shards\"\n", `manifest: data.shards = []: data.source = "shards" needs at least one shard`},
 		{"[[data.shards]]\nhash = \"" + strings.Repeat("a", 64) + "\"\nbytes = 1\nfiles = 1\n",
 			`manifest: data.shards = [1 entry]: must be empty when data.source = "local" (set data.source = "shards"`},
@@ -170,6 +177,33 @@ func TestParseErrors(t *testing.T) {
 			t.Errorf("%q:\n\tgot  %q\n\twant %q in it", c.in, err, c.want)
 		}
 	}
+}
+
+// testRunKey is a valid admission.run_key (the public key of the seed
+// 0x01 x 32).
+const testRunKey = "iojj3XQJ8ZX9UtstPLpdcspnCb8dlBIb83SIAbQPb1w="
+
+func TestParseClosedRun(t *testing.T) {
+	m, err := Parse([]byte("run_id = \"private\"\n[admission]\nmode = \"closed\"\nrun_key = \"" + testRunKey + "\"\nmax_members = 40\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Admission{Mode: AdmissionClosed, MaxMembers: 40, MaxPerPrefix: DefaultMaxPerPrefix, RunKey: testRunKey}
+	if m.Admission != want {
+		t.Errorf("admission %+v, want %+v", m.Admission, want)
+	}
+	if k := m.Admission.RunPublicKey(); len(k) != 32 || k[0] != 0x8a {
+		t.Errorf("RunPublicKey() = %x", k)
+	}
+	if Default().Admission.RunPublicKey() != nil {
+		t.Error("an open run has a run key")
+	}
+	// The keys left at their defaults are not written, the others are.
+	c := string(m.Canonical())
+	if !strings.HasSuffix(c, "[admission]\nmode = \"closed\"\nmax_members = 40\nrun_key = \""+testRunKey+"\"\n") {
+		t.Errorf("canonical admission:\n%s", c)
+	}
+	roundTrip(t, "closed", m)
 }
 
 func TestParseSyntaxErrorUnwraps(t *testing.T) {
@@ -234,7 +268,7 @@ func TestKnownKeys(t *testing.T) {
 		"wire", "wire.codec",
 		"data", "data.source", "data.val_fraction", "data.shard_bytes",
 		"data.shards", "data.shards.hash", "data.shards.bytes", "data.shards.files",
-		"admission", "admission.mode",
+		"admission", "admission.mode", "admission.max_members", "admission.max_per_prefix", "admission.run_key",
 	}
 	if len(knownKeys) != len(want) {
 		t.Errorf("%d known keys, want %d", len(knownKeys), len(want))

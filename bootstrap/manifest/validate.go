@@ -179,8 +179,24 @@ func entries(n int) literal {
 }
 
 func (a Admission) validate() error {
-	if a.Mode != AdmissionOpen {
-		return bad("admission.mode", a.Mode, "only %q is supported yet", AdmissionOpen)
+	switch {
+	case a.Mode != AdmissionOpen && a.Mode != AdmissionClosed:
+		return bad("admission.mode", a.Mode, "want %q or %q", AdmissionOpen, AdmissionClosed)
+	case a.MaxMembers < 1 || a.MaxMembers > MaxMembers:
+		return bad("admission.max_members", a.MaxMembers, "out of range [1, %d]", MaxMembers)
+	case a.Mode == AdmissionClosed && a.MaxPerPrefix != DefaultMaxPerPrefix:
+		return bad("admission.max_per_prefix", a.MaxPerPrefix, "applies to open runs only (a closed run admits by token); leave it out")
+	case a.Mode == AdmissionOpen && (a.MaxPerPrefix < 1 || a.MaxPerPrefix > a.MaxMembers):
+		return bad("admission.max_per_prefix", a.MaxPerPrefix, "out of range [1, %d] (admission.max_members)", a.MaxMembers)
+	case a.Mode == AdmissionOpen && a.RunKey != "":
+		return bad("admission.run_key", a.RunKey, "applies to closed runs only (set admission.mode = %q to use it)", AdmissionClosed)
+	case a.Mode == AdmissionClosed && a.RunKey == "":
+		return bad("admission.run_key", a.RunKey, "a closed run needs the run's public key (`skein token keygen` prints it)")
+	}
+	if a.Mode == AdmissionClosed {
+		if _, err := decodeRunKey(a.RunKey); err != nil {
+			return bad("admission.run_key", a.RunKey, "%v: want the standard base64 of a 32-byte ed25519 public key, as `skein token keygen` prints it", err)
+		}
 	}
 	return nil
 }

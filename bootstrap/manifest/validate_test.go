@@ -134,8 +134,32 @@ func TestValidate(t *testing.T) {
 			*m = withShards(3)
 			m.Data.Shards[2].Hash = m.Data.Shards[0].Hash
 		}},
-		{"admission.mode", `only "open" is supported yet`, func(m *Manifest) { m.Admission.Mode = "allowlist" }},
-		{"admission.mode", `only "open" is supported yet`, func(m *Manifest) { m.Admission.Mode = "" }},
+		{"admission.mode", `want "open" or "closed"`, func(m *Manifest) { m.Admission.Mode = "allowlist" }},
+		{"admission.mode", `want "open" or "closed"`, func(m *Manifest) { m.Admission.Mode = "" }},
+		{"admission.max_members", "[1, 65536]", func(m *Manifest) { m.Admission.MaxMembers = 0 }},
+		{"admission.max_members", "[1, 65536]", func(m *Manifest) { m.Admission.MaxMembers = MaxMembers + 1 }},
+		{"admission.max_per_prefix", "[1, 256] (admission.max_members)", func(m *Manifest) { m.Admission.MaxPerPrefix = 0 }},
+		{"admission.max_per_prefix", "[1, 8] (admission.max_members)", func(m *Manifest) { m.Admission.MaxMembers = 8 }},
+		{"", "", func(m *Manifest) { m.Admission.MaxMembers, m.Admission.MaxPerPrefix = 1, 1 }},
+		{"admission.run_key", "applies to closed runs only", func(m *Manifest) { m.Admission.RunKey = testRunKey }},
+		{"admission.run_key", "a closed run needs the run's public key", func(m *Manifest) { m.Admission.Mode = AdmissionClosed }},
+		{"", "", func(m *Manifest) { m.Admission.Mode, m.Admission.RunKey = AdmissionClosed, testRunKey }},
+		{"", "", func(m *Manifest) {
+			m.Admission.Mode, m.Admission.RunKey, m.Admission.MaxMembers = AdmissionClosed, testRunKey, 3
+		}},
+		{"admission.max_per_prefix", "applies to open runs only", func(m *Manifest) {
+			m.Admission.Mode, m.Admission.RunKey, m.Admission.MaxPerPrefix = AdmissionClosed, testRunKey, 2
+		}},
+		{"admission.run_key", "43 characters, want 44", func(m *Manifest) {
+			m.Admission.Mode, m.Admission.RunKey = AdmissionClosed, testRunKey[:43]
+		}},
+		{"admission.run_key", "not the base64 of 32 bytes", func(m *Manifest) {
+			m.Admission.Mode, m.Admission.RunKey = AdmissionClosed, strings.Repeat("-", 44)
+		}},
+		{"admission.run_key", "not the base64 of 32 bytes", func(m *Manifest) {
+			// Hex is 64 characters; base64 of 33 bytes is 44 without padding.
+			m.Admission.Mode, m.Admission.RunKey = AdmissionClosed, "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+		}},
 	}
 	for i, c := range cases {
 		m := Default()

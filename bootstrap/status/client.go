@@ -24,14 +24,47 @@ var ErrTooLarge = errors.New("status: response too large")
 // "http(s)://host:port[/prefix]"). The context bounds the request; without
 // a deadline, 30 seconds apply.
 func Fetch(ctx context.Context, baseURL string) (Snapshot, error) {
+	var snap Snapshot
+	err := getJSON(ctx, baseURL, &snap, nil, "api", "status")
+	return snap, err
+}
+
+// FetchHistory returns the per-round aggregates of the run behind baseURL
+// (GET /api/history), every page from round from on, at most maxRounds.
+func FetchHistory(ctx context.Context, baseURL string, from uint64, maxRounds int) ([]RoundStats, error) {
+	var out []RoundStats
+	for len(out) < maxRounds {
+		var page struct {
+			Rounds []RoundStats `json:"rounds"`
+			Next   *uint64      `json:"next_from_round"`
+		}
+		q := url.Values{"from_round": {fmt.Sprint(from)}, "limit": {fmt.Sprint(min(maxRounds-len(out), 5000))}}
+		if err := getJSON(ctx, baseURL, &page, q, "api", "history"); err != nil {
+			return out, err
+		}
+		out = append(out, page.Rounds...)
+		if page.Next == nil || *page.Next <= from {
+			break
+		}
+		from = *page.Next
+	}
+	return out, nil
+}
+
+// getJSON decodes the JSON document at baseURL/path... (at most
+// MaxSnapshotBytes) into v.
+func getJSON(ctx context.Context, baseURL string, v any, q url.Values, path ...string) error {
 	if !strings.Contains(baseURL, "://") {
 		baseURL = "http://" + baseURL
 	}
 	u, err := url.Parse(baseURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return Snapshot{}, fmt.Errorf("status: address %q: want host:port or http(s)://host:port", baseURL)
+		return fmt.Errorf("status: address %q: want host:port or http(s)://host:port", baseURL)
 	}
-	u = u.JoinPath("api", "status")
+	u = u.JoinPath(path...)
+	if q != nil {
+		u.RawQuery = q.Encode()
+	}
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, 30*time.Second)
@@ -39,29 +72,28 @@ func Fetch(ctx context.Context, baseURL string) (Snapshot, error) {
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
-		return Snapshot{}, fmt.Errorf("status: %w", err)
+		return fmt.Errorf("status: %w", err)
 	}
 	req.Header.Set("Accept", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return Snapshot{}, fmt.Errorf("status: get %s: %w", u.Redacted(), err)
+		return fmt.Errorf("status: get %s: %w", u.Redacted(), err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxSnapshotBytes+1))
 	if err != nil {
-		return Snapshot{}, fmt.Errorf("status: read %s: %w", u.Redacted(), err)
+		return fmt.Errorf("status: read %s: %w", u.Redacted(), err)
 	}
 	if len(body) > MaxSnapshotBytes {
-		return Snapshot{}, fmt.Errorf("%w: %s sent more than %d bytes", ErrTooLarge, u.Redacted(), MaxSnapshotBytes)
+		return fmt.Errorf("%w: %s sent more than %d bytes", ErrTooLarge, u.Redacted(), MaxSnapshotBytes)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return Snapshot{}, fmt.Errorf("status: get %s: %s: %s", u.Redacted(), resp.Status, cleanString(string(body), 200))
+		return fmt.Errorf("status: get %s: %s: %s", u.Redacted(), resp.Status, cleanString(string(body), 200))
 	}
-	var s Snapshot
-	if err := json.Unmarshal(body, &s); err != nil {
-		return Snapshot{}, fmt.Errorf("status: decode %s: %w", u.Redacted(), err)
+	if err := json.Unmarshal(body, v); err != nil {
+		return fmt.Errorf("status: decode %s: %w", u.Redacted(), err)
 	}
-	return s, nil
+	return nil
 }
 
 // FormatText writes a compact human summary of s, for `skein status`. The

@@ -105,6 +105,9 @@ type RoundStats struct {
 	BytesRecv    uint64    `json:"bytes_recv"`              // bytes received by the reporters
 	MajorityHash string    `json:"majority_hash,omitempty"` // state hash of a strict majority of the votes, 16 hex digits
 	HashVotes    int       `json:"hash_votes"`              // reports that carried a state hash
+	// MajorityVotes is how many of them carried MajorityHash (0 if none):
+	// HashVotes - MajorityVotes members ended the round with another state.
+	MajorityVotes int `json:"majority_votes"`
 }
 
 // Bucket and key names of the bbolt file.
@@ -239,18 +242,19 @@ func (rr *roundRecord) apply(r *report, sign int) {
 	}
 }
 
-// majority returns the hash that a strict majority of the votes carry.
-func (rr *roundRecord) majority() (hash uint64, votes int, ok bool) {
-	votes = rr.OtherHashes
+// majority returns the hash that a strict majority of the votes carry, and
+// how many votes it has of how many.
+func (rr *roundRecord) majority() (hash uint64, votes, of int, ok bool) {
+	of = rr.OtherHashes
 	for _, v := range rr.Hashes {
-		votes += v.Votes
+		of += v.Votes
 	}
 	for _, v := range rr.Hashes {
-		if 2*v.Votes > votes {
-			return v.Hash, votes, true
+		if 2*v.Votes > of {
+			return v.Hash, v.Votes, of, true
 		}
 	}
-	return 0, votes, false
+	return 0, 0, of, false
 }
 
 func (rr *roundRecord) stats() RoundStats {
@@ -263,10 +267,10 @@ func (rr *roundRecord) stats() RoundStats {
 	if rr.ValN > 0 {
 		s.ValLoss = meanLoss(rr.ValSum, rr.ValN)
 	}
-	h, votes, ok := rr.majority()
-	s.HashVotes = votes
+	h, votes, of, ok := rr.majority()
+	s.HashVotes = of
 	if ok {
-		s.MajorityHash = hashHex(h)
+		s.MajorityHash, s.MajorityVotes = hashHex(h), votes
 	}
 	return s
 }

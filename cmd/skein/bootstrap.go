@@ -29,6 +29,10 @@ func bootstrapCommand() *cli.Command {
 			Usage: "public ip:port of the QUIC listener when it differs from the listen address (behind a port forward)"}),
 		altsrc.NewStringFlag(&cli.StringFlag{Name: "timing", Value: "wan", EnvVars: envVars("timing"),
 			Usage: "membership timers: wan (internet), lan or fast (tests)"}),
+		altsrc.NewStringFlag(&cli.StringFlag{Name: "token", EnvVars: envVars("token"),
+			Usage: "closed runs: this bootstrap's join token (role bootstrap, for its peer ID), or @FILE holding it"}),
+		altsrc.NewPathFlag(&cli.PathFlag{Name: "run-key", EnvVars: envVars("run-key"),
+			Usage: "closed runs: the run key file (`skein token keygen`); the bootstrap then issues and renews its own token instead of taking --token"}),
 	}
 	flags = append(flags, emulationFlags()...)
 	return &cli.Command{
@@ -40,7 +44,10 @@ func bootstrapCommand() *cli.Command {
 			"volunteers' telemetry in DATA-DIR/history.db and, with --http, serves the public status page. It is\n" +
 			"never on the training critical path: members keep training, and new ones join through any\n" +
 			"member, while it is down. Prints the full multiaddr to give to `skein node join --bootstrap`.\n" +
-			"Runs until Ctrl-C, then leaves the membership gracefully.",
+			"Runs until Ctrl-C, then leaves the membership gracefully.\n\n" +
+			"A closed run's bootstrap is a member like any other: give it a token of role bootstrap for its\n" +
+			"peer ID (--token; started without one, it prints the peer ID and the command to make one) or\n" +
+			"the run key itself (--run-key), which need not otherwise be on the bootstrap.",
 		Flags:  flags,
 		Before: altsrc.InitInputSourceWithContext(flags, altsrc.NewTomlSourceFromFlagFunc("config")),
 		Action: func(c *cli.Context) error {
@@ -56,6 +63,16 @@ func bootstrapCommand() *cli.Command {
 			}
 			cfg.Corpus, cfg.HTTPAddr = c.StringSlice("corpus"), c.String("http")
 			cfg.Listen, cfg.Advertise = c.StringSlice("listen"), c.String("advertise")
+			if v := c.String("token"); v != "" {
+				if cfg.Token, err = readToken(v); err != nil {
+					return fmt.Errorf("--token: %w", err)
+				}
+			}
+			if p := c.Path("run-key"); p != "" {
+				if cfg.RunKey, err = p2p.LoadRunKey(p); err != nil {
+					return fmt.Errorf("--run-key: %w", err)
+				}
+			}
 			cfg.WAN = emulatedLink(c)
 			cfg.Version, cfg.Logger, cfg.Out = version, log, os.Stderr
 			if cfg.Timing, err = p2p.TimingByName(c.String("timing")); err != nil {
@@ -68,7 +85,7 @@ func bootstrapCommand() *cli.Command {
 					fmt.Fprintln(os.Stdout, info.Addrs[0])
 				}
 			}
-			return bootstrap.Run(c.Context, cfg)
+			return tokenHint(bootstrap.Run(c.Context, cfg), "bootstrap")
 		},
 	}
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/skein-ml/skein/bootstrap/manifest"
 	"github.com/skein-ml/skein/experiment"
+	"github.com/skein-ml/skein/node"
 )
 
 func demoCommand() *cli.Command {
@@ -23,7 +24,11 @@ func demoCommand() *cli.Command {
 			"through the WAN emulator (--rate, --latency), so the demo shows what the internet costs. The status\n" +
 			"page's URL is printed at once. Runs until --duration or --target-loss; Ctrl-C stops every child\n" +
 			"(they save and leave gracefully). Ends with a summary: loss, tokens, bytes sent against fp32\n" +
-			"data-parallel training, each volunteer's time to its first step and its share of time computing.",
+			"data-parallel training, each volunteer's time to its first step and its share of time computing.\n\n" +
+			"--chaos turns the demo into a soak test of what strangers on the internet do to a run: volunteers\n" +
+			"killed -9 and restarted, a straggler paused, and with --hostile a volunteer that misbehaves. At the\n" +
+			"end it prints the invariants it checked (honest state hashes agree after every round, no round lost,\n" +
+			"validation loss still falling, no survivor crashed, no leaked process) and fails if one broke.",
 		Flags: []cli.Flag{
 			&cli.IntFlag{Name: "volunteers", Value: d.Volunteers, Usage: "volunteer processes"},
 			&cli.StringFlag{Name: "optimizer", Value: d.Manifest.Optimizer.Kind, Usage: "outer optimizer: diloco or noloco"},
@@ -38,6 +43,10 @@ func demoCommand() *cli.Command {
 			&cli.StringSliceFlag{Name: "corpus", Usage: "files or directories to train on, packed into the run's shards (default: the Go standard library sources)"},
 			&cli.PathFlag{Name: "dir", Usage: "directory for the children's data and logs (default: a new temporary directory)"},
 			&cli.StringFlag{Name: "child-log-level", Value: "warn", Usage: "log level of the children (their logs go to --dir)"},
+			&cli.BoolFlag{Name: "chaos", Usage: "chaos soak: kill -9 and restart a third of the volunteers every --chaos-every, pause one (SIGSTOP) between waves, then check the run's invariants (exit status 1 if one broke)"},
+			&cli.DurationFlag{Name: "chaos-every", Value: time.Minute, Usage: "period of the chaos soak's kill waves"},
+			&cli.DurationFlag{Name: "chaos-pause", Value: 20 * time.Second, Usage: "how long the chaos soak pauses a straggler"},
+			&cli.StringFlag{Name: "hostile", Usage: "add a hostile volunteer: scale (x1000 contributions), signflip, nan (values past every bound) or forge (tampered aggregates)"},
 		},
 		Action: func(c *cli.Context) error {
 			log, err := logger(c)
@@ -54,6 +63,17 @@ func demoCommand() *cli.Command {
 				cfg.Manifest.UseNoLoCo()
 			default:
 				return fmt.Errorf("--optimizer %q: want %s or %s", kind, manifest.KindDiLoCo, manifest.KindNoLoCo)
+			}
+			cfg.Chaos, cfg.ChaosEvery, cfg.ChaosPause = c.Bool("chaos"), c.Duration("chaos-every"), c.Duration("chaos-pause")
+			cfg.ChaosSeed = uint64(time.Now().UnixNano())
+			if h := c.String("hostile"); h != "" {
+				if node.HostileMode(h) == "" {
+					return fmt.Errorf("--hostile %q: want scale, signflip, nan or forge", h)
+				}
+				cfg.Hostile = h
+			}
+			if cfg.ChaosEvery <= 0 || cfg.ChaosPause <= 0 {
+				return fmt.Errorf("--chaos-every %v and --chaos-pause %v must be positive", cfg.ChaosEvery, cfg.ChaosPause)
 			}
 			cfg.Manifest.Optimizer.InnerSteps = c.Int("inner-steps")
 			cfg.Manifest.Optimizer.Delayed = c.Bool("delayed")

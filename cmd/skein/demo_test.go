@@ -30,6 +30,12 @@ type demoProc struct {
 // links emulated at 200 Mbit/s and 5 ms.
 func startDemo(t *testing.T) *demoProc {
 	t.Helper()
+	return startDemoWith(t, "--volunteers", "2", "--duration", "4m")
+}
+
+// startDemoWith starts the small, fast demo with extra flags.
+func startDemoWith(t *testing.T, extra ...string) *demoProc {
+	t.Helper()
 	root, err := data.GoRoot()
 	if err != nil {
 		t.Skip(err)
@@ -40,9 +46,10 @@ func startDemo(t *testing.T) *demoProc {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 	d := &demoProc{out: &syncWriter{w: &bytes.Buffer{}}, dir: filepath.Join(dir, "run")}
-	d.cmd = exec.Command(bin, "demo", "--volunteers", "2", "--inner-steps", "5", "--duration", "4m", "--http", "127.0.0.1:0",
+	args := append([]string{"demo", "--inner-steps", "5", "--http", "127.0.0.1:0",
 		"--rate", "200", "--latency", "5ms", "--threads", "1", "--dir", d.dir,
-		"--corpus", filepath.Join(root, "src", "strings"), "--corpus", filepath.Join(root, "src", "bufio"))
+		"--corpus", filepath.Join(root, "src", "strings"), "--corpus", filepath.Join(root, "src", "bufio")}, extra...)
+	d.cmd = exec.Command(bin, args...)
 	d.cmd.Stdout, d.cmd.Stderr = d.out, d.out
 	if err := d.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -172,5 +179,45 @@ func TestDemoChildrenDieWithIt(t *testing.T) {
 	}
 	d.cmd.Process.Kill()
 	d.cmd.Wait()
+	waitNoProcesses(t, d.dir, 10*time.Second)
+}
+
+// TestDemoChaos is the chaos soak in CI: three honest volunteers, one of
+// them killed -9 and restarted every 35 s, one paused as a straggler in
+// between, and a hostile volunteer forging its aggregates throughout. The
+// demo checks the run's invariants itself and fails if one broke; the test
+// also wants kills to have happened, the forger to have been caught, and no
+// process left behind.
+func TestDemoChaos(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a 2-minute chaos soak")
+	}
+	d := startDemoWith(t, "--volunteers", "3", "--duration", "130s", "--chaos", "--chaos-every", "35s",
+		"--chaos-pause", "8s", "--hostile", "forge")
+	done := make(chan error, 1)
+	go func() { done <- d.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("chaos demo failed: %v\n%s", err, d.out)
+		}
+	case <-time.After(6 * time.Minute):
+		t.Fatalf("chaos demo did not end:\n%s", d.out)
+	}
+	out := d.out.String()
+	t.Log(out)
+	m := regexp.MustCompile(`chaos: (\d+) kill -9 \((\d+) restarted\), (\d+) pauses`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no chaos report:\n%s", out)
+	}
+	if kills, _ := strconv.Atoi(m[1]); kills < 2 {
+		t.Fatalf("only %d kills", kills)
+	}
+	if !strings.Contains(out, "logged the hostile one") {
+		t.Fatalf("the forger was never caught:\n%s", out)
+	}
+	if strings.Count(out, "  ok   ") < 5 || strings.Contains(out, "FAIL") {
+		t.Fatalf("invariants:\n%s", out)
+	}
 	waitNoProcesses(t, d.dir, 10*time.Second)
 }

@@ -31,8 +31,10 @@ func nodeCommand() *cli.Command {
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "min-peers", Value: 1, EnvVars: envVars("min-peers"), Usage: "volunteers (self included) to wait for before the first round"}),
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "val-batches", Value: d.ValBatches, EnvVars: envVars("val-batches"), Usage: "held-out batches evaluated after each round for the validation loss (0: none)"}),
 		altsrc.NewStringFlag(&cli.StringFlag{Name: "metrics", EnvVars: envVars("metrics"), Usage: "serve Prometheus metrics on http://ADDR/metrics (e.g. 127.0.0.1:9101)"}),
+		&cli.StringFlag{Name: "hostile", Hidden: true, Usage: "chaos tests only (skein demo --chaos --hostile): misbehave as scale, signflip, nan or forge"},
 		altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "corpus", EnvVars: envVars("corpus"), Usage: "training files or directories, for a run whose manifest says data source \"local\" (default: the Go standard library sources); a \"shards\" run brings its own"}),
 		altsrc.NewPathFlag(&cli.PathFlag{Name: "manifest", EnvVars: envVars("manifest"), Usage: "pin the run: refuse to join unless it serves exactly this manifest file"}),
+		altsrc.NewStringFlag(&cli.StringFlag{Name: "token", EnvVars: envVars("token"), Usage: "join token of a closed run, or @FILE holding it; the run's operator makes it for this node's peer ID (`skein token issue`); a closed run refuses a volunteer without one and says which peer ID to ask for"}),
 		// Run-wide settings come from the run's manifest. Given here, each
 		// must agree with it, or the volunteer is refused with the field.
 		altsrc.NewStringFlag(&cli.StringFlag{Name: "preset", EnvVars: envVars("preset"), Usage: "check: the run's model preset must be this (" + strings.Join(model.PresetNames(), ", ") + ")"}),
@@ -53,7 +55,10 @@ func nodeCommand() *cli.Command {
 			"the outer step: DiLoCo's fault-tolerant ring all-reduce of the quantized pseudo-gradient with the\n" +
 			"other volunteers (plain or one-step-delayed), or NoLoCo's averaging with a random partner.\n" +
 			"Shows one line per round (loss, validation loss, tokens/s) and reports it to the bootstrap's status\n" +
-			"page. Ctrl-C saves a local checkpoint and leaves gracefully; the same command resumes it.",
+			"page. Ctrl-C saves a local checkpoint and leaves gracefully; the same command resumes it.\n\n" +
+			"A closed run (manifest [admission] mode = \"closed\") admits only nodes with a join token for their\n" +
+			"peer ID: without one (or with an expired one) the volunteer stops at once and prints its peer ID\n" +
+			"and the command the run's operator runs to make one; then join with --token.",
 		Flags:  flags,
 		Before: altsrc.InitInputSourceWithContext(flags, altsrc.NewTomlSourceFromFlagFunc("config")),
 		Action: func(c *cli.Context) error {
@@ -68,6 +73,12 @@ func nodeCommand() *cli.Command {
 			}
 			cfg.Rounds, cfg.MinPeers, cfg.Threads = c.Int("rounds"), c.Int("min-peers"), c.Int("threads")
 			cfg.ValBatches, cfg.MetricsAddr, cfg.Corpus = c.Int("val-batches"), c.String("metrics"), c.StringSlice("corpus")
+			if h := c.String("hostile"); h != "" {
+				if cfg.Hostile = node.HostileMode(h); cfg.Hostile == "" {
+					return fmt.Errorf("--hostile %q: want scale, signflip, nan or forge", h)
+				}
+				fmt.Fprintf(c.App.ErrWriter, "warning: this volunteer is hostile (%s), for chaos tests\n", h)
+			}
 			cfg.Local = manifest.Local{Preset: c.String("preset"), Batch: c.Int("batch"), SeqLen: c.Int("seq-len"),
 				InnerSteps: c.Int("inner-steps"), Codec: c.String("codec"), Optimizer: c.String("optimizer")}
 			if c.IsSet("seed") {
@@ -84,9 +95,14 @@ func nodeCommand() *cli.Command {
 			if len(cfg.Bootstrap) == 0 {
 				fmt.Fprintln(os.Stderr, "skein node join: no --bootstrap given; trying peers known from earlier runs")
 			}
+			if v := c.String("token"); v != "" {
+				if cfg.Token, err = readToken(v); err != nil {
+					return fmt.Errorf("--token: %w", err)
+				}
+			}
 			cfg.WAN = emulatedLink(c)
 			cfg.Version, cfg.Logger, cfg.Progress = version, log, os.Stderr
-			return node.Join(c.Context, cfg)
+			return tokenHint(node.Join(c.Context, cfg), "volunteer")
 		},
 	}
 	return &cli.Command{Name: "node", Usage: "volunteer commands", Subcommands: []*cli.Command{join}}

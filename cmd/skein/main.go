@@ -57,6 +57,7 @@ func newApp() *cli.App {
 			nodeCommand(),
 			demoCommand(),
 			statusCommand(),
+			tokenCommand(),
 		},
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/skein-ml/skein/trainer"
@@ -66,5 +67,41 @@ func TestTrainRejectsBadSettings(t *testing.T) {
 		if err := app.Run(args); err == nil {
 			t.Errorf("%v: accepted", args)
 		}
+	}
+}
+
+// `skein train` on a directory holding a checkpoint is refused unless
+// --resume or --force says what to do with it; the error names the file and
+// both flags, and nothing is trained.
+func TestTrainRefusesToOverwriteCheckpoint(t *testing.T) {
+	out := t.TempDir()
+	ck := filepath.Join(out, trainer.CheckpointFile)
+	if err := os.WriteFile(ck, []byte("an earlier run"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	err := newApp().Run([]string{"skein", "train", "--quiet", "--out", out, "--steps", "1"})
+	if err == nil {
+		t.Fatal("existing checkpoint overwritten")
+	}
+	for _, want := range []string{ck, "--resume", "--force"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %s", err, want)
+		}
+	}
+	if b, _ := os.ReadFile(ck); string(b) != "an earlier run" {
+		t.Fatalf("checkpoint changed to %q", b)
+	}
+	if err := newApp().Run([]string{"skein", "train", "--out", out, "--resume", "--force"}); err == nil {
+		t.Fatal("--resume with --force accepted")
+	}
+	var got trainer.TrainConfig
+	app := newApp()
+	for _, cmd := range app.Commands {
+		if cmd.Name == "train" {
+			cmd.Action = func(c *cli.Context) error { got, err = trainConfig(c); return err }
+		}
+	}
+	if err := app.Run([]string{"skein", "train", "--out", out, "--force"}); err != nil || !got.Force {
+		t.Fatalf("--force: err %v, Force %v", err, got.Force)
 	}
 }

@@ -32,6 +32,7 @@ func trainCommand() *cli.Command {
 			Usage: "files or directories to train on (repeatable; default: the Go standard library sources of this Go installation)"}),
 		altsrc.NewPathFlag(&cli.PathFlag{Name: "out", Value: d.Out, EnvVars: envVars("out"), Usage: "run directory for checkpoint.safetensors and metrics.jsonl"}),
 		altsrc.NewBoolFlag(&cli.BoolFlag{Name: "resume", EnvVars: envVars("resume"), Usage: "continue from <out>/checkpoint.safetensors if it exists"}),
+		altsrc.NewBoolFlag(&cli.BoolFlag{Name: "force", EnvVars: envVars("force"), Usage: "start over, replacing <out>/checkpoint.safetensors (without --resume or --force an existing checkpoint is refused)"}),
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "eval-every", Value: d.EvalEvery, EnvVars: envVars("eval-every"), Usage: "steps between validation losses (0 disables)"}),
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "eval-batches", Value: d.EvalBatches, EnvVars: envVars("eval-batches"), Usage: "held-out batches per validation"}),
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "checkpoint-every", Value: d.CheckpointEvery, EnvVars: envVars("checkpoint-every"), Usage: "steps between checkpoints (0: only at exit)"}),
@@ -44,7 +45,8 @@ func trainCommand() *cli.Command {
 			"compared against. Shows step, loss, tokens/s and ETA; reports validation loss every\n" +
 			"--eval-every steps; writes <out>/checkpoint.safetensors every --checkpoint-every steps\n" +
 			"and on exit. Ctrl-C saves a checkpoint and exits; --resume continues from it with\n" +
-			"exactly the losses an uninterrupted run would have had.",
+			"exactly the losses an uninterrupted run would have had. An existing checkpoint is never\n" +
+			"overwritten unless --force says to start over.",
 		Flags:  flags,
 		Before: altsrc.InitInputSourceWithContext(flags, altsrc.NewTomlSourceFromFlagFunc("config")),
 		Action: runTrain,
@@ -100,6 +102,7 @@ func trainConfig(c *cli.Context) (trainer.TrainConfig, error) {
 	cfg.Corpus = c.StringSlice("corpus")
 	cfg.Out = c.Path("out")
 	cfg.Resume = c.Bool("resume")
+	cfg.Force = c.Bool("force")
 	cfg.EvalEvery = c.Int("eval-every")
 	cfg.EvalBatches = c.Int("eval-batches")
 	cfg.CheckpointEvery = c.Int("checkpoint-every")

@@ -63,6 +63,46 @@ func (f *File) Install(name string, perm os.FileMode) error {
 	return SyncDir(f.dir)
 }
 
+// InstallNew is Install that never replaces: if name exists (a file, or a
+// link, which is not followed), it fails with an error wrapping
+// fs.ErrExist and leaves name as it was. The temporary file is hard-linked
+// to name, which creates it exclusively, like O_CREAT|O_EXCL|O_NOFOLLOW,
+// yet whole: a racing reader sees no file or the complete one. The
+// temporary file is removed either way.
+func (f *File) InstallNew(name string, perm os.FileMode) error {
+	err := f.Chmod(perm)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Link(f.Name(), filepath.Join(f.dir, name))
+	}
+	os.Remove(f.Name())
+	if err != nil {
+		return fmt.Errorf("atomicfile: creating %s in %s: %w", name, f.dir, err)
+	}
+	return SyncDir(f.dir)
+}
+
+// WriteNewFile creates path with b and permission bits perm as WriteFile
+// does, but fails with an error wrapping fs.ErrExist when path exists
+// (InstallNew): two processes creating the same file never overwrite each
+// other.
+func WriteNewFile(path string, b []byte, perm os.FileMode) error {
+	f, err := Create(filepath.Dir(path), filepath.Base(path)+".")
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		f.Discard()
+		return fmt.Errorf("atomicfile: writing %s: %w", path, err)
+	}
+	return f.InstallNew(filepath.Base(path), perm)
+}
+
 // Discard closes and removes the temporary file; it is a no-op after
 // Install.
 func (f *File) Discard() {

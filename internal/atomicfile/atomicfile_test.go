@@ -3,6 +3,7 @@ package atomicfile
 import (
 	"errors"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
@@ -54,5 +55,38 @@ func TestFailedWriteKeepsOldFile(t *testing.T) {
 	left, _ := os.ReadDir(dir)
 	if len(left) != 1 {
 		t.Fatalf("temporary files left behind: %v", left)
+	}
+}
+
+// WriteNewFile never replaces a file or a link, and leaves no temporary file.
+func TestWriteNewFileIsExclusive(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "key")
+	if err := WriteNewFile(p, []byte("first"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteNewFile(p, []byte("second"), 0o600); !errors.Is(err, fs.ErrExist) {
+		t.Fatalf("second create: %v, want fs.ErrExist", err)
+	}
+	if got, _ := os.ReadFile(p); string(got) != "first" {
+		t.Fatalf("file now %q", got)
+	}
+	if fi, _ := os.Stat(p); fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v", fi.Mode().Perm())
+	}
+	target := filepath.Join(dir, "target")
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteNewFile(link, []byte("x"), 0o600); !errors.Is(err, fs.ErrExist) {
+		t.Fatalf("create through a dangling link: %v, want fs.ErrExist", err)
+	}
+	if _, err := os.Lstat(target); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the link was followed: %v", err)
+	}
+	left, _ := os.ReadDir(dir)
+	if len(left) != 2 {
+		t.Fatalf("entries %v, want key and link", left)
 	}
 }

@@ -25,6 +25,7 @@ type Options struct {
 	Timing  p2p.Timing                     // default p2p.FastTiming()
 	Persist bool                           // give each node a DataDir under t.TempDir()
 	Node    func(i int, c *p2p.NodeConfig) // last-minute per-node tweaks
+	Seed    func(c *p2p.SeedConfig)        // last-minute tweaks of the seed's config
 	Logger  *slog.Logger                   // default: discard (P2P_TEST_LOG=1 logs to stderr)
 	// ListenUDP replaces every node's UDP socket (WAN emulation).
 	ListenUDP func(network string, laddr *net.UDPAddr) (net.PacketConn, error)
@@ -120,6 +121,9 @@ func (s *Swarm) SeedConfig() p2p.SeedConfig {
 	c.Timing = s.Opts.Timing
 	c.ListenUDP = s.Opts.ListenUDP
 	c.Logger = s.Opts.Logger.With("node", 0)
+	if s.Opts.Seed != nil {
+		s.Opts.Seed(&c)
+	}
 	return c
 }
 

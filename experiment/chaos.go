@@ -1,0 +1,227 @@
+package experiment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"os"
+	"regexp"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/skein-ml/skein/bootstrap/status"
+)
+
+// The chaos soak of `skein demo --chaos`: while the run trains, a monkey
+// kills -9 and restarts a share of the honest volunteers every period,
+// pauses one (SIGSTOP, then SIGCONT) as a straggler, and a hostile
+// volunteer misbehaves throughout (--hostile). At the end the demo checks
+// the invariants a run of strangers must keep and says which held.
+
+// ErrInvariant: the chaos soak found an invariant broken.
+var ErrInvariant = errors.New("experiment: an invariant of the run did not hold")
+
+// Invariant is one property the chaos soak checked.
+type Invariant struct {
+	Name   string
+	OK     bool
+	Detail string
+}
+
+// ChaosReport is what the chaos monkey did.
+type ChaosReport struct {
+	Kills, Restarts, Pauses int
+	Crashes                 []string // unexpected exits of volunteers
+	Offenders               int      // lines of honest logs naming an offender
+}
+
+// chaosMonkey kills, restarts and pauses volunteers until ctx ends.
+type chaosMonkey struct {
+	kids    *children
+	honest  []*child // current process of each honest volunteer
+	every   time.Duration
+	pause   time.Duration
+	share   float64
+	rng     *rand.Rand
+	out     io.Writer
+	report  *ChaosReport
+	replace func(i int, c *child)
+}
+
+func (m *chaosMonkey) run(ctx context.Context) {
+	t := time.NewTicker(m.every)
+	defer t.Stop()
+	// The straggler is paused between two kill waves.
+	half := time.NewTimer(m.every / 2)
+	defer half.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-half.C:
+			half.Reset(m.every)
+			m.straggle(ctx)
+		case <-t.C:
+			m.killWave(ctx)
+		}
+	}
+}
+
+// killWave kills -9 a share of the honest volunteers (at least one, never
+// all), waits a moment, and starts them again on their data directories.
+func (m *chaosMonkey) killWave(ctx context.Context) {
+	n := max(1, int(math.Round(m.share*float64(len(m.honest)))))
+	n = min(n, len(m.honest)-1)
+	victims := m.rng.Perm(len(m.honest))[:n]
+	var names []string
+	for _, i := range victims {
+		c := m.honest[i]
+		c.killed.Store(true)
+		if err := c.cmd.Process.Signal(syscall.SIGKILL); err == nil {
+			m.report.Kills++
+			names = append(names, c.name)
+		}
+	}
+	fmt.Fprintf(m.out, "chaos: kill -9 %s\n", strings.Join(names, ", "))
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(3 * time.Second):
+	}
+	for _, i := range victims {
+		old := m.honest[i]
+		<-old.done
+		c, err := m.kids.restart(old)
+		if err != nil {
+			return // the demo is stopping
+		}
+		m.report.Restarts++
+		m.honest[i] = c
+		if m.replace != nil {
+			m.replace(i, c)
+		}
+	}
+	fmt.Fprintf(m.out, "chaos: restarted %s\n", strings.Join(names, ", "))
+}
+
+// straggle pauses one honest volunteer for m.pause.
+func (m *chaosMonkey) straggle(ctx context.Context) {
+	c := m.honest[m.rng.IntN(len(m.honest))]
+	if c.cmd.Process.Signal(syscall.SIGSTOP) != nil {
+		return
+	}
+	m.report.Pauses++
+	fmt.Fprintf(m.out, "chaos: paused %s for %v (a straggler)\n", c.name, m.pause)
+	select {
+	case <-ctx.Done():
+	case <-time.After(m.pause):
+	}
+	c.cmd.Process.Signal(syscall.SIGCONT)
+}
+
+// checkInvariants judges the run's history (read from the status API
+// before the bootstrap stopped) and the children after they stopped.
+func checkInvariants(hist []status.RoundStats, err error, kids *children, honestLogs []string, hostile bool, rep *ChaosReport) []Invariant {
+	var inv []Invariant
+	add := func(name string, ok bool, format string, args ...any) {
+		inv = append(inv, Invariant{Name: name, OK: ok, Detail: fmt.Sprintf(format, args...)})
+	}
+	if err != nil || len(hist) == 0 {
+		add("the run's history is readable", false, "%v (%d rounds)", err, len(hist))
+		return inv
+	}
+	// Honest state hashes agree after every round: the reports that carry
+	// another hash than the majority's are at most the hostile member's.
+	allowed := 0
+	if hostile {
+		allowed = 1
+	}
+	var split []string
+	for _, r := range hist {
+		if r.HashVotes == 0 {
+			continue
+		}
+		// Some hash must have all the votes but the hostile member's. The
+		// history says which hash has a strict majority, if any: without
+		// one, that holds only for at most 2*allowed votes (one honest
+		// report, one hostile).
+		agree := (r.MajorityHash != "" && r.HashVotes-r.MajorityVotes <= allowed) ||
+			(r.MajorityHash == "" && r.HashVotes <= 2*allowed)
+		if !agree {
+			split = append(split, fmt.Sprintf("round %d: %d of %d reports agree", r.Round, r.MajorityVotes, r.HashVotes))
+		}
+	}
+	add("honest state hashes agree after every round", len(split) == 0, "%d rounds checked%s", len(hist), listed(split))
+	// No round lost: every round from the first reported to the last has
+	// reports. (A round applied twice by a member would give it another
+	// state hash than the others: the check above.)
+	var gaps []string
+	for i := 1; i < len(hist); i++ {
+		if hist[i].Round != hist[i-1].Round+1 {
+			gaps = append(gaps, fmt.Sprintf("%d..%d", hist[i-1].Round+1, hist[i].Round-1))
+		}
+	}
+	add("no round lost or applied twice", len(gaps) == 0, "rounds %d..%d%s", hist[0].Round, hist[len(hist)-1].Round, listed(gaps))
+	// Validation loss still falling: the mean of the last quarter of the
+	// measured rounds below the mean of the first quarter.
+	var vals []float64
+	for _, r := range hist {
+		if r.ValLoss != nil {
+			vals = append(vals, *r.ValLoss)
+		}
+	}
+	if q := len(vals) / 4; q >= 1 {
+		first, last := mean(vals[:q]), mean(vals[len(vals)-q:])
+		add("validation loss still falling", last < first, "%.4f -> %.4f (means of the first and last %d measured rounds)", first, last, q)
+	} else {
+		add("validation loss still falling", false, "only %d rounds measured", len(vals))
+	}
+	add("no survivor crashed", len(rep.Crashes) == 0, "%d unexpected exits%s", len(rep.Crashes), listed(rep.Crashes))
+	// No leaked process: every child ever started has exited and is gone.
+	kids.mu.Lock()
+	all := kids.all
+	kids.mu.Unlock()
+	var leaked []string
+	for _, c := range all {
+		select {
+		case <-c.done:
+		default:
+			leaked = append(leaked, fmt.Sprintf("%s (pid %d)", c.name, c.cmd.Process.Pid))
+			continue
+		}
+		if err := syscall.Kill(c.cmd.Process.Pid, 0); err == nil {
+			leaked = append(leaked, fmt.Sprintf("%s (pid %d still exists)", c.name, c.cmd.Process.Pid))
+		}
+	}
+	add("no leaked process", len(leaked) == 0, "%d processes started, all gone%s", len(all), listed(leaked))
+	if hostile {
+		off := regexp.MustCompile(`offender`)
+		for _, l := range honestLogs {
+			b, _ := os.ReadFile(l)
+			rep.Offenders += len(off.FindAll(b, -1))
+		}
+	}
+	return inv
+}
+
+func listed(xs []string) string {
+	if len(xs) == 0 {
+		return ""
+	}
+	if len(xs) > 5 {
+		xs = append(xs[:5:5], fmt.Sprintf("and %d more", len(xs)-5))
+	}
+	return ": " + strings.Join(xs, "; ")
+}
+
+func mean(xs []float64) float64 {
+	var s float64
+	for _, x := range xs {
+		s += x
+	}
+	return s / float64(len(xs))
+}

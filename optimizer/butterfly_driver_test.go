@@ -1,0 +1,252 @@
+package optimizer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// bfMembers starts n butterfly drivers over a MemNetwork, each wrapped in a
+// DiLoCo from the same phi.
+func bfMembers(t *testing.T, net *MemNetwork, n, size int) ([]*DiLoCo, [][]float32, []*ButterflyDriver) {
+	return bfMembersWith(t, net, n, size, nil)
+}
+
+func bfMembersWith(t *testing.T, net *MemNetwork, n, size int, mod func(i int, c *ButterflyConfig, o *ButterflyOptions)) ([]*DiLoCo, [][]float32, []*ButterflyDriver) {
+	t.Helper()
+	phi0 := randomVec(size, 77, 1)
+	var ds []*DiLoCo
+	var thetas [][]float32
+	var drivers []*ButterflyDriver
+	for i := range n {
+		id := PeerID(fmt.Sprintf("m%02d", i))
+		p := net.Join(id)
+		cfg := DefaultButterflyConfig(size, testSigner{id}, 0.01)
+		cfg.PhaseWait = 200 // 2 s before the first observed phase
+		opt := ButterflyOptions{Tick: 10 * time.Millisecond, Logger: testLogger(t)}
+		if mod != nil {
+			mod(i, &cfg, &opt)
+		}
+		drv, err := NewButterflyDriver(p, cfg, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		drv.Start(ctx)
+		t.Cleanup(func() { cancel(); drv.Close() })
+		d, err := NewDiLoCo(DefaultDiLoCo(), drv, phi0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ds, thetas, drivers = append(ds, d), append(thetas, append([]float32(nil), phi0...)), append(drivers, drv)
+	}
+	return ds, thetas, drivers
+}
+
+// bfStep runs one DiLoCo round on the live members and requires them to
+// agree on the state hash.
+func bfStep(t *testing.T, ds []*DiLoCo, thetas [][]float32, live []int) []RoundStats {
+	t.Helper()
+	sts := make([]RoundStats, len(ds))
+	errs := make([]error, len(ds))
+	var wg sync.WaitGroup
+	for _, i := range live {
+		innerPhase(thetas[i], i, ds[i].Round)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			sts[i], errs[i] = ds[i].OuterStep(ctx, thetas[i])
+		}()
+	}
+	wg.Wait()
+	for _, i := range live {
+		if errs[i] != nil {
+			t.Fatalf("member %d: %v", i, errs[i])
+		}
+		if ds[i].StateHash() != ds[live[0]].StateHash() {
+			t.Fatalf("member %d ends with another state", i)
+		}
+	}
+	return sts
+}
+
+// TestButterflyDriverDiLoCo: DiLoCo over the butterfly on an in-memory
+// network; then a member dies unseen between rounds and the survivors go
+// on within a deadline; then one leaves (the membership knows) and the
+// round costs no deadline.
+func TestButterflyDriverDiLoCo(t *testing.T) {
+	net := NewMemNetwork()
+	defer net.Close()
+	ds, thetas, _ := bfMembers(t, net, 5, 4000)
+	all := []int{0, 1, 2, 3, 4}
+	for range 3 {
+		sts := bfStep(t, ds, thetas, all)
+		if len(sts[0].Group) != 5 {
+			t.Fatalf("group %v", sts[0].Group)
+		}
+	}
+	net.Leave("m04")
+	began := time.Now()
+	sts := bfStep(t, ds, thetas, all[:4])
+	if len(sts[0].Group) != 4 || time.Since(began) > 5*time.Second {
+		t.Fatalf("after a leave: group %v in %v", sts[0].Group, time.Since(began))
+	}
+	if ds[0].Round != 4 {
+		t.Fatalf("round %d", ds[0].Round)
+	}
+}
+
+// TestButterflyDriverKilledMidRound: a member killed while the others
+// average (its messages stop; the membership lists it for a while): the
+// survivors finish the round with the same state.
+func TestButterflyDriverKilledMidRound(t *testing.T) {
+	net := NewMemNetwork()
+	defer net.Close()
+	ds, thetas, _ := bfMembers(t, net, 4, 4000)
+	bfStep(t, ds, thetas, []int{0, 1, 2, 3})
+	// m03 dies after its 3 READYs and 2 parts, unseen by the membership
+	// for a minute: the survivors rely on their deadlines alone.
+	net.DetectAfter = time.Minute
+	net.FailAfterSends("m03", 5)
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	dead, stop := context.WithCancel(context.Background())
+	defer stop()
+	for i := range 4 {
+		innerPhase(thetas[i], i, ds[i].Round)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		if i == 3 {
+			ctx = dead // the dead member's call ends with the test
+			go func() { ds[i].OuterStep(ctx, thetas[i]); cancel() }()
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer cancel()
+			_, errs[i] = ds[i].OuterStep(ctx, thetas[i])
+		}()
+	}
+	began := time.Now()
+	wg.Wait()
+	if d := time.Since(began); d > 15*time.Second {
+		t.Fatalf("survivors took %v", d)
+	}
+	t.Logf("survivors done in %v", time.Since(began))
+	for i := range 3 {
+		if errs[i] != nil {
+			t.Fatalf("member %d: %v", i, errs[i])
+		}
+		if ds[i].Round != 2 {
+			t.Fatalf("member %d at round %d", i, ds[i].Round)
+		}
+		if ds[i].StateHash() != ds[0].StateHash() {
+			t.Fatalf("member %d diverged", i)
+		}
+	}
+}
+
+// TestButterflyDriverCancel: a cancelled round returns promptly and leaves
+// the state untouched.
+func TestButterflyDriverCancel(t *testing.T) {
+	net := NewMemNetwork()
+	defer net.Close()
+	ds, thetas, _ := bfMembers(t, net, 3, 1000)
+	before := ds[0].StateHash()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	began := time.Now()
+	_, err := ds[0].OuterStep(ctx, thetas[0]) // the others never start
+	if !errors.Is(err, context.DeadlineExceeded) || time.Since(began) > 5*time.Second {
+		t.Fatalf("err %v after %v", err, time.Since(began))
+	}
+	if ds[0].StateHash() != before {
+		t.Fatal("state changed")
+	}
+}
+
+// testLogger logs to the test at debug level when SKEIN_TEST_LOG=debug.
+func testLogger(t *testing.T) *slog.Logger {
+	if os.Getenv("SKEIN_TEST_LOG") != "debug" {
+		return nil
+	}
+	return slog.New(slog.NewTextHandler(tWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+// TestButterflyDriverHostile: a member that poisons its contributions or
+// forges its aggregates, among real drivers: the honest members end every
+// round with the same state, report it, and the round is not lost.
+func TestButterflyDriverHostile(t *testing.T) {
+	for _, mode := range HostileModes {
+		t.Run(mode, func(t *testing.T) {
+			net := NewMemNetwork()
+			defer net.Close()
+			var mu sync.Mutex
+			reported := map[PeerID]bool{}
+			ds, thetas, _ := bfMembersWith(t, net, 4, 4000, func(i int, c *ButterflyConfig, o *ButterflyOptions) {
+				if i == 3 {
+					c.Hostile = mode
+				}
+				o.OnReject = func(p PeerID, err error) {
+					mu.Lock()
+					reported[p] = true
+					mu.Unlock()
+				}
+			})
+			for range 2 {
+				bfStepHonest(t, ds, thetas, []int{0, 1, 2, 3}, 3)
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			// Scaled or flipped contributions are well-formed: the trimmed
+			// mean bounds them, nobody can prove them wrong. Poison and
+			// forgeries are proved and reported.
+			provable := mode == HostilePoison || mode == HostileForge
+			if provable != reported["m03"] || len(reported) > 1 {
+				t.Fatalf("reported %v", reported)
+			}
+		})
+	}
+}
+
+// bfStepHonest runs a round where members from honest on may misbehave:
+// the others must succeed with one state.
+func bfStepHonest(t *testing.T, ds []*DiLoCo, thetas [][]float32, live []int, honest int) {
+	t.Helper()
+	errs := make([]error, len(ds))
+	var wg sync.WaitGroup
+	for _, i := range live {
+		innerPhase(thetas[i], i, ds[i].Round)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_, errs[i] = ds[i].OuterStep(ctx, thetas[i])
+		}()
+	}
+	wg.Wait()
+	for i := range honest {
+		if errs[i] != nil {
+			t.Fatalf("member %d: %v", i, errs[i])
+		}
+		if ds[i].StateHash() != ds[0].StateHash() {
+			t.Fatalf("member %d ends with another state", i)
+		}
+	}
+}

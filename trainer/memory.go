@@ -1,0 +1,73 @@
+package trainer
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+
+	"github.com/skein-ml/skein/model"
+)
+
+// ErrMemory is returned (wrapped) by NewSetup for a model that needs more
+// memory than is available; nothing was allocated.
+var ErrMemory = errors.New("trainer: model does not fit in memory")
+
+// memoryNeed estimates the bytes a setup of model mc at batch B x T takes:
+// parameters, gradients and the two AdamW moments (four float32 copies),
+// hostCopies more copies of the parameters kept by the caller (an outer
+// optimizer's phi, momentum and buffers), and the activations of one batch.
+func memoryNeed(mc model.Config, B, T, hostCopies int) uint64 {
+	params := uint64(mc.NumParams())
+	acts := uint64(model.ActivationFloats(mc, model.FullSpec(mc), B, T))
+	return 4 * ((4+uint64(hostCopies))*params + acts)
+}
+
+// checkMemory refuses a setup that needs more than the memory available:
+// available if not 0, else the system's figure (none: no check).
+func checkMemory(mc model.Config, B, T, hostCopies int, available uint64) error {
+	if available == 0 {
+		var ok bool
+		if available, ok = systemMemAvailable(); !ok {
+			return nil
+		}
+	}
+	need := memoryNeed(mc, B, T, hostCopies)
+	if need <= available {
+		return nil
+	}
+	return fmt.Errorf("%w: the %s model at batch %d x %d needs about %.2f GiB (weights, gradients, AdamW moments, outer state and activations), but %.2f GiB is available; use a smaller model or batch",
+		ErrMemory, mc.Name, B, T, gib(need), gib(available))
+}
+
+func gib(b uint64) float64 { return float64(b) / (1 << 30) }
+
+// systemMemAvailable is MemAvailable of /proc/meminfo on Linux: memory that
+// can be given to a new program without swapping. Elsewhere, or when it
+// cannot be read, it reports false.
+func systemMemAvailable() (uint64, bool) {
+	if runtime.GOOS != "linux" {
+		return 0, false
+	}
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, false
+	}
+	return parseMemAvailable(b)
+}
+
+// parseMemAvailable reads the "MemAvailable: N kB" line of /proc/meminfo.
+func parseMemAvailable(meminfo []byte) (uint64, bool) {
+	sc := bufio.NewScanner(bytes.NewReader(meminfo))
+	for sc.Scan() {
+		f := bytes.Fields(sc.Bytes())
+		if len(f) == 3 && string(f[0]) == "MemAvailable:" && string(f[2]) == "kB" {
+			kb, err := strconv.ParseUint(string(f[1]), 10, 64)
+			return kb << 10, err == nil
+		}
+	}
+	return 0, false
+}

@@ -1,0 +1,138 @@
+package trainer
+
+import (
+	"context"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/skein-ml/skein/model"
+	"github.com/skein-ml/skein/optimizer"
+)
+
+// An existing checkpoint is never overwritten by accident: a new run on its
+// directory is refused with the file and both ways out named, --force
+// starts over, and --resume with --force is a contradiction.
+func TestTrainRefusesExistingCheckpoint(t *testing.T) {
+	out := t.TempDir()
+	if _, err := Train(context.Background(), shortRun(t, out, 2)); err != nil {
+		t.Fatal(err)
+	}
+	ck := filepath.Join(out, CheckpointFile)
+	before, err := os.ReadFile(ck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Train(context.Background(), shortRun(t, out, 3))
+	if !errors.Is(err, ErrCheckpointExists) {
+		t.Fatalf("second run: %v, want ErrCheckpointExists", err)
+	}
+	for _, want := range []string{ck, "--resume", "--force"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not name %s", err, want)
+		}
+	}
+	if after, _ := os.ReadFile(ck); string(after) != string(before) {
+		t.Fatal("the refused run changed the checkpoint")
+	}
+
+	c := shortRun(t, out, 3)
+	c.Resume, c.Force = true, true
+	if _, err := Train(context.Background(), c); !errors.Is(err, ErrConfig) {
+		t.Fatalf("--resume with --force: %v, want ErrConfig", err)
+	}
+	c.Resume = false
+	res, err := Train(context.Background(), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.StartStep != 0 || res.EndStep != 3 {
+		t.Fatalf("--force ran steps %d..%d, want 0..3", res.StartStep, res.EndStep)
+	}
+}
+
+// Temporary files a crash left in the output directory go at start; other
+// files, and temporary files newer than the process, stay.
+func TestTrainRemovesStaleTempFiles(t *testing.T) {
+	out := t.TempDir()
+	old := time.Now().Add(-time.Hour)
+	mk := func(name string, mod time.Time) string {
+		p := filepath.Join(out, name)
+		if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		os.Chtimes(p, mod, mod)
+		return p
+	}
+	stale := mk(".checkpoint.safetensors.12345.tmp", old)
+	kept := []string{mk("notes.tmp", old), mk(".metrics.jsonl.777.tmp", time.Now().Add(time.Minute))}
+	if _, err := Train(context.Background(), shortRun(t, out, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(stale); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("stale temporary file kept: %v", err)
+	}
+	for _, p := range kept {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%s removed: %v", p, err)
+		}
+	}
+}
+
+// A model that cannot fit is refused before anything is allocated, with
+// both figures in GiB.
+func TestNewSetupRefusesModelTooLarge(t *testing.T) {
+	a := optimizer.DefaultAdamW()
+	a.TotalSteps = 10
+	cfg := SetupConfig{Preset: "tiny", Batch: 4, SeqLen: 64, AdamW: a, HostCopies: 4, MemAvailable: 1 << 20,
+		CorpusPaths: []string{filepath.Join(t.TempDir(), "absent")}} // never opened: refused first
+	_, err := NewSetup(cfg)
+	if !errors.Is(err, ErrMemory) {
+		t.Fatalf("got %v, want ErrMemory", err)
+	}
+	mc, _ := model.Preset("tiny")
+	need := memoryNeed(mc, 4, 64, 4)
+	if want := (4 + 4) * 4 * uint64(mc.NumParams()); need <= want {
+		t.Fatalf("need %d bytes, not more than the %d of the parameter copies alone", need, want)
+	}
+	if n := strings.Count(err.Error(), "GiB"); n != 2 {
+		t.Fatalf("error %q names %d figures in GiB, want 2", err, n)
+	}
+	if err := checkMemory(mc, 4, 64, 4, need); err != nil {
+		t.Fatalf("exactly enough memory refused: %v", err)
+	}
+}
+
+func TestParseMemAvailable(t *testing.T) {
+	got, ok := parseMemAvailable([]byte("MemTotal:       32774000 kB\nMemFree:  100 kB\nMemAvailable:   24177752 kB\n"))
+	if !ok || got != 24177752<<10 {
+		t.Fatalf("got %d, %v", got, ok)
+	}
+	if _, ok := parseMemAvailable([]byte("MemTotal: 1 kB\n")); ok {
+		t.Fatal("MemAvailable found in a meminfo without it")
+	}
+}
+
+// A non-finite loss is reported as ErrNonFinite, not as any other failure.
+func TestStepReportsNonFinite(t *testing.T) {
+	a := optimizer.DefaultAdamW()
+	a.TotalSteps = 10
+	su, err := NewSetup(SetupConfig{Preset: "tiny", Batch: 2, SeqLen: 16, Threads: 1, AdamW: a})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer su.Close()
+	p := make([]float32, su.Stage.NumParams())
+	su.Dev.CopyOut(p, su.Stage.Params)
+	for i := range p[:su.Model.C*su.Model.PaddedVocab] { // wte: every token's embedding
+		p[i] = float32(math.NaN())
+	}
+	su.Dev.CopyIn(su.Stage.Params, p)
+	if _, err := su.Step(0); !errors.Is(err, ErrNonFinite) {
+		t.Fatalf("poisoned weights: %v, want ErrNonFinite", err)
+	}
+}
