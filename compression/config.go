@@ -17,7 +17,7 @@ const (
 	FP16    Codec = 3 // IEEE binary16, round to nearest even (or stochastic), saturating at ±65504
 	Int8    Codec = 4 // blockwise absmax int8: scale = absmax/127, codes in [-127, 127]
 	Int4    Codec = 5 // blockwise absmax int4: scale = absmax/7, codes in [-7, 7], two per byte
-	MinMax8 Codec = 6 // blockwise min-max uint8 for ring partial sums (ALGORITHMS.md 1)
+	MinMax8 Codec = 6 // blockwise min-max uint8 for the collective's contributions and aggregates (ALGORITHMS.md 1)
 )
 
 // String returns the codec's lowercase name.

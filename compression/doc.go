@@ -1,6 +1,6 @@
 // Package compression owns how tensors cross the wire: codecs that turn
 // []float32 into bytes (fp32, bf16, fp16, blockwise absmax int8/int4 and
-// min-max uint8 for ring partial sums, each with optional seeded stochastic
+// min-max uint8 for contributions and aggregates, each with optional seeded stochastic
 // rounding), error feedback state, a zstd entropy stage, and a framed,
 // versioned, checksummed wire format read and written through
 // io.Reader/io.Writer.
@@ -9,7 +9,7 @@
 // a flat []float32 and a stream. Everything here is a deterministic function
 // of (tensor, seed, Config): the bytes never depend on the number of workers,
 // and every float operation is rounded explicitly so that no platform fuses
-// a multiply-add differently (ring all-reduce needs bit-identical decodes).
+// a multiply-add differently (the collective needs bit-identical decodes).
 //
 // # Use
 //

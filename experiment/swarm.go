@@ -27,7 +27,7 @@ const (
 	Sync Algorithm = "sync"
 	// Single is one worker alone with batch Batch.
 	Single Algorithm = "single"
-	// DiLoCo averages pseudo-gradients with a ring all-reduce every H steps.
+	// DiLoCo averages pseudo-gradients over the butterfly collective every H steps.
 	DiLoCo Algorithm = "diloco"
 	// NoLoCo averages with a random group every H steps, no all-reduce.
 	NoLoCo Algorithm = "noloco"

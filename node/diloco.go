@@ -13,13 +13,13 @@ import (
 )
 
 // The DiLoCo side of a volunteer: every member trains H inner steps, then
-// all average their pseudo-gradients in the fault-tolerant ring and take the
+// all average their pseudo-gradients in the butterfly collective and take the
 // same outer Nesterov step, so that every member holds the same shared
 // state (round, phi, momentum) after each round. A member that falls
 // behind, or ends a round with another state than the run's, downloads the
 // run's state from the others (DESIGN.md, node).
 
-// initDiLoCo builds the DiLoCo side of a volunteer: the ring over
+// initDiLoCo builds the DiLoCo side of a volunteer: the collective over
 // p2p.ProtoReduce, the shared state (resumed from the local checkpoint if
 // there is one) and what it serves to joiners.
 func (v *Volunteer) initDiLoCo() (err error) {
@@ -30,9 +30,8 @@ func (v *Volunteer) initDiLoCo() (err error) {
 	}
 	// The butterfly collective (optimizer/butterfly.go): each round's group
 	// agreed before it starts, every part aggregated by two owners with a
-	// trimmed mean and cross-checked. The ring's deadlines configure its
-	// phases.
-	rc := v.cfg.Ring
+	// trimmed mean and cross-checked.
+	rc := v.cfg.Collective
 	bc := optimizer.DefaultButterflyConfig(v.n, nodeSigner{v.pn}, butterflyTick.Seconds())
 	bc.Codec.Codec = m.Codec()
 	bc.MaxAbs, bc.Hostile = rc.MaxAbs, v.cfg.Hostile
@@ -97,7 +96,7 @@ func (s nodeSigner) Verify(id optimizer.PeerID, msg, sig []byte) bool {
 }
 
 // runDiLoCo catches up with the run, then trains round after round: an
-// inner phase followed by a contribution to the ring.
+// inner phase followed by a contribution to the collective.
 func (v *Volunteer) runDiLoCo(ctx context.Context) error {
 	if err := catchUp(ctx, v.pn, v.dl, v.n, v.log, v.cfg.Progress); err != nil {
 		v.log.Warn("could not fetch the run's state; starting from the local one", "err", err)
@@ -190,7 +189,7 @@ func (v *Volunteer) resume() {
 	}
 }
 
-// contribute offers the round's pseudo-gradient to the ring and installs
+// contribute offers the round's pseudo-gradient to the collective and installs
 // the result; or, when this member fell behind or diverged, takes the run's
 // state instead.
 func (v *Volunteer) contribute(ctx context.Context, ph phase) error {

@@ -39,7 +39,7 @@ func (v *Volunteer) initNoLoCo() (err error) {
 	if v.peers, err = NewP2PPeers(v.pn, p2p.ProtoGossip, maxMsg, 60*time.Second); err != nil {
 		return err
 	}
-	cfg := nolocoConfig(v.run, v.cfg.Ring)
+	cfg := nolocoConfig(v.run, v.cfg.Collective)
 	if cfg.Logger == nil {
 		cfg.Logger = v.log
 	}
@@ -56,11 +56,11 @@ func (v *Volunteer) initNoLoCo() (err error) {
 }
 
 // nolocoConfig is the run's NoLoCo: the manifest's outer settings, its wire
-// codec for the outer gradient as in DiLoCo, and the volunteer's ring
+// codec for the outer gradient as in DiLoCo, and the volunteer's
 // deadlines and bounds. phi, the weights themselves, stays bf16 whatever
 // the codec (8 bits would blur the weights, not a difference of them), or
 // fp32 when the run asks for lossless fp32 on the wire.
-func nolocoConfig(m manifest.Manifest, ring optimizer.RingConfig) optimizer.NoLoCoConfig {
+func nolocoConfig(m manifest.Manifest, ring CollectiveConfig) optimizer.NoLoCoConfig {
 	c := optimizer.DefaultNoLoCo()
 	o := m.Optimizer
 	c.OuterLR, c.Momentum, c.Gamma, c.GroupSize = o.OuterLR, o.OuterMomentum, o.Gamma, o.GroupSize

@@ -148,8 +148,8 @@ func (r *nolocoRun) join(name, dir string, rounds, minPeers int, onRound func(Ro
 	cfg.Rounds, cfg.MinPeers, cfg.Threads, cfg.ValBatches = rounds, minPeers, 1, 0
 	// A partner that is not there is given up after 2 s (members train in
 	// step here, each inner phase is a fraction of a second).
-	cfg.Ring.InitialDeadline = p2ptest.Slowdown * 10 * time.Second
-	cfg.Ring.MinDeadline, cfg.Ring.MaxDeadline = p2ptest.Slowdown*2*time.Second, p2ptest.Slowdown*10*time.Second
+	cfg.Collective.InitialDeadline = p2ptest.Slowdown * 10 * time.Second
+	cfg.Collective.MinDeadline, cfg.Collective.MaxDeadline = p2ptest.Slowdown*2*time.Second, p2ptest.Slowdown*10*time.Second
 	cfg.Logger, cfg.Progress = testLogger(name), tv
 	cfg.OnRound = func(rep RoundReport) {
 		tv.mu.Lock()

@@ -13,7 +13,7 @@ import (
 )
 
 // P2PPeers implements optimizer.Peers on a p2p.Node: each message travels on
-// its own short framed stream of its protocol (p2p.ProtoReduce for the ring) (one stream
+// its own short framed stream of its protocol (p2p.ProtoReduce for the collective) (one stream
 // per message worked better than a reused stream, P2P-NOTES.md), and the
 // group is the run's members whose role is volunteer (the bootstrap seed
 // and relays do not train).
@@ -82,7 +82,7 @@ func (p *P2PPeers) Send(ctx context.Context, to optimizer.PeerID, payload []byte
 	}
 	for attempt := 0; ; attempt++ {
 		// Bound each try: dialing a peer that has just left can otherwise
-		// take far longer than the ring waits for anyone.
+		// take far longer than a round waits for anyone.
 		actx, cancel := context.WithTimeout(ctx, min(p.cfg.WriteTimeout, 10*time.Second))
 		err = p.sendOnce(actx, id, payload)
 		cancel()

@@ -55,12 +55,12 @@ func TestDiLoCoOverP2P(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer pp.Close()
-		rc := optimizer.DefaultRingConfig()
-		rc.InitialDeadline, rc.MinDeadline, rc.MaxDeadline = 5*time.Second, time.Second, 5*time.Second
+		bc := optimizer.DefaultButterflyConfig(P, nodeSigner{n}, butterflyTick.Seconds())
+		var log *slog.Logger
 		if os.Getenv("SKEIN_TEST_LOG") != "" {
-			rc.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("trainer", i)
+			log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("trainer", i)
 		}
-		r, err := optimizer.NewRing(pp, rc)
+		r, err := optimizer.NewButterflyDriver(pp, bc, optimizer.ButterflyOptions{Tick: butterflyTick, Logger: log})
 		if err != nil {
 			t.Fatal(err)
 		}

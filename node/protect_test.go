@@ -290,7 +290,7 @@ func TestVolunteerConfigValidate(t *testing.T) {
 		{"inner steps", func(c *VolunteerConfig) { c.Local.InnerSteps = -5 }, "--inner-steps"},
 		{"codec", func(c *VolunteerConfig) { c.Local.Codec = "zip" }, "--codec"},
 		{"optimizer", func(c *VolunteerConfig) { c.Local.Optimizer = "adam" }, "--optimizer"},
-		{"ring", func(c *VolunteerConfig) { c.Ring.MaxAttempts = 0 }, "ring"},
+		{"collective", func(c *VolunteerConfig) { c.Collective.MinDeadline = 0 }, "collective"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			c := DefaultVolunteerConfig("")

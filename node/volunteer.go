@@ -74,9 +74,9 @@ type VolunteerConfig struct {
 	// MetricsAddr, if set, serves Prometheus metrics on http://ADDR/metrics.
 	MetricsAddr string
 	Version     string
-	// Ring tunes the all-reduce's deadlines; its codec comes from the
-	// manifest.
-	Ring optimizer.RingConfig
+	// Collective tunes the rounds' deadlines and bounds (DiLoCo's
+	// butterfly, NoLoCo's gossip); the codec comes from the manifest.
+	Collective CollectiveConfig
 
 	Logger   *slog.Logger
 	Progress io.Writer
@@ -91,6 +91,44 @@ type VolunteerConfig struct {
 	// beforeStep, a test hook, is called before each inner step with the
 	// volunteer's setup and the step (tests poison the weights with it).
 	beforeStep func(su *trainer.Setup, step int)
+}
+
+// CollectiveConfig tunes a volunteer's rounds.
+type CollectiveConfig struct {
+	// InitialDeadline bounds a phase of a round until a duration has been
+	// observed; later deadlines adapt to observed times, clamped to
+	// [MinDeadline, MaxDeadline].
+	InitialDeadline, MinDeadline, MaxDeadline time.Duration
+	// MaxAbs bounds every element of a decoded contribution or aggregate;
+	// larger or non-finite values make their producer an offender.
+	MaxAbs float32
+	// MaxStashBytes bounds the messages kept for rounds not reached yet
+	// (raised to a few rounds' worth of the model's messages).
+	MaxStashBytes int64
+	// OnReject is told about every offender.
+	OnReject func(from optimizer.PeerID, err error)
+	Logger   *slog.Logger
+}
+
+// DefaultCollectiveConfig returns WAN-minded defaults: the first phase may
+// take 2 minutes (a newcomer's first round over a slow link), later ones
+// adapt between 2 s and 10 min.
+func DefaultCollectiveConfig() CollectiveConfig {
+	return CollectiveConfig{InitialDeadline: 2 * time.Minute, MinDeadline: 2 * time.Second, MaxDeadline: 10 * time.Minute,
+		MaxAbs: 1e4, MaxStashBytes: optimizer.DefaultMaxStashBytes}
+}
+
+// Validate names the first invalid field.
+func (c CollectiveConfig) Validate() error {
+	switch {
+	case c.InitialDeadline <= 0 || c.MinDeadline <= 0 || c.MaxDeadline < c.MinDeadline:
+		return fmt.Errorf("deadlines initial %v, min %v, max %v", c.InitialDeadline, c.MinDeadline, c.MaxDeadline)
+	case !(c.MaxAbs > 0):
+		return fmt.Errorf("max abs %v must be positive", c.MaxAbs)
+	case c.MaxStashBytes <= 0:
+		return fmt.Errorf("max stash bytes %d must be positive", c.MaxStashBytes)
+	}
+	return nil
 }
 
 // RoundReport describes one finished outer round of a volunteer.
@@ -113,7 +151,7 @@ const roundTries = 3
 // DefaultVolunteerConfig returns a volunteer of run runID with WAN timing.
 func DefaultVolunteerConfig(runID string) VolunteerConfig {
 	return VolunteerConfig{RunID: runID, Timing: p2p.WANTiming(), MinPeers: 1, ValBatches: 4,
-		ManifestWait: 2 * time.Minute, Ring: optimizer.DefaultRingConfig()}
+		ManifestWait: 2 * time.Minute, Collective: DefaultCollectiveConfig()}
 }
 
 // Validate names the first invalid setting, by its `skein node join` flag
@@ -183,8 +221,8 @@ func (c VolunteerConfig) Validate() error {
 	if err := c.validateLocal(); err != nil {
 		return err
 	}
-	if err := c.Ring.Validate(); err != nil {
-		return bad("ring: %w", err)
+	if err := c.Collective.Validate(); err != nil {
+		return bad("collective: %w", err)
 	}
 	return nil
 }
@@ -223,7 +261,7 @@ const volunteerCheckpoint = "volunteer.safetensors"
 
 // Volunteer is one machine lent to a run: its p2p node, its model and data
 // (trainer.Setup), and the outer optimizer the run's manifest names: the
-// DiLoCo ring and shared state (diloco.go) or NoLoCo's gossip (noloco.go).
+// DiLoCo collective and shared state (diloco.go) or NoLoCo's gossip (noloco.go).
 // Its methods are the phases of a volunteer's life: NewVolunteer joins,
 // Run trains and contributes round after round (re-syncing when it falls
 // behind or diverges), Close checkpoints and leaves.

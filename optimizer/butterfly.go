@@ -85,12 +85,12 @@ type ButterflyConfig struct {
 	// sizes it implies before anything is allocated.
 	Len int
 	// Codec encodes the parts and the aggregates (default: per-block
-	// min-max uint8, as the ring's).
+	// min-max uint8).
 	Codec compression.Config
 	// Robust is the aggregation rule of every part.
 	Robust RobustConfig
 	// Replicas is the owners per part: 2 cross-checks every aggregate (the
-	// default), 1 trusts the single owner (the ring's bytes, no defence).
+	// default), 1 trusts the single owner (half the bytes, no cross-check).
 	Replicas int
 	// MaxAbs bounds every element of a decoded contribution or aggregate;
 	// a larger or non-finite value makes its producer an offender.

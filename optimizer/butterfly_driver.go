@@ -10,7 +10,7 @@ import (
 )
 
 // Collective averages one vector per round over the members of a run: the
-// butterfly (ButterflyDriver) or the ring (Ring).
+// butterfly (ButterflyDriver), or any other.
 type Collective interface {
 	// Self is this member's ID.
 	Self() PeerID

@@ -25,7 +25,7 @@ func bfMembersWith(t *testing.T, net *MemNetwork, n, size int, mod func(i int, c
 	var thetas [][]float32
 	var drivers []*ButterflyDriver
 	for i := range n {
-		id := PeerID(fmt.Sprintf("m%02d", i))
+		id := PeerID(memberName(i))
 		p := net.Join(id)
 		cfg := DefaultButterflyConfig(size, testSigner{id}, 0.01)
 		cfg.PhaseWait = 200 // 2 s before the first observed phase
@@ -250,3 +250,5 @@ func bfStepHonest(t *testing.T, ds []*DiLoCo, thetas [][]float32, live []int, ho
 		}
 	}
 }
+
+func memberName(i int) string { return fmt.Sprintf("m%02d", i) }

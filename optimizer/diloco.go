@@ -32,7 +32,7 @@ type DiLoCoConfig struct {
 	// MaxDeltaNorm alone until it has seen normMinHistory rounds.
 	NormGrowth float64
 	// Feedback, if set, compresses this member's pseudo-gradient with error
-	// feedback before it enters the ring (for example int4 + EF); the
+	// feedback before it enters the collective (for example int4 + EF); the
 	// residual carries to the next round and is saved with the checkpoint.
 	Feedback *compression.Config
 }

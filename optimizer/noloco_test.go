@@ -80,7 +80,6 @@ func TestNoLoCoMembersConverge(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var ns []*NoLoCo
-	var ms []*member
 	for i := 0; i < M; i++ {
 		id := PeerID(fmt.Sprintf("peer-%d", i))
 		p := net.Join(id)
@@ -90,7 +89,6 @@ func TestNoLoCoMembersConverge(t *testing.T) {
 		}
 		defer nl.Close()
 		ns = append(ns, nl)
-		ms = append(ms, &member{id: id, peer: p})
 	}
 	spread := func() float64 {
 		var s float64
@@ -108,7 +106,7 @@ func TestNoLoCoMembersConverge(t *testing.T) {
 	}
 	before := spread()
 	for step := 0; step < 6; step++ {
-		errs := runAll(ms, func(i int, _ *member) error {
+		errs := each(M, func(i int) error {
 			theta := append([]float32(nil), ns[i].Phi...)
 			st, err := ns[i].OuterStep(context.Background(), theta)
 			if err == nil && len(st.Heard) != len(st.Group)-1 {
@@ -228,7 +226,7 @@ func TestNoLoCoSetState(t *testing.T) {
 	// Both at step 11: they hear each other, and the update is the
 	// hand-computed one, with phibar = (5.125, 6, 7) and dbar = 0.5.
 	thetas := [][]float32{{6.25, 7, 8}, {5, 6, 7}}
-	errs := runAll([]*member{{id: "a"}, {id: "b"}}, func(i int, _ *member) error {
+	errs := each(2, func(i int) error {
 		nl := []*NoLoCo{a, b}[i]
 		st, err := nl.OuterStep(ctx, thetas[i])
 		if err == nil && len(st.Heard) != 1 {

@@ -3,8 +3,8 @@ package optimizer
 import (
 	"encoding/binary"
 	"fmt"
-	"hash/fnv"
 	"sort"
+	"time"
 )
 
 // Collective messages. Every payload a member sends starts with this 32-byte
@@ -14,15 +14,12 @@ import (
 //	2  1  version (1)
 //	3  1  kind
 //	4  8  round
-//	12 8  group: hash of the round and the group (the ring) it was sent in;
-//	      in a suspect, the ring the suspicion was made in (0: none)
-//	20 4  step within the collective; in a query, 1 means "I am in no ring
-//	      of this round, only waiting for its result" (queryWaiting)
-//	24 4  chunk index
+//	12 8  group: hash of the round, the attempt and the group it was sent in
+//	20 4  step: the attempt (butterfly), the step (NoLoCo gossip)
+//	24 4  chunk: the part
 //	28 4  body length (must equal the bytes that follow)
 //
-// The body is a compression frame (reduce, gather), a peer ID (suspect), a
-// done record (done) or empty (query, gone).
+// Bodies: butterfly_wire.go; NoLoCo's gossip, noloco.go.
 const (
 	headerLen  = 32
 	wireMagic0 = 'S'
@@ -33,13 +30,8 @@ const (
 type kind uint8
 
 const (
-	kindReduce  kind = 1 // reduce-scatter partial sum
-	kindGather  kind = 2 // all-gather of an owner's final chunk
-	kindSuspect kind = 3 // the sender excludes the named peer from this round
-	kindQuery   kind = 4 // "has round r finished? send me the result"
-	kindDone    kind = 5 // a finished round's result
-	kindGossip  kind = 6 // NoLoCo exchange within a group
-	kindGone    kind = 7 // "I finished round r but no longer hold its result"
+	// 1-5 and 7 were the ring all-reduce's (deleted); never reuse them.
+	kindGossip kind = 6 // NoLoCo exchange within a group
 
 	// The butterfly collective (butterfly.go); step carries the attempt.
 	kindReady    kind = 8  // "I am ready for round r with state hash H"
@@ -59,7 +51,7 @@ func (k kind) String() string {
 	if k == 0 || k > maxKind {
 		return fmt.Sprintf("kind(%d)", uint8(k))
 	}
-	return [...]string{"", "reduce", "gather", "suspect", "query", "done", "gossip", "gone",
+	return [...]string{"", "kind(1)", "kind(2)", "kind(3)", "kind(4)", "kind(5)", "gossip", "kind(7)",
 		"ready", "group", "part", "have", "result", "digest", "fetch", "audit", "inputs", "finished"}[k]
 }
 
@@ -94,7 +86,7 @@ func parseMessage(p []byte) (header, []byte, error) {
 	}
 	h := header{kind: kind(p[3]), round: binary.LittleEndian.Uint64(p[4:]), group: binary.LittleEndian.Uint64(p[12:]),
 		step: binary.LittleEndian.Uint32(p[20:]), chunk: binary.LittleEndian.Uint32(p[24:])}
-	if h.kind == 0 || h.kind > maxKind {
+	if h.kind == 0 || h.kind > maxKind || (h.kind != kindGossip && h.kind < kindReady) {
 		return header{}, nil, fmt.Errorf("%w: unknown kind %d", ErrBadMessage, h.kind)
 	}
 	n := binary.LittleEndian.Uint32(p[28:])
@@ -104,62 +96,8 @@ func parseMessage(p []byte) (header, []byte, error) {
 	return h, p[headerLen:], nil
 }
 
-// groupHash names one attempt of a round: the round and its exact member list.
-func groupHash(round uint64, group []PeerID) uint64 {
-	h := fnv.New64a()
-	var b [8]byte
-	binary.LittleEndian.PutUint64(b[:], round)
-	h.Write(b[:])
-	for _, p := range group {
-		h.Write([]byte(p))
-		h.Write([]byte{0})
-	}
-	return h.Sum64()
-}
-
-// doneRecord is the body of a kindDone message: the group size and the final
-// encoded bytes of every chunk, from which any member rebuilds the result.
-//
-//	4 bytes group size M, then M times: 4-byte length, bytes
-func appendDone(dst []byte, chunks [][]byte) []byte {
-	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(chunks)))
-	for _, c := range chunks {
-		dst = binary.LittleEndian.AppendUint32(dst, uint32(len(c)))
-		dst = append(dst, c...)
-	}
-	return dst
-}
-
 // maxGroup bounds the members of one collective.
 const maxGroup = 1 << 16
-
-func parseDone(body []byte) ([][]byte, error) {
-	if len(body) < 4 {
-		return nil, fmt.Errorf("%w: done record of %d bytes", ErrBadMessage, len(body))
-	}
-	m := binary.LittleEndian.Uint32(body)
-	if m == 0 || m > maxGroup || uint64(m)*4 > uint64(len(body)-4) {
-		return nil, fmt.Errorf("%w: done record claims %d chunks in %d bytes", ErrBadMessage, m, len(body))
-	}
-	chunks := make([][]byte, m)
-	off := 4
-	for i := range chunks {
-		if len(body)-off < 4 {
-			return nil, fmt.Errorf("%w: done record truncated at chunk %d", ErrBadMessage, i)
-		}
-		n := int(binary.LittleEndian.Uint32(body[off:]))
-		off += 4
-		if n > len(body)-off {
-			return nil, fmt.Errorf("%w: done chunk %d of %d bytes, %d left", ErrBadMessage, i, n, len(body)-off)
-		}
-		chunks[i] = body[off : off+n]
-		off += n
-	}
-	if off != len(body) {
-		return nil, fmt.Errorf("%w: %d trailing bytes in done record", ErrBadMessage, len(body)-off)
-	}
-	return chunks, nil
-}
 
 // sortedGroup returns the members sorted by ID, without duplicates.
 func sortedGroup(ms []PeerID) []PeerID {
@@ -178,4 +116,12 @@ func sortedGroup(ms []PeerID) []PeerID {
 // chunkBounds splits n elements into m near-equal contiguous chunks.
 func chunkBounds(n, m, c int) (lo, hi int) {
 	return c * n / m, (c + 1) * n / m
+}
+
+// envelope is a received message, parsed, with its arrival time.
+type envelope struct {
+	from PeerID
+	h    header
+	body []byte
+	at   time.Time
 }

@@ -31,7 +31,7 @@ var (
 	ProtoMembersBye = Protocol{"members-bye", 1}
 	// ProtoBulk is the striped, resumable bulk transfer (states, shards).
 	ProtoBulk = Protocol{"bulk", 1}
-	// ProtoReduce carries the DiLoCo ring all-reduce's messages.
+	// ProtoReduce carries the DiLoCo collective's messages (the butterfly).
 	ProtoReduce = Protocol{"reduce", 1}
 	// ProtoGossip carries NoLoCo's partial averaging with random peers.
 	ProtoGossip = Protocol{"gossip", 1}

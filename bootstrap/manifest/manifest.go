@@ -50,7 +50,7 @@ const (
 
 // Accepted values of the enumerated string fields.
 const (
-	KindDiLoCo = "diloco" // optimizer.kind: DiLoCo, ring all-reduce among the round's group
+	KindDiLoCo = "diloco" // optimizer.kind: DiLoCo, the butterfly collective among the round's group
 	KindNoLoCo = "noloco" // optimizer.kind: NoLoCo, gossip with small random groups
 
 	SourceShards = "shards" // data.source: the content-addressed shards listed in data.shards

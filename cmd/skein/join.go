@@ -52,8 +52,9 @@ func nodeCommand() *cli.Command {
 		Description: "Joins a run through its bootstrap (or any member it has seen before), fetches the run's\n" +
 			"manifest (model, optimizer, data: every run-wide setting) and its corpus shards from the members,\n" +
 			"downloads the run's current weights, and trains: the manifest's inner steps of local AdamW, then\n" +
-			"the outer step: DiLoCo's fault-tolerant ring all-reduce of the quantized pseudo-gradient with the\n" +
-			"other volunteers (plain or one-step-delayed), or NoLoCo's averaging with a random partner.\n" +
+			"the outer step: DiLoCo's robust average of the quantized pseudo-gradient with the other volunteers\n" +
+			"(the butterfly: each part aggregated by two members with a trimmed mean and cross-checked; plain or\n" +
+			"one-step-delayed), or NoLoCo's averaging with a random partner.\n" +
 			"Shows one line per round (loss, validation loss, tokens/s) and reports it to the bootstrap's status\n" +
 			"page. Ctrl-C saves a local checkpoint and leaves gracefully; the same command resumes it.\n\n" +
 			"A closed run (manifest [admission] mode = \"closed\") admits only nodes with a join token for their\n" +

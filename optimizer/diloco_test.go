@@ -1,0 +1,281 @@
+package optimizer
+
+import (
+	"context"
+	"errors"
+	"math"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/skein-ml/skein/compression"
+)
+
+func randomVec(n int, seed uint64, scale float64) []float32 {
+	rng := rand.New(rand.NewPCG(seed, 9))
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(rng.NormFloat64() * scale)
+	}
+	return v
+}
+
+// innerPhase stands in for H AdamW steps: a member-specific drift.
+func innerPhase(theta []float32, member int, round uint64) {
+	d := randomVec(len(theta), uint64(member)*1000+round, 0.01)
+	for i := range theta {
+		theta[i] += d[i] - 0.001
+	}
+}
+
+// each runs f for every member at once and returns their errors.
+func each(n int, f func(i int) error) []error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = f(i)
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+func TestNesterovStepByHand(t *testing.T) {
+	// eta 0.5, mu 0.9; round 1 from m = 0: m = d, phi -= eta*(d + mu*d).
+	phi, m := []float32{1, -2}, []float32{0, 0}
+	NesterovStep(phi, m, []float32{0.1, -0.2}, 0.5, 0.9)
+	want := []float32{1 - 0.5*(0.1+0.9*0.1), -2 - 0.5*(-0.2+0.9*-0.2)}
+	for i := range phi {
+		if math.Abs(float64(phi[i]-want[i])) > 1e-6 || math.Abs(float64(m[i]-[]float32{0.1, -0.2}[i])) > 1e-7 {
+			t.Fatalf("round 1: phi %v m %v, want phi %v", phi, m, want)
+		}
+	}
+	// round 2: m = 0.9*0.1 + 0.3 = 0.39; phi -= 0.5*(0.3 + 0.9*0.39)
+	before := phi[0]
+	NesterovStep(phi, m, []float32{0.3, 0}, 0.5, 0.9)
+	if math.Abs(float64(m[0])-0.39) > 1e-6 || math.Abs(float64(before-phi[0])-0.5*(0.3+0.9*0.39)) > 1e-6 {
+		t.Fatalf("round 2: m %v, step %v", m[0], before-phi[0])
+	}
+}
+
+// TestDiLoCoCancelledRoundIsRetried: every member's call is cancelled in
+// the middle of a round; nothing changes, and the retry (a new attempt of
+// the same round) succeeds with one state.
+func TestDiLoCoCancelledRoundIsRetried(t *testing.T) {
+	const M, n = 4, 1000
+	net := NewMemNetwork()
+	defer net.Close()
+	ds, thetas, _ := bfMembers(t, net, M, n)
+	bfStep(t, ds, thetas, []int{0, 1, 2, 3})
+	for i := range M {
+		net.SetDelay(PeerID(memberName(i)), 300*time.Millisecond, 0)
+	}
+	saved := make([][]float32, M)
+	for i := range M {
+		innerPhase(thetas[i], i, 1)
+		saved[i] = append([]float32(nil), thetas[i]...)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	for i, err := range each(M, func(i int) error { _, err := ds[i].OuterStep(ctx, thetas[i]); return err }) {
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("member %d: %v, want deadline exceeded", i, err)
+		}
+		if ds[i].Round != 1 || !bitsEqual(thetas[i], saved[i]) {
+			t.Fatalf("member %d changed state in a cancelled round", i)
+		}
+	}
+	for i := range M {
+		net.SetDelay(PeerID(memberName(i)), 0, 0)
+	}
+	for i, err := range each(M, func(i int) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_, err := ds[i].OuterStep(ctx, thetas[i])
+		return err
+	}) {
+		if err != nil {
+			t.Fatalf("retry, member %d: %v", i, err)
+		}
+		if ds[i].Round != 2 || ds[i].StateHash() != ds[0].StateHash() {
+			t.Fatalf("member %d: round %d, hash agrees %v", i, ds[i].Round, ds[i].StateHash() == ds[0].StateHash())
+		}
+	}
+}
+
+func TestDiLoCoDelayedAgrees(t *testing.T) {
+	const M, n = 4, 800
+	net := NewMemNetwork()
+	defer net.Close()
+	ds, thetas, _ := bfMembers(t, net, M, n)
+	for phase := range 4 {
+		for i := range M {
+			innerPhase(thetas[i], i, uint64(phase))
+		}
+		before := append([]float32(nil), thetas[0]...)
+		for i, err := range each(M, func(i int) error { _, err := ds[i].OuterStepDelayed(context.Background(), thetas[i]); return err }) {
+			if err != nil {
+				t.Fatalf("phase %d member %d: %v", phase, i, err)
+			}
+		}
+		if phase == 0 && !bitsEqual(before, thetas[0]) {
+			t.Fatal("first delayed step changed theta with nothing to apply")
+		}
+	}
+	for i, err := range each(M, func(i int) error { _, err := ds[i].Flush(thetas[i]); return err }) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ds[i].Round != 4 || ds[i].StateHash() != ds[0].StateHash() || !bitsEqual(thetas[i], ds[i].Phi) {
+			t.Fatalf("member %d: round %d, agrees %v", i, ds[i].Round, ds[i].StateHash() == ds[0].StateHash())
+		}
+	}
+}
+
+// Adopting a state while a delayed round is in flight abandons that round:
+// the state is exactly the one adopted, nothing of the round in flight is
+// applied later.
+func TestDiLoCoSetStateAbandonsDelayedRound(t *testing.T) {
+	const M, n = 3, 600
+	net := NewMemNetwork()
+	defer net.Close()
+	ds, thetas, _ := bfMembers(t, net, M, n)
+	for i := range M {
+		innerPhase(thetas[i], i, 0)
+	}
+	for i, err := range each(M, func(i int) error { _, err := ds[i].OuterStepDelayed(context.Background(), thetas[i]); return err }) {
+		if err != nil {
+			t.Fatalf("member %d: %v", i, err)
+		}
+	}
+	if !ds[0].InFlight() {
+		t.Fatal("no delayed round in flight")
+	}
+	phi, mom := make([]float32, n), make([]float32, n)
+	for i := range phi {
+		phi[i], mom[i] = float32(i)/n, 0.5
+	}
+	if err := ds[0].SetState(7, phi, mom); err != nil {
+		t.Fatal(err)
+	}
+	if ds[0].InFlight() || ds[0].Round != 7 || !bitsEqual(ds[0].Phi, phi) || !bitsEqual(ds[0].Mom, mom) {
+		t.Fatalf("after SetState: in flight %v, round %d", ds[0].InFlight(), ds[0].Round)
+	}
+	if _, err := ds[0].Flush(thetas[0]); err != nil || !bitsEqual(thetas[0], phi) || ds[0].Round != 7 {
+		t.Fatalf("flush after abandon: %v, round %d", err, ds[0].Round)
+	}
+	for i := 1; i < M; i++ {
+		ds[i].Abandon()
+	}
+}
+
+// Error feedback on a biased codec: int4 pseudo-gradients with EF move phi
+// closer to the fp32 result than without, over several rounds.
+func TestDiLoCoErrorFeedback(t *testing.T) {
+	const M, n, rounds = 3, 2048, 6
+	run := func(codec compression.Codec, ef bool) []float32 {
+		net := NewMemNetwork()
+		defer net.Close()
+		ds, thetas, drivers := bfMembersWith(t, net, M, n, func(_ int, c *ButterflyConfig, _ *ButterflyOptions) {
+			c.Codec.Codec, c.Robust.Trim = compression.FP32, 0
+		})
+		if codec != compression.FP32 {
+			fc := compression.DefaultConfig()
+			fc.Codec, fc.ZstdLevel = codec, 0
+			for i := range ds {
+				dc := DefaultDiLoCo()
+				dc.Feedback = &fc
+				var err error
+				if ds[i], err = NewDiLoCo(dc, drivers[i], ds[i].Phi); err != nil {
+					t.Fatal(err)
+				}
+				if !ef {
+					ds[i].ef = nil // quantize without feedback
+					ds[i].efEncOnly = true
+				}
+			}
+		}
+		for range rounds {
+			for i := range M {
+				for j := range thetas[i] { // a small, consistent drift: what int4 rounds away
+					thetas[i][j] -= 0.002 * float32(1.3+math.Sin(float64(j)*0.37))
+				}
+			}
+			for _, err := range each(M, func(i int) error { _, err := ds[i].OuterStep(context.Background(), thetas[i]); return err }) {
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		return ds[0].Phi
+	}
+	exact := run(compression.FP32, false)
+	dist := func(a []float32) float64 {
+		var s float64
+		for i := range a {
+			d := float64(a[i] - exact[i])
+			s += d * d
+		}
+		return math.Sqrt(s)
+	}
+	withEF, without := dist(run(compression.Int4, true)), dist(run(compression.Int4, false))
+	t.Logf("distance to fp32 phi after %d rounds: int4+EF %.4f, int4 %.4f", rounds, withEF, without)
+	if !(withEF < without) {
+		t.Errorf("error feedback did not help: %.4f vs %.4f", withEF, without)
+	}
+}
+
+// TestDiLoCoOutsizedContribution: one member adds 3000 to every element of
+// its contribution. With the plain mean the average's norm jumps and the
+// adaptive bound (NormGrowth) rejects the round, nothing applied; with the
+// trimmed mean the offset is dropped and the round goes through with an
+// average within the honest members' range.
+func TestDiLoCoOutsizedContribution(t *testing.T) {
+	const M, n = 4, 1000
+	for _, trim := range []int{0, 1} {
+		net := NewMemNetwork()
+		ds, thetas, _ := bfMembersWith(t, net, M, n, func(_ int, c *ButterflyConfig, _ *ButterflyOptions) { c.Robust.Trim = trim })
+		step := func(poison bool) []error {
+			for i := range M {
+				innerPhase(thetas[i], i, ds[i].Round)
+				if poison && i == 0 {
+					for k := range thetas[i] {
+						thetas[i][k] -= 3000 // delta = phi - theta grows by 3000
+					}
+				}
+			}
+			return each(M, func(i int) error { _, err := ds[i].OuterStep(context.Background(), thetas[i]); return err })
+		}
+		for r := range normMinHistory + 1 {
+			for i, err := range step(false) {
+				if err != nil {
+					t.Fatalf("trim %d: honest round %d member %d: %v", trim, r, i, err)
+				}
+			}
+		}
+		before, round := ds[1].StateHash(), ds[1].Round
+		errs := step(true)
+		for i, err := range errs {
+			switch {
+			case trim == 0 && !errors.Is(err, ErrRejected):
+				t.Fatalf("plain mean, member %d: %v, want ErrRejected", i, err)
+			case trim == 0 && (ds[i].Round != round || (i > 0 && ds[i].StateHash() != before)):
+				t.Fatalf("plain mean: member %d applied the poisoned round", i)
+			case trim == 1 && err != nil:
+				t.Fatalf("trimmed mean, member %d: %v", i, err)
+			case trim == 1 && (ds[i].Round != round+1 || ds[i].StateHash() != ds[1].StateHash()):
+				t.Fatalf("trimmed mean: member %d at round %d, agrees %v", i, ds[i].Round, ds[i].StateHash() == ds[1].StateHash())
+			}
+		}
+		if trim == 1 {
+			if norm := l2(ds[1].avg); norm > 1 {
+				t.Fatalf("trimmed mean: average norm %v, the offset got through", norm)
+			}
+		}
+		net.Close()
+	}
+}
