@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -22,7 +23,23 @@ type P2PPeers struct {
 	proto p2p.Protocol
 	cfg   p2p.FrameConfig
 	inbox chan optimizer.Message
+
+	// Byte budgets of the inbox: what one peer may have queued, and all
+	// together. A peer flooding messages fills its own share and loses
+	// the excess; the others' messages still get in.
+	perPeer, total int64
+	mu             sync.Mutex
+	queued         map[optimizer.PeerID]int64
+	queuedAll      int64
 }
+
+// inboxMessages bounds the inbox in messages; its byte budgets are
+// perPeerMessages of the largest message per peer, totalMessages in all.
+const (
+	inboxMessages   = 1024
+	perPeerMessages = 4
+	totalMessages   = 32
+)
 
 // NewP2PPeers registers the protocol and returns the endpoint. maxMessage
 // bounds one message (a chunk of the all-reduce), checked before allocation.
@@ -33,7 +50,10 @@ func NewP2PPeers(n *p2p.Node, proto p2p.Protocol, maxMessage uint32, timeout tim
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	p := &P2PPeers{n: n, proto: proto, cfg: cfg, inbox: make(chan optimizer.Message, 1024)}
+	p := &P2PPeers{n: n, proto: proto, cfg: cfg, inbox: make(chan optimizer.Message, inboxMessages),
+		queued: map[optimizer.PeerID]int64{}}
+	p.perPeer = min(perPeerMessages*int64(maxMessage), max(int64(maxMessage), 1<<30))
+	p.total = min(totalMessages*int64(maxMessage), max(2*p.perPeer, 4<<30))
 	err := n.Handle(proto, cfg, func(ctx context.Context, s *p2p.Stream) error {
 		if m, ok := n.Member(s.Peer()); !ok || m.Meta.Role != p2p.RoleVolunteer {
 			return fmt.Errorf("node: %s is not a volunteer of this run", s.Peer())
@@ -42,10 +62,15 @@ func NewP2PPeers(n *p2p.Node, proto p2p.Protocol, maxMessage uint32, timeout tim
 		if err != nil {
 			return err
 		}
-		msg := optimizer.Message{From: optimizer.PeerID(s.Peer().String()), Payload: append([]byte(nil), payload...)}
+		from := optimizer.PeerID(s.Peer().String())
+		if !p.reserve(from, int64(len(payload))) {
+			return nil // over this peer's budget: dropped (the collective's deadlines cover it)
+		}
+		msg := optimizer.Message{From: from, Payload: append([]byte(nil), payload...)}
 		select {
 		case p.inbox <- msg:
 		default: // nobody drains (a long inner phase): drop, never park the stream
+			p.release(from, int64(len(payload)))
 		}
 		return nil
 	})
@@ -119,10 +144,32 @@ func (p *P2PPeers) sendOnce(ctx context.Context, id peer.ID, payload []byte) err
 	return nil
 }
 
+// reserve takes n bytes of from's share of the inbox, if they fit.
+func (p *P2PPeers) reserve(from optimizer.PeerID, n int64) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.queued[from]+n > p.perPeer || p.queuedAll+n > p.total {
+		return false
+	}
+	p.queued[from] += n
+	p.queuedAll += n
+	return true
+}
+
+func (p *P2PPeers) release(from optimizer.PeerID, n int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.queued[from] -= n; p.queued[from] <= 0 {
+		delete(p.queued, from)
+	}
+	p.queuedAll -= n
+}
+
 // Recv implements optimizer.Peers.
 func (p *P2PPeers) Recv(ctx context.Context) (optimizer.Message, error) {
 	select {
 	case m := <-p.inbox:
+		p.release(m.From, int64(len(m.Payload)))
 		return m, nil
 	case <-ctx.Done():
 		if errors.Is(ctx.Err(), context.Canceled) {
