@@ -42,7 +42,7 @@ type Arm struct {
 	configure   func(c *SwarmConfig)
 }
 
-func int8Ring() compression.Config {
+func int8Codec() compression.Config {
 	c := compression.DefaultConfig()
 	c.Codec, c.ZstdLevel = compression.MinMax8, 0
 	return c
@@ -59,16 +59,16 @@ func Arms() []Arm {
 	return []Arm{
 		{Name: "sync", Description: "synchronous baseline: one model, batch M*B", configure: func(c *SwarmConfig) { c.Algorithm = Sync }},
 		{Name: "single", Description: "one worker alone, batch B", configure: func(c *SwarmConfig) { c.Algorithm = Single }},
-		{Name: "diloco-h50-int8", Description: "DiLoCo H=50, int8 (min-max) ring", configure: func(c *SwarmConfig) {
+		{Name: "diloco-h50-int8", Description: "DiLoCo H=50, int8 (min-max), butterfly mean", configure: func(c *SwarmConfig) {
 			c.Algorithm, c.InnerSteps = DiLoCo, 50
 		}},
-		{Name: "diloco-h25-int8", Description: "DiLoCo H=25, int8 (min-max) ring", configure: func(c *SwarmConfig) {
+		{Name: "diloco-h25-int8", Description: "DiLoCo H=25, int8 (min-max), butterfly mean", configure: func(c *SwarmConfig) {
 			c.Algorithm, c.InnerSteps = DiLoCo, 25
 		}},
-		{Name: "diloco-h50-fp32", Description: "DiLoCo H=50, fp32 ring", configure: func(c *SwarmConfig) {
+		{Name: "diloco-h50-fp32", Description: "DiLoCo H=50, fp32, butterfly mean", configure: func(c *SwarmConfig) {
 			c.Algorithm, c.InnerSteps, c.Codec = DiLoCo, 50, codecConfig(compression.FP32)
 		}},
-		{Name: "diloco-h50-int4ef", Description: "DiLoCo H=50, int4 ring + error feedback", configure: func(c *SwarmConfig) {
+		{Name: "diloco-h50-int4ef", Description: "DiLoCo H=50, int4 + error feedback, butterfly mean", configure: func(c *SwarmConfig) {
 			c.Algorithm, c.InnerSteps, c.Codec = DiLoCo, 50, codecConfig(compression.Int4)
 			fb := codecConfig(compression.Int4)
 			c.DiLoCo.Feedback = &fb
@@ -76,9 +76,23 @@ func Arms() []Arm {
 		{Name: "noloco-h50", Description: "NoLoCo H=50, groups of 2, bf16 weights + int8 outer gradients", configure: func(c *SwarmConfig) {
 			c.Algorithm, c.InnerSteps = NoLoCo, 50
 		}},
+		// Robust aggregation (issue 9): the cost of safety with no attacker,
+		// and one hostile worker (the last) scaling its pseudo-gradient.
+		{Name: "diloco-h50-mean", Description: "DiLoCo H=50, int8, butterfly plain mean (trim 0)", configure: func(c *SwarmConfig) {
+			c.Algorithm, c.InnerSteps, c.Trim = DiLoCo, 50, 0
+		}},
+		{Name: "diloco-h50-trim1", Description: "DiLoCo H=50, int8, butterfly trimmed mean (trim 1)", configure: func(c *SwarmConfig) {
+			c.Algorithm, c.InnerSteps, c.Trim = DiLoCo, 50, 1
+		}},
+		{Name: "diloco-h50-mean-attack", Description: "DiLoCo H=50, int8, butterfly plain mean, one worker scales its pseudo-gradient by 1000", configure: func(c *SwarmConfig) {
+			c.Algorithm, c.InnerSteps, c.Trim, c.Attack = DiLoCo, 50, 0, 1000
+		}},
+		{Name: "diloco-h50-trim1-attack", Description: "DiLoCo H=50, int8, butterfly trimmed mean (trim 1), one worker scales its pseudo-gradient by 1000", configure: func(c *SwarmConfig) {
+			c.Algorithm, c.InnerSteps, c.Trim, c.Attack = DiLoCo, 50, 1, 1000
+		}},
 		{Name: "warm-sync", Description: "warm start: synchronous", Warm: true, configure: func(c *SwarmConfig) { c.Algorithm = Sync }},
 		{Name: "warm-single", Description: "warm start: one worker alone", Warm: true, configure: func(c *SwarmConfig) { c.Algorithm = Single }},
-		{Name: "warm-diloco-h50-int8", Description: "warm start: DiLoCo H=50, int8 ring", Warm: true, configure: func(c *SwarmConfig) {
+		{Name: "warm-diloco-h50-int8", Description: "warm start: DiLoCo H=50, int8, butterfly mean", Warm: true, configure: func(c *SwarmConfig) {
 			c.Algorithm, c.InnerSteps = DiLoCo, 50
 		}},
 	}
@@ -127,7 +141,7 @@ func RunConvergence(ctx context.Context, cfg ConvergenceConfig) ([]ArmResult, er
 		a.LR, a.Warmup = cfg.LR, max(cfg.Steps/20, 1)
 		return SwarmConfig{Preset: cfg.Preset, Workers: cfg.Workers, Batch: cfg.Batch, SeqLen: cfg.SeqLen,
 			InnerSteps: 50, Seed: cfg.Seed, Threads: 1, AdamW: a, DiLoCo: optimizer.DefaultDiLoCo(),
-			NoLoCo: optimizer.DefaultNoLoCo(), Codec: int8Ring(), Corpus: nil, EvalBatches: cfg.EvalBatches, Logger: log}
+			NoLoCo: optimizer.DefaultNoLoCo(), Codec: int8Codec(), Corpus: nil, EvalBatches: cfg.EvalBatches, Logger: log}
 	}
 	var warm *model.Checkpoint
 	var results []ArmResult
