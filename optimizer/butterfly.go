@@ -1280,11 +1280,18 @@ func (b *Butterfly) advanceGather(c *bfRound) {
 		return
 	}
 	b.gatherEst.observe(b.now - start)
+	b.finishWith(c, ErrRoundFailed)
+}
+
+// finishWith decodes every accepted part into the output and ends the
+// round; a part that does not decode ends it with failure (both owners
+// agreed on garbage).
+func (b *Butterfly) finishWith(c *bfRound, failure error) {
 	M := len(c.group)
 	for p := range c.parts {
 		lo, hi := chunkBounds(b.cfg.Len, M, p)
 		if err := b.decodeChecked(c.parts[p].accepted, c.out[lo:hi]); err != nil {
-			b.finish(c, fmt.Errorf("%w: the aggregate of part %d: %v", ErrRoundFailed, p, err))
+			b.finish(c, fmt.Errorf("%w: the aggregate of part %d: %v", failure, p, err))
 			return
 		}
 	}
@@ -1353,17 +1360,23 @@ func (b *Butterfly) settle(c *bfRound, p uint32, pt *bfPart, start, due int64) {
 	}
 }
 
+// auditInputs are the signed inputs the owner declared, with their frames.
+func (o *bfOwned) auditInputs() []auditInput {
+	in := make([]auditInput, 0, len(o.decls))
+	for _, d := range o.decls {
+		x := o.inputs[d.idx]
+		in = append(in, auditInput{signedInput: x.signedInput, frame: x.frame})
+	}
+	return in
+}
+
 // auditSelf answers this member's own audit of a part it owns.
 func (b *Butterfly) auditSelf(c *bfRound, p uint32, pt *bfPart) {
 	o := c.owned[p]
 	if o == nil || !o.done {
 		return
 	}
-	in := make([]auditInput, 0, len(o.decls))
-	for _, d := range o.decls {
-		x := o.inputs[d.idx]
-		in = append(in, auditInput{signedInput: x.signedInput, frame: x.frame})
-	}
+	in := o.auditInputs()
 	if pt.a == b.self {
 		pt.auditA, pt.gotAudA = in, true
 	} else {
@@ -1485,15 +1498,7 @@ func (b *Butterfly) advanceLeftOut(c *bfRound) {
 	if pending > 0 {
 		return
 	}
-	M := len(c.group)
-	for p := range c.parts {
-		lo, hi := chunkBounds(b.cfg.Len, M, p)
-		if err := b.decodeChecked(c.parts[p].accepted, c.out[lo:hi]); err != nil {
-			b.finish(c, fmt.Errorf("%w: part %d: %v", ErrExcluded, p, err))
-			return
-		}
-	}
-	b.finish(c, nil)
+	b.finishWith(c, ErrExcluded)
 }
 
 // answer serves a fetch (the aggregate) or an audit (the signed inputs) of a
@@ -1526,12 +1531,7 @@ func (b *Butterfly) answer(from PeerID, h header) {
 		b.send(from, r, append(appendDecls(nil, o.decls), o.frame...))
 	case kindAudit:
 		r.kind = kindInputs
-		in := make([]auditInput, 0, len(o.decls))
-		for _, d := range o.decls {
-			x := o.inputs[d.idx]
-			in = append(in, auditInput{signedInput: x.signedInput, frame: x.frame})
-		}
-		b.send(from, r, appendAudit(nil, in))
+		b.send(from, r, appendAudit(nil, o.auditInputs()))
 	}
 }
 

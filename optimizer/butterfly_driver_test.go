@@ -53,29 +53,7 @@ func bfMembersWith(t *testing.T, net *MemNetwork, n, size int, mod func(i int, c
 // agree on the state hash.
 func bfStep(t *testing.T, ds []*DiLoCo, thetas [][]float32, live []int) []RoundStats {
 	t.Helper()
-	sts := make([]RoundStats, len(ds))
-	errs := make([]error, len(ds))
-	var wg sync.WaitGroup
-	for _, i := range live {
-		innerPhase(thetas[i], i, ds[i].Round)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			sts[i], errs[i] = ds[i].OuterStep(ctx, thetas[i])
-		}()
-	}
-	wg.Wait()
-	for _, i := range live {
-		if errs[i] != nil {
-			t.Fatalf("member %d: %v", i, errs[i])
-		}
-		if ds[i].StateHash() != ds[live[0]].StateHash() {
-			t.Fatalf("member %d ends with another state", i)
-		}
-	}
-	return sts
+	return bfStepHonest(t, ds, thetas, live, len(live))
 }
 
 // TestButterflyDriverDiLoCo: DiLoCo over the butterfly on an in-memory
@@ -224,10 +202,11 @@ func TestButterflyDriverHostile(t *testing.T) {
 	}
 }
 
-// bfStepHonest runs a round where members from honest on may misbehave:
-// the others must succeed with one state.
-func bfStepHonest(t *testing.T, ds []*DiLoCo, thetas [][]float32, live []int, honest int) {
+// bfStepHonest runs a round where the live members from index honest on
+// may misbehave: the others must succeed with one state.
+func bfStepHonest(t *testing.T, ds []*DiLoCo, thetas [][]float32, live []int, honest int) []RoundStats {
 	t.Helper()
+	sts := make([]RoundStats, len(ds))
 	errs := make([]error, len(ds))
 	var wg sync.WaitGroup
 	for _, i := range live {
@@ -237,18 +216,19 @@ func bfStepHonest(t *testing.T, ds []*DiLoCo, thetas [][]float32, live []int, ho
 			defer wg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			_, errs[i] = ds[i].OuterStep(ctx, thetas[i])
+			sts[i], errs[i] = ds[i].OuterStep(ctx, thetas[i])
 		}()
 	}
 	wg.Wait()
-	for i := range honest {
+	for _, i := range live[:honest] {
 		if errs[i] != nil {
 			t.Fatalf("member %d: %v", i, errs[i])
 		}
-		if ds[i].StateHash() != ds[0].StateHash() {
+		if ds[i].StateHash() != ds[live[0]].StateHash() {
 			t.Fatalf("member %d ends with another state", i)
 		}
 	}
+	return sts
 }
 
 func memberName(i int) string { return fmt.Sprintf("m%02d", i) }
