@@ -68,10 +68,11 @@ import (
 // form. TestButterflyRandomSchedules checks this over thousands of random
 // schedules with a member dying unseen and a hostile one.
 //
-// What this does not defend: a leader that sends different groups to
-// different members splits the round (each side's result is internally
-// consistent; the state-hash re-sync repairs it); a part whose two owners
-// both collude is unprotected; an owner may leave out honest inputs it
+// Members echo the signed group to each other: a leader that signs two
+// different groups for one attempt is caught and banned by every member.
+//
+// What this does not defend: a part whose two owners both collude is
+// unprotected; an owner may leave out honest inputs it
 // received (it cannot add or alter any: they are signed); members whose
 // views of the membership disagree (a join or a death not yet gossiped)
 // can still, rarely, form two majorities of different views, which the
@@ -267,6 +268,7 @@ type bfRound struct {
 	gh       uint64
 	groupAt  int64
 	groupB   []byte // the signed group message, forwarded to late members
+	leader   PeerID // who signed it
 	me       int    // index in group, -1 when left out
 	owned    map[uint32]*bfOwned
 	parts    []bfPart
@@ -522,7 +524,9 @@ func (b *Butterfly) step(from PeerID, h header, body []byte, fresh bool) {
 		}
 		return
 	case kindGroup:
-		if b.finished[h.round] != nil && (!active || c.round != h.round) {
+		// A group for a round this member finished, from someone who was not
+		// in it: tell it (an echo from a member of that group is not news).
+		if f := b.finished[h.round]; f != nil && (!active || c.round != h.round) && !slices.Contains(f.group, from) {
 			b.send(from, header{kind: kindFinished, round: h.round, step: h.step}, nil)
 			return
 		}

@@ -1,6 +1,7 @@
 package optimizer
 
 import (
+	"bytes"
 	"fmt"
 	"slices"
 )
@@ -149,11 +150,11 @@ func (b *Butterfly) advanceGroup(c *bfRound) {
 
 func (b *Butterfly) onGroup(from PeerID, h header, body []byte) {
 	c := b.cur
-	if c.group != nil && h.step <= c.attempt {
-		return
-	}
 	if h.step < c.attempt || uint64(len(body)) > uint64(maxGroup)*(maxIDLen+2)+64 {
 		return
+	}
+	if c.group != nil && h.step == c.attempt && bytes.Equal(body, c.groupB) {
+		return // an echo of ours
 	}
 	g, err := parseGroup(body)
 	if err != nil {
@@ -161,6 +162,21 @@ func (b *Butterfly) onGroup(from PeerID, h header, body []byte) {
 	}
 	if !b.cfg.Signer.Verify(g.leader, groupSigMsg(c.round, h.step, g.signed), g.sig) {
 		b.offend(from, "forwarded a group with a bad signature")
+		return
+	}
+	if c.group != nil && h.step <= c.attempt {
+		// Two different groups signed by one leader for one attempt: the
+		// leader split the round. Its two signatures prove it to anyone.
+		if h.step == c.attempt && g.leader == c.leader && !bytes.Equal(body, c.groupB) && !b.Banned(g.leader) {
+			b.offend(g.leader, "signed two different groups for round %d attempt %d", c.round, h.step)
+			// Pass the proof on: members the other group left out never
+			// see it otherwise.
+			for _, p := range c.group {
+				if p != b.self && p != g.leader {
+					b.send(p, header{kind: kindGroup, round: c.round, step: h.step}, body)
+				}
+			}
+		}
 		return
 	}
 	// The leader must be one this member would follow: the current
@@ -179,6 +195,19 @@ func (b *Butterfly) acceptGroup(c *bfRound, att uint32, stateHash uint64, member
 	c.attempt = att
 	b.attempts[c.round] = max(b.attempts[c.round], att)
 	c.group, c.groupB, c.groupAt = members, signed, b.now
+	if g, err := parseGroup(signed); err == nil {
+		c.leader = g.leader
+	}
+	// Echo the signed group to the others: a leader that sent different
+	// groups to different members is caught at once (onGroup), and a
+	// member the leader's message missed learns it from the echo.
+	if slices.Contains(members, b.self) {
+		for _, p := range members {
+			if p != b.self && p != c.leader {
+				b.send(p, header{kind: kindGroup, round: c.round, step: att}, signed)
+			}
+		}
+	}
 	c.gh = bfGroupHash(c.round, att, members)
 	c.me = slices.Index(members, b.self)
 	if c.me >= 0 && stateHash != c.stateHash {

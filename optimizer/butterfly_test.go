@@ -154,6 +154,16 @@ func (s *bfSim) tamper(from PeerID, e Envelope) []Envelope {
 		return f
 	}
 	switch {
+	case mode == "splitgroup" && h.kind == kindGroup && slices.Index(s.ids, e.To)%2 == 1:
+		// A leader that tells half the members another group (one member
+		// fewer), signed like the real one.
+		g, err := parseGroup(body)
+		if err != nil || len(g.members) < 2 {
+			return []Envelope{e}
+		}
+		fake := appendGroupBody(nil, g.stateHash, g.members[:len(g.members)-1], g.leader)
+		sig, _ := testSigner{from}.Sign(groupSigMsg(h.round, h.step, fake))
+		e.Payload = appendMessage(nil, h, append(fake, sig...))
 	case mode == "forge" && h.kind == kindResult:
 		// An owner that tampers with its aggregate (its declared inputs
 		// unchanged).
@@ -269,6 +279,7 @@ func runScenario(t *testing.T, path string) {
 		t.Fatal(err)
 	}
 	var s *bfSim
+	var leader PeerID
 	n := 1000
 	var mods []func(*ButterflyConfig)
 	sc := bufio.NewScanner(bytes.NewReader(data))
@@ -342,6 +353,32 @@ func runScenario(t *testing.T, path string) {
 			l := s.m[s.ids[0]].rank(uint64(atoi(f[1])))[0]
 			s.isolated[l] = true
 			s.drops = append(s.drops, dropRule{from: l, to: "*"}, dropRule{from: "*", to: l})
+		case "hostileleader": // hostileleader ROUND MODE: the round's first leader misbehaves
+			leader = s.m[s.ids[0]].rank(uint64(atoi(f[1])))[0]
+			s.hostile[leader] = f[2]
+		case "expectleader": // expectleader offender|same: the honest members reported the hostile leader / agree
+			var honest []string
+			for _, id := range s.live() {
+				if id != leader && !s.isolated[id] {
+					honest = append(honest, string(id))
+				}
+			}
+			switch f[1] {
+			case "offender":
+				f = append(append([]string{"expect", "offender"}, honest...), ":", string(leader))
+			case "same":
+				var ok []string
+				for _, id := range honest {
+					if r := s.res[PeerID(id)]; r != nil && r.Err == nil {
+						ok = append(ok, id)
+					}
+				}
+				if len(ok) == 0 {
+					fail("no honest member finished the round")
+				}
+				f = append([]string{"expect", "same"}, ok...)
+			}
+			expect(t, s, f, split, ids, fail)
 		case "startlive": // startlive ROUND HASH: every member neither crashed nor isolated
 			for _, id := range s.live() {
 				if !s.isolated[id] {
@@ -543,7 +580,7 @@ func TestButterflyRandomSchedules(t *testing.T) {
 		if rng.IntN(3) == 0 {
 			hostile = ids[rng.IntN(m)]
 			if hostile != victim {
-				s.hostile[hostile] = []string{"scale", "forge", "bad", "equivocate"}[rng.IntN(4)]
+				s.hostile[hostile] = []string{"scale", "forge", "bad", "equivocate", "splitgroup"}[rng.IntN(5)]
 			} else {
 				hostile = ""
 			}
