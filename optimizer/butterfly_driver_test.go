@@ -29,6 +29,10 @@ func bfMembersWith(t *testing.T, net *MemNetwork, n, size int, mod func(i int, c
 		p := net.Join(id)
 		cfg := DefaultButterflyConfig(size, testSigner{id}, 0.01)
 		cfg.PhaseWait = 200 // 2 s before the first observed phase
+		// Every member in every round, as these tests expect: the leader
+		// waits for all (a loaded machine can start a member's call
+		// seconds late, and it would be left out, rightly but not here).
+		cfg.ReadyWait, cfg.LeaderWait = 6000, 12000
 		opt := ButterflyOptions{Tick: 10 * time.Millisecond, Logger: testLogger(t)}
 		if mod != nil {
 			mod(i, &cfg, &opt)
