@@ -492,6 +492,12 @@ func (n *Node) join(ctx context.Context, cands []peer.AddrInfo) (int, error) {
 			if err == nil {
 				n.awaitIdentify(ctx, ai.ID)
 				err = n.checkRun(ai.ID)
+				// A peer that has just started may register its run's
+				// protocols after identify ran: its identify push follows.
+				for wait := time.Now().Add(2 * time.Second); errors.Is(err, ErrNoSeed) && time.Now().Before(wait) && ctx.Err() == nil; {
+					time.Sleep(50 * time.Millisecond)
+					err = n.checkRun(ai.ID)
+				}
 			}
 			if err == nil {
 				// The door: this node's token (or address) against the
