@@ -181,6 +181,10 @@ func TestButterflyDriverHostile(t *testing.T) {
 			var mu sync.Mutex
 			reported := map[PeerID]bool{}
 			ds, thetas, _ := bfMembersWith(t, net, 4, 4000, func(i int, c *ButterflyConfig, o *ButterflyOptions) {
+				// The default waits: a member that has not banned the hostile
+				// one (its poisoned part came after the member's aggregate)
+				// must not wait a minute for it to be ready.
+				c.ReadyWait, c.LeaderWait = 500, 1500
 				if i == 3 {
 					c.Hostile = mode
 				}
