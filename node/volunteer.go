@@ -159,9 +159,7 @@ func DefaultVolunteerConfig(runID string) VolunteerConfig {
 // before anything else. A --corpus path must exist and be readable here;
 // NewVolunteer then opens the corpus, still before joining.
 func (c VolunteerConfig) Validate() error {
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: "+format, append([]any{ErrConfig}, args...)...)
-	}
+	bad := badConfig
 	switch {
 	case c.RunID == "" && len(c.Bootstrap) == 0:
 		return bad("give the run's --bootstrap address (or --run-id to rejoin through known peers)")
@@ -227,13 +225,16 @@ func (c VolunteerConfig) Validate() error {
 	return nil
 }
 
+// badConfig is an ErrConfig naming what is wrong.
+func badConfig(format string, args ...any) error {
+	return fmt.Errorf("%w: "+format, append([]any{ErrConfig}, args...)...)
+}
+
 // validateLocal checks the run-wide settings given to be compared with the
 // manifest: a value no run can have is a mistake on this command line.
 func (c VolunteerConfig) validateLocal() error {
 	l := c.Local
-	bad := func(format string, args ...any) error {
-		return fmt.Errorf("%w: "+format, append([]any{ErrConfig}, args...)...)
-	}
+	bad := badConfig
 	switch {
 	case l.Batch < 0:
 		return bad("--batch %d must be >= 0 (0: the run's)", l.Batch)

@@ -46,13 +46,7 @@ func Create(dir, prefix string) (*File, error) {
 // renames them to name inside the file's directory, replacing any file
 // there. The File is closed afterwards, and removed on error.
 func (f *File) Install(name string, perm os.FileMode) error {
-	err := f.Chmod(perm)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
+	err := f.seal(perm)
 	if err == nil {
 		err = os.Rename(f.Name(), filepath.Join(f.dir, name))
 	}
@@ -70,13 +64,7 @@ func (f *File) Install(name string, perm os.FileMode) error {
 // yet whole: a racing reader sees no file or the complete one. The
 // temporary file is removed either way.
 func (f *File) InstallNew(name string, perm os.FileMode) error {
-	err := f.Chmod(perm)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
+	err := f.seal(perm)
 	if err == nil {
 		err = os.Link(f.Name(), filepath.Join(f.dir, name))
 	}
@@ -148,4 +136,16 @@ func SyncDir(dir string) error {
 		return fmt.Errorf("atomicfile: syncing directory %s: %w", dir, err)
 	}
 	return nil
+}
+
+// seal sets the permission bits, syncs and closes the temporary file.
+func (f *File) seal(perm os.FileMode) error {
+	err := f.Chmod(perm)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
