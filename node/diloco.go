@@ -63,7 +63,7 @@ func (v *Volunteer) initDiLoCo() (err error) {
 		return err
 	}
 	v.resume()
-	v.served = encodeState(v.dl.State())
+	v.serve(v.dl.State())
 	return nil
 }
 
@@ -278,11 +278,8 @@ func (v *Volunteer) install(ctx context.Context) {
 // publish makes the shared state what this member serves to joiners and
 // what it announces.
 func (v *Volunteer) publish(ctx context.Context) {
-	blob := encodeState(v.dl.State())
-	v.mu.Lock()
-	v.served = blob
-	v.mu.Unlock()
-	v.announce(ctx)
+	v.stateHash = v.serve(v.dl.State())
+	v.gossipRound(ctx, v.dl.Round, v.stateHash)
 }
 
 // announce gossips this member's round and state hash in its metadata.
@@ -299,7 +296,7 @@ func (v *Volunteer) resynced(ctx context.Context) bool {
 		return false
 	}
 	v.log.Warn("state differs from the run's; re-syncing", "round", v.dl.Round)
-	if err := adoptFrom(ctx, v.pn, v.dl, v.n, ids, hash, v.cfg.Progress); err != nil {
+	if err := adoptFrom(ctx, v.pn, v.log, v.dl, v.n, ids, hash, v.cfg.Progress); err != nil {
 		v.log.Warn("re-sync failed", "err", err)
 		return false
 	}
@@ -328,7 +325,7 @@ func catchUp(ctx context.Context, pn *p2p.Node, dl *optimizer.DiLoCo, n int, log
 	if len(ids) == 0 {
 		return nil
 	}
-	if _, err := adoptState(ctx, pn, dl, n, dl.Round+1, hash, ids, progress); err != nil {
+	if _, err := adoptState(ctx, pn, log, dl, n, dl.Round+1, hash, ids, progress); err != nil {
 		return err
 	}
 	log.Info("adopted the run's state", "round", dl.Round)
@@ -445,7 +442,7 @@ func winningState(mine uint64, byHash map[uint64][]optimizer.PeerID) (uint64, []
 
 // adoptFrom downloads the shared state with hash want from the first of ids
 // that serves it (at this member's round or later), and installs it.
-func adoptFrom(ctx context.Context, pn *p2p.Node, dl *optimizer.DiLoCo, n int, ids []optimizer.PeerID, want uint64, progress io.Writer) error {
-	_, err := adoptState(ctx, pn, dl, n, dl.Round, want, ids, progress)
+func adoptFrom(ctx context.Context, pn *p2p.Node, log *slog.Logger, dl *optimizer.DiLoCo, n int, ids []optimizer.PeerID, want uint64, progress io.Writer) error {
+	_, err := adoptState(ctx, pn, log, dl, n, dl.Round, want, ids, progress)
 	return err
 }

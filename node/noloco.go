@@ -51,7 +51,7 @@ func (v *Volunteer) initNoLoCo() (err error) {
 	}
 	v.nl = &nolocoState{opt: opt}
 	v.resumeNoLoCo()
-	v.served = encodeState(opt.State())
+	v.serve(opt.State())
 	return nil
 }
 
@@ -157,10 +157,7 @@ func (s *nolocoState) setWeights(v *Volunteer) {
 // serves to joiners, and announces the step.
 func (s *nolocoState) install(ctx context.Context, v *Volunteer) {
 	s.setWeights(v)
-	blob := encodeState(s.opt.State())
-	v.mu.Lock()
-	v.served = blob
-	v.mu.Unlock()
+	v.serve(s.opt.State())
 	v.gossipRound(ctx, s.opt.Step, 0)
 }
 
@@ -183,7 +180,7 @@ func (s *nolocoState) catchUp(ctx context.Context, v *Volunteer, slack uint64) (
 	if len(ids) == 0 {
 		return false, nil
 	}
-	from, err := adoptState(ctx, v.pn, s.opt, v.n, s.opt.Step+1, 0, ids, v.cfg.Progress)
+	from, err := adoptState(ctx, v.pn, v.log, s.opt, v.n, s.opt.Step+1, 0, ids, v.cfg.Progress)
 	if err != nil {
 		return false, err
 	}

@@ -364,7 +364,7 @@ func TestRollbackRetakesPoisonedPhi(t *testing.T) {
 	}
 	theirs, _ := optimizer.NewDiLoCo(optimizer.DefaultDiLoCo(), nil, phi)
 	theirs.Round = 3
-	blob := encodeState(theirs.State())
+	blob, _ := encodeServed(theirs.State())
 	for _, o := range others {
 		// A broadcast not acknowledged in time (a loaded machine) still
 		// spreads by gossip: the wait below is what counts.

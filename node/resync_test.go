@@ -38,7 +38,7 @@ func TestDivergedMemberResyncs(t *testing.T) {
 	}
 	theirs, _ := optimizer.NewDiLoCo(optimizer.DefaultDiLoCo(), nil, phi)
 	theirs.Round = 3
-	blob := encodeState(theirs.State())
+	blob, _ := encodeServed(theirs.State())
 	for i, o := range others {
 		hash := theirs.StateHash()
 		if i == 3 {
@@ -60,7 +60,7 @@ func TestDivergedMemberResyncs(t *testing.T) {
 	if len(majority) != 3 {
 		t.Fatalf("majority %v, want the 3 members that agree with each other", majority)
 	}
-	if err := adoptFrom(ctx, me, mine, n, majority, theirs.StateHash(), nil); err != nil {
+	if err := adoptFrom(ctx, me, nil, mine, n, majority, theirs.StateHash(), nil); err != nil {
 		t.Fatal(err)
 	}
 	if mine.StateHash() != theirs.StateHash() {
@@ -155,12 +155,12 @@ func TestAdoptRefusesForgedState(t *testing.T) {
 	for i := range forged {
 		forged[i] = 1000
 	}
-	blob := encodeState(4, forged, make([]float32, n))
+	blob, _ := encodeServed(4, forged, make([]float32, n))
 	liar.ServeBulk(func(context.Context, peer.ID, string) (io.ReaderAt, int64, error) {
 		return bytes.NewReader(blob), int64(len(blob)), nil
 	}, 0)
 	id := optimizer.PeerID(liar.ID().String())
-	err := adoptFrom(context.Background(), me, mine, n, []optimizer.PeerID{id}, honest.StateHash(), nil)
+	err := adoptFrom(context.Background(), me, nil, mine, n, []optimizer.PeerID{id}, honest.StateHash(), nil)
 	if !errors.Is(err, ErrBadState) || mine.Round != 0 {
 		t.Fatalf("forged state: err %v, round %d; want ErrBadState and nothing adopted", err, mine.Round)
 	}

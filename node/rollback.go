@@ -74,7 +74,7 @@ func (v *Volunteer) rollbackDiLoCo(ctx context.Context) error {
 		if len(ids) == 0 {
 			return fmt.Errorf("node: phi is not finite and no other volunteer announces round %d", v.dl.Round)
 		}
-		if err := adoptFrom(ctx, v.pn, v.dl, v.n, ids, hash, v.cfg.Progress); err != nil {
+		if err := adoptFrom(ctx, v.pn, v.log, v.dl, v.n, ids, hash, v.cfg.Progress); err != nil {
 			return err
 		}
 	}
@@ -101,7 +101,7 @@ func (s *nolocoState) rollback(ctx context.Context, v *Volunteer) error {
 	if len(ids) == 0 {
 		return fmt.Errorf("node: phi is not finite and no other volunteer is at round %d or later", o.Step)
 	}
-	from, err := adoptState(ctx, v.pn, o, v.n, o.Step, 0, ids, v.cfg.Progress)
+	from, err := adoptState(ctx, v.pn, v.log, o, v.n, o.Step, 0, ids, v.cfg.Progress)
 	if err != nil {
 		return err
 	}

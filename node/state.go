@@ -9,6 +9,7 @@ import (
 	"hash/crc32"
 	"io"
 	"io/fs"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -111,32 +112,13 @@ func (m memWriterAt) WriteAt(p []byte, off int64) (int, error) {
 	return copy(m[off:], p), nil
 }
 
-// A state download is spread over stateConns connections ("lanes"), each
-// with stateStreams/stateConns streams: on a long link one QUIC connection
-// spends most of a few-megabyte transfer in slow start.
+// A state download is spread over stateConns connections ("lanes") per
+// source, each with stateStreams/stateConns streams: on a long link one
+// QUIC connection spends most of a few-megabyte transfer in slow start.
 const (
 	stateStreams = 8
 	stateConns   = 4
 )
-
-// fetchState downloads a member's encoded shared state of n parameters
-// (stateSize(n) bytes, fixed before anything is allocated), showing its
-// progress on w when it is large enough to take a while.
-func fetchState(ctx context.Context, pn *p2p.Node, id peer.ID, n int, w io.Writer) ([]byte, error) {
-	buf := make(memWriterAt, stateSize(n))
-	if len(buf) < 4<<20 {
-		w = nil // a small state arrives before a progress line could
-	}
-	tr := startTransfer(w, "the run's state from "+shortPeer(id), int64(len(buf)))
-	// Two minutes, plus the time the state takes at 1 Mbit/s: a large model
-	// on a slow link must not time out forever (a stalled transfer still
-	// fails after the bulk protocol's idle timeout).
-	fctx, cancel := context.WithTimeout(ctx, 2*time.Minute+time.Duration(len(buf)*8/1e6)*time.Second)
-	defer cancel()
-	_, err := pn.Fetch(fctx, id, stateKey, tr.writerAt(buf), p2p.FetchOptions{Length: int64(len(buf)), Streams: stateStreams, Conns: stateConns})
-	tr.finish(err == nil)
-	return buf, err
-}
 
 // shortPeer is the part of a peer ID people can tell apart.
 func shortPeer(id peer.ID) string {
@@ -270,36 +252,19 @@ func membersAhead(pn *p2p.Node, after uint64) []optimizer.PeerID {
 	return ids
 }
 
-// adoptState downloads the outer state (fetchState: bulk key stateKey,
-// stateSize(n) bytes, its progress shown on progress) from the first of ids
-// that serves a valid one at round minRound or later, installs it in st and
-// says whose it was. With want != 0 only a state whose hash
-// (optimizer.StateHashOf) is want is taken: what a member serves must be
-// what the run announced, never one member's word.
-func adoptState(ctx context.Context, pn *p2p.Node, st outerState, n int, minRound uint64, want uint64, ids []optimizer.PeerID,
-	progress io.Writer) (optimizer.PeerID, error) {
-	var lastErr error = fmt.Errorf("node: no peer to take the state from")
-	for _, m := range ids {
-		id, err := peer.Decode(string(m))
-		if err != nil {
-			lastErr = fmt.Errorf("node: bad peer ID %q: %w", m, err)
-			continue
-		}
-		buf, err := fetchState(ctx, pn, id, n, progress)
-		if err == nil {
-			var round uint64
-			var phi, mom []float32
-			if round, phi, mom, err = decodeState(buf, n); err == nil {
-				if round < minRound {
-					err = fmt.Errorf("node: %s serves round %d, want %d or later", m, round, minRound)
-				} else if got := optimizer.StateHashOf(round, phi, mom); want != 0 && got != want {
-					err = fmt.Errorf("%w: %s serves a state with hash %016x, the run announces %016x", ErrBadState, m, got, want)
-				} else if err = st.SetState(round, phi, mom); err == nil {
-					return m, nil
-				}
-			}
-		}
-		lastErr = err
+// adoptState downloads the outer state from the members ids
+// (fetchVerifiedState: at round minRound or later; with want != 0 only the
+// state whose hash, optimizer.StateHashOf, is want, checked chunk by chunk:
+// what a member serves must be what the run announced, never one member's
+// word), installs it in st and says whose index it followed.
+func adoptState(ctx context.Context, pn *p2p.Node, log *slog.Logger, st outerState, n int, minRound uint64, want uint64,
+	ids []optimizer.PeerID, progress io.Writer) (optimizer.PeerID, error) {
+	round, phi, mom, from, err := fetchVerifiedState(ctx, pn, log, n, minRound, want, ids, progress)
+	if err != nil {
+		return "", err
 	}
-	return "", lastErr
+	if err := st.SetState(round, phi, mom); err != nil {
+		return "", err
+	}
+	return from, nil
 }

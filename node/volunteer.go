@@ -1,7 +1,6 @@
 package node
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -309,7 +308,7 @@ type Volunteer struct {
 
 	cancelRing context.CancelFunc
 	mu         sync.Mutex
-	served     []byte // the encoded shared state served to joiners
+	served     servedState // the shared state served to joiners
 }
 
 // Join runs a volunteer until ctx ends or cfg.Rounds are done, then saves
@@ -537,7 +536,7 @@ func (v *Volunteer) serveBulk(_ context.Context, from peer.ID, key string) (io.R
 	if hash, ok := data.ParseShardKey(key); ok && v.shards != nil {
 		return v.shards.Open(hash)
 	}
-	if key != stateKey {
+	if _, _, ok := parseStateKey(key); !ok {
 		return nil, 0, fmt.Errorf("node: no bulk key %q", key)
 	}
 	if m.Meta.Role != p2p.RoleVolunteer {
@@ -545,7 +544,17 @@ func (v *Volunteer) serveBulk(_ context.Context, from peer.ID, key string) (io.R
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return bytes.NewReader(v.served), int64(len(v.served)), nil
+	return v.served.open(key)
+}
+
+// serve makes a state what this volunteer serves to joiners and returns
+// its hash.
+func (v *Volunteer) serve(round uint64, phi, mom []float32) uint64 {
+	blob, hash := encodeServed(round, phi, mom)
+	v.mu.Lock()
+	v.served = servedState{blob: blob, round: round}
+	v.mu.Unlock()
+	return hash
 }
 
 // Close saves the local checkpoint and leaves the run gracefully.

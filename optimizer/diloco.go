@@ -3,8 +3,6 @@ package optimizer
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/binary"
 	"fmt"
 	"hash/fnv"
 	"math"
@@ -343,34 +341,6 @@ func (d *DiLoCo) land() (RoundStats, error) {
 // compare it (by gossip) to detect divergence, and a member adopts a
 // downloaded state only if it has the hash the run announces.
 func (d *DiLoCo) StateHash() uint64 { return StateHashOf(d.Round, d.Phi, d.Mom) }
-
-// StateHashOf is the first 8 bytes (big-endian) of the SHA-256 of the
-// round (8 bytes) and of phi and the momentum (float32 bits), all
-// little-endian. A cryptographic hash, so that no member can forge another
-// state with the hash the others announce (finding a second state with the
-// same 64-bit prefix costs about 2^64 hashes); it also never comes out 0,
-// which gossip reads as "no state".
-func StateHashOf(round uint64, phi, mom []float32) uint64 {
-	h := sha256.New()
-	var b [8]byte
-	binary.LittleEndian.PutUint64(b[:], round)
-	h.Write(b[:])
-	buf := make([]byte, 0, 64<<10)
-	for _, v := range [][]float32{phi, mom} {
-		for i, x := range v {
-			buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(x))
-			if len(buf) == cap(buf) || i == len(v)-1 {
-				h.Write(buf)
-				buf = buf[:0]
-			}
-		}
-	}
-	sum := h.Sum(nil)
-	if v := binary.BigEndian.Uint64(sum); v != 0 {
-		return v
-	}
-	return 1
-}
 
 // State returns copies of the shared state for a joiner.
 func (d *DiLoCo) State() (round uint64, phi, mom []float32) {
