@@ -79,16 +79,25 @@ func Arms() []Arm {
 		// Robust aggregation (issue 9): the cost of safety with no attacker,
 		// and one hostile worker (the last) scaling its pseudo-gradient.
 		{Name: "diloco-h50-mean", Description: "DiLoCo H=50, int8, butterfly plain mean (trim 0)", configure: func(c *SwarmConfig) {
-			c.Algorithm, c.InnerSteps, c.Trim = DiLoCo, 50, 0
+			c.Algorithm, c.InnerSteps = DiLoCo, 50
 		}},
 		{Name: "diloco-h50-trim1", Description: "DiLoCo H=50, int8, butterfly trimmed mean (trim 1)", configure: func(c *SwarmConfig) {
-			c.Algorithm, c.InnerSteps, c.Trim = DiLoCo, 50, 1
+			c.Algorithm, c.InnerSteps, c.Robust = DiLoCo, 50, optimizer.RobustConfig{Trim: 1}
+		}},
+		{Name: "diloco-h50-robust", Description: "DiLoCo H=50, int8, butterfly default robust rule (trim 1, norms clipped at 4x the median)", configure: func(c *SwarmConfig) {
+			c.Algorithm, c.InnerSteps, c.Robust = DiLoCo, 50, optimizer.DefaultRobust()
 		}},
 		{Name: "diloco-h50-mean-attack", Description: "DiLoCo H=50, int8, butterfly plain mean, one worker scales its pseudo-gradient by 1000", configure: func(c *SwarmConfig) {
-			c.Algorithm, c.InnerSteps, c.Trim, c.Attack = DiLoCo, 50, 0, 1000
+			c.Algorithm, c.InnerSteps, c.Attack = DiLoCo, 50, 1000
+		}},
+		{Name: "diloco-h50-clip4-attack", Description: "DiLoCo H=50, int8, butterfly plain mean of norms clipped at 4x the median, one worker scales its pseudo-gradient by 1000", configure: func(c *SwarmConfig) {
+			c.Algorithm, c.InnerSteps, c.Robust, c.Attack = DiLoCo, 50, optimizer.RobustConfig{ClipFactor: 4}, 1000
 		}},
 		{Name: "diloco-h50-trim1-attack", Description: "DiLoCo H=50, int8, butterfly trimmed mean (trim 1), one worker scales its pseudo-gradient by 1000", configure: func(c *SwarmConfig) {
-			c.Algorithm, c.InnerSteps, c.Trim, c.Attack = DiLoCo, 50, 1, 1000
+			c.Algorithm, c.InnerSteps, c.Robust, c.Attack = DiLoCo, 50, optimizer.RobustConfig{Trim: 1}, 1000
+		}},
+		{Name: "diloco-h50-robust-attack", Description: "DiLoCo H=50, int8, butterfly default robust rule, one worker scales its pseudo-gradient by 1000", configure: func(c *SwarmConfig) {
+			c.Algorithm, c.InnerSteps, c.Robust, c.Attack = DiLoCo, 50, optimizer.DefaultRobust(), 1000
 		}},
 		{Name: "warm-sync", Description: "warm start: synchronous", Warm: true, configure: func(c *SwarmConfig) { c.Algorithm = Sync }},
 		{Name: "warm-single", Description: "warm start: one worker alone", Warm: true, configure: func(c *SwarmConfig) { c.Algorithm = Single }},

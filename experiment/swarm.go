@@ -53,9 +53,9 @@ type SwarmConfig struct {
 	// Codec encodes the contributions and the aggregates of the butterfly
 	// collective.
 	Codec compression.Config
-	// Trim is the robust aggregation's trim (optimizer.RobustConfig): the
-	// values dropped at each end of every coordinate; 0 is the plain mean.
-	Trim int
+	// Robust is the butterfly's aggregation rule (trim, norm clip); the
+	// zero value is the plain mean, as in the papers.
+	Robust optimizer.RobustConfig
 	// Attack, when non-zero, makes the last worker hostile: before every
 	// round it multiplies its pseudo-gradient by Attack (for example 1000,
 	// or -1 to flip its sign). Worker 0, the one evaluated, stays honest.
@@ -207,7 +207,7 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 			switch cfg.Algorithm {
 			case DiLoCo:
 				bc := optimizer.DefaultButterflyConfig(len(w.theta), swarmSigner{p.Self()}, swarmTick.Seconds())
-				bc.Codec, bc.Robust.Trim = cfg.Codec, cfg.Trim
+				bc.Codec, bc.Robust = cfg.Codec, cfg.Robust
 				// Every worker in every round, as in the papers: the leader
 				// waits for all (in-process inner phases end at about the
 				// same time, but a loaded machine spreads them).

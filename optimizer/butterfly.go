@@ -137,7 +137,7 @@ func DefaultButterflyConfig(n int, signer Signer, tickSeconds float64) Butterfly
 	c.Codec = compression.MinMax8
 	c.ZstdLevel = 0
 	t := func(sec float64) int64 { return max(1, int64(sec/tickSeconds+0.5)) }
-	return ButterflyConfig{Len: n, Codec: c, Robust: RobustConfig{Trim: 1}, Replicas: 2, MaxAbs: 1e4,
+	return ButterflyConfig{Len: n, Codec: c, Robust: DefaultRobust(), Replicas: 2, MaxAbs: 1e4,
 		ReadyWait: t(5), LeaderWait: t(15), PhaseWait: t(120), MinPhase: t(2), MaxPhase: t(600),
 		MaxStashBytes: DefaultMaxStashBytes, Signer: signer}
 }

@@ -254,7 +254,7 @@ func (b *Butterfly) aggregateFrame(c *bfRound, p uint32, idxs []uint32, vals fun
 	for i, idx := range idxs {
 		ins[i] = vals(idx)
 	}
-	b.scratch = TrimmedMean(agg, ins, b.cfg.Robust.EffectiveTrim(len(ins)), b.scratch)
+	b.scratch = b.cfg.Robust.Aggregate(agg, ins, b.scratch)
 	return b.enc.Append(nil, agg, b.partSeed(c, p, -1)^0xA66)
 }
 

@@ -518,7 +518,7 @@ func expect(t *testing.T, s *bfSim, f []string, split func() ([]PeerID, []PeerID
 		for _, h := range rhs {
 			ins = append(ins, s.x[h])
 		}
-		TrimmedMean(want, ins, s.cfg.Robust.EffectiveTrim(len(ins)), nil)
+		s.cfg.Robust.Aggregate(want, ins, nil)
 		for _, id := range lhs {
 			for j, v := range s.out[id] {
 				if math.Abs(float64(v-want[j])) > 0.01 {
