@@ -115,15 +115,6 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// admission is the manifest's admission policy as p2p enforces it.
-func admission(m manifest.Manifest) p2p.Admission {
-	a := m.Admission
-	if a.Mode == manifest.AdmissionClosed {
-		return p2p.Admission{Closed: true, RunKey: a.RunPublicKey(), MaxMembers: a.MaxMembers}
-	}
-	return p2p.Admission{MaxMembers: a.MaxMembers, MaxPerPrefix: a.MaxPerPrefix}
-}
-
 // checkAdmission refuses to start a closed run's bootstrap without a token
 // or the run key, saying how to get one for its peer ID.
 func (s *server) checkAdmission() error {
@@ -200,7 +191,7 @@ func Run(ctx context.Context, cfg Config) error {
 		sc.ListenAddrs = cfg.Listen
 	}
 	sc.AdvertiseAddr, sc.Version, sc.Logger = cfg.Advertise, cfg.Version, s.log
-	sc.Admission = admission(s.run)
+	sc.Admission = s.run.Admission.Policy()
 	if sc.Admission.Closed {
 		sc.Token, sc.RunKey = cfg.Token, cfg.RunKey
 	}

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"crypto/ed25519"
 	"errors"
 	"log/slog"
 	"testing"
@@ -8,6 +9,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/skein-ml/skein/bootstrap/manifest"
+	"github.com/skein-ml/skein/p2p"
 )
 
 // Without a bootstrap, a newcomer takes the volunteers' manifest only when
@@ -54,6 +56,38 @@ func TestAgreedManifest(t *testing.T) {
 				t.Fatalf("took %s, want %s", got.ShortHash(), c.want.ShortHash())
 			case err != nil && !errors.Is(err, ErrManifest):
 				t.Fatalf("error %v is not ErrManifest", err)
+			}
+		})
+	}
+}
+
+// The policy a volunteer was let in under must be the manifest's: a member
+// that admits everyone into a run its manifest says is closed (or with
+// another run key, or other caps) is not running that run.
+func TestAdmissionAgrees(t *testing.T) {
+	pub1, _, _ := ed25519.GenerateKey(nil)
+	pub2, _, _ := ed25519.GenerateKey(nil)
+	open := manifest.Default()
+	closed := manifest.Default()
+	closed.Admission.Mode, closed.Admission.RunKey = manifest.AdmissionClosed, p2p.EncodeRunKey(pub1)
+	tests := []struct {
+		name    string
+		learned p2p.Admission
+		m       manifest.Manifest
+		ok      bool
+	}{
+		{"open as the manifest says", open.Admission.Policy(), open, true},
+		{"closed with the manifest's key", closed.Admission.Policy(), closed, true},
+		{"open, manifest closed", open.Admission.Policy(), closed, false},
+		{"closed, manifest open", closed.Admission.Policy(), open, false},
+		{"another run key", p2p.Admission{Closed: true, RunKey: pub2, MaxMembers: closed.Admission.MaxMembers}, closed, false},
+		{"other caps", p2p.Admission{MaxMembers: open.Admission.MaxMembers + 1, MaxPerPrefix: open.Admission.MaxPerPrefix}, open, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := admissionAgrees(tt.learned, tt.m)
+			if tt.ok != (err == nil) || (err != nil && !errors.Is(err, ErrManifest)) {
+				t.Fatalf("err %v, want ok=%v (ErrManifest otherwise)", err, tt.ok)
 			}
 		})
 	}

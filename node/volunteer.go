@@ -441,6 +441,18 @@ func NewVolunteer(ctx context.Context, cfg VolunteerConfig) (_ *Volunteer, err e
 	return v, nil
 }
 
+// admissionAgrees checks the admission policy this volunteer was let in
+// under (learned at the door) against the manifest, the operator's word for
+// it. A disagreement means the members, or the one that let this volunteer
+// in, are not running the run the manifest describes.
+func admissionAgrees(learned p2p.Admission, m manifest.Manifest) error {
+	if want := m.Admission.Policy(); !learned.Equal(want) {
+		return fmt.Errorf("%w: run %q admits members as %s, but its manifest %s says %s", ErrManifest,
+			m.RunID, learned, m.ShortHash(), want)
+	}
+	return nil
+}
+
 // takeManifest fetches the run's manifest from its members and checks it
 // against what this volunteer was given and what its data directory trained
 // under; then serves it to others.
@@ -448,6 +460,11 @@ func (v *Volunteer) takeManifest(ctx context.Context) error {
 	m, err := FetchManifest(ctx, v.pn, v.cfg.RunID, v.cfg.ManifestWait, v.log)
 	if err != nil {
 		return err
+	}
+	if learned, ok := v.pn.Admission(); ok {
+		if err := admissionAgrees(learned, m); err != nil {
+			return err
+		}
 	}
 	if p := v.cfg.Manifest; p != nil && p.Hash() != m.Hash() {
 		return fmt.Errorf("%w: run %q serves manifest %s, not the %s this volunteer was given", ErrManifest,

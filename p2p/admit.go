@@ -91,6 +91,14 @@ func (e *events) policy() (Admission, bool) {
 	return e.adm, e.learning
 }
 
+// Admission returns the run's admission policy as this node enforces it:
+// the one it was configured with, or the one it learned from the peer
+// that admitted it; ok is false while it is still learning.
+func (n *Node) Admission() (a Admission, ok bool) {
+	a, learning := n.ev.policy()
+	return a, !learning
+}
+
 // setPolicy sets the admission policy (learning ends).
 func (e *events) setPolicy(a Admission) {
 	e.mu.Lock()

@@ -9,6 +9,7 @@ import (
 	"github.com/skein-ml/skein/compression"
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/optimizer"
+	"github.com/skein-ml/skein/p2p"
 )
 
 // Errors. Every error of Parse, Load (other than the file's I/O) and Validate
@@ -276,6 +277,16 @@ func (m Manifest) SeqLen() int {
 func (m Manifest) Codec() compression.Codec {
 	c, _ := codecByName(m.Wire.Codec)
 	return c
+}
+
+// Policy is the admission policy as p2p enforces it: the bootstrap
+// enforces it from the start, and a volunteer checks the one it learned at
+// the door against it.
+func (a Admission) Policy() p2p.Admission {
+	if a.Mode == AdmissionClosed {
+		return p2p.Admission{Closed: true, RunKey: a.RunPublicKey(), MaxMembers: a.MaxMembers}
+	}
+	return p2p.Admission{MaxMembers: a.MaxMembers, MaxPerPrefix: a.MaxPerPrefix}
 }
 
 // RunPublicKey returns admission.run_key decoded, or nil for an open run
