@@ -1,0 +1,130 @@
+package pipeline
+
+import (
+	"fmt"
+	"math"
+)
+
+// CheckFree (ALGORITHMS.md 4) recovers a lost stage without checkpoints: an
+// intermediate stage i is rebuilt as the average of its neighbours i-1 and
+// i+1, each weighted by the norm of its last gradient, and starts a fresh
+// optimizer at RebuildLRFactor times the learning rate. CheckFree+ makes
+// the edge stages (1 and S-1, which have only one transformer neighbour
+// that can stand in for them) recoverable too: odd microbatches swap the
+// execution order of stages (1, 2) and (S-2, S-1), so each of those stages
+// also learns its partner's role, and a lost one is copied from it.
+
+// GradNormEpsilon is added to each neighbour's gradient norm so that two
+// neighbours with zero gradients still average evenly.
+const GradNormEpsilon = 1e-4
+
+// RebuildLRFactor is the learning-rate multiplier of a rebuilt stage's fresh
+// optimizer: the paper uses 1.1-1.2x; we take the middle.
+const RebuildLRFactor = 1.15
+
+// RebuildWeight is a neighbour's weight in the rebuild: ||g|| + 1e-4, the
+// norm being of its last clipped gradient.
+func RebuildWeight(gradNorm float64) float64 { return gradNorm + GradNormEpsilon }
+
+// Rebuild writes the lost stage's weights into dst:
+//
+//	dst = (w_next*next + w_prev*prev) / (w_next + w_prev),  w_j = ||g_j|| + 1e-4
+//
+// prev and next are the neighbours' flat parameter buffers, of dst's length.
+// The two coefficients are computed once in float64 and every product is
+// rounded to float32 before the sum (explicit conversions, so no platform
+// fuses a multiply-add), which makes the result bit-identical on every node
+// that rebuilds the same stage.
+func Rebuild(dst, prev, next []float32, prevGradNorm, nextGradNorm float64) error {
+	if len(prev) != len(dst) || len(next) != len(dst) {
+		return fmt.Errorf("%w: rebuild into %d values from %d and %d", ErrShape, len(dst), len(prev), len(next))
+	}
+	for _, n := range []float64{prevGradNorm, nextGradNorm} {
+		if !(n >= 0) || math.IsInf(n, 0) {
+			return fmt.Errorf("%w: %v", ErrNorm, n)
+		}
+	}
+	wp, wn := RebuildWeight(prevGradNorm), RebuildWeight(nextGradNorm)
+	a := float32(wn / (wn + wp)) // next's share
+	b := float32(wp / (wn + wp)) // prev's share
+	for i := range dst {
+		dst[i] = float32(a*next[i]) + float32(b*prev[i])
+	}
+	return nil
+}
+
+// Recovery says how to rebuild a lost stage.
+type Recovery struct {
+	Lost int
+	// From are the stages whose weights rebuild it: two neighbours to
+	// average (Rebuild), or one to copy (CheckFree+ at an edge).
+	From []int
+}
+
+// Copy reports whether the stage is copied from a single stage.
+func (r Recovery) Copy() bool { return len(r.From) == 1 }
+
+// Recover returns how to rebuild stage lost of stages. Intermediate stages
+// 2..S-2 average their neighbours. Stages 1 and S-1 have a transformer
+// neighbour on one side only (stage 0 is the embedding and head's, the
+// other end is the head): with plus (CheckFree+) they are copied from their
+// swap partner (2 and S-2; with 3 stages 2 and 1; with 4 stages the last has
+// none, see CheckFreePlus), without it they are ErrUnrecoverable. Stage 0 is
+// never rebuilt this way (ErrUnrecoverable): its embedding and head are
+// restored from the copies neighbouring stages keep.
+func Recover(lost, stages int, plus bool) (Recovery, error) {
+	switch {
+	case stages < 2 || lost < 0 || lost >= stages:
+		return Recovery{}, fmt.Errorf("%w: stage %d of %d", ErrConfig, lost, stages)
+	case lost == 0:
+		return Recovery{}, fmt.Errorf("%w: stage 0 (embedding and head) is restored from copies, not from neighbours", ErrUnrecoverable)
+	case lost >= 2 && lost <= stages-2:
+		return Recovery{Lost: lost, From: []int{lost - 1, lost + 1}}, nil
+	case !plus:
+		return Recovery{}, fmt.Errorf("%w: edge stage %d of %d needs CheckFree+", ErrUnrecoverable, lost, stages)
+	case stages < 3:
+		return Recovery{}, fmt.Errorf("%w: stage %d has no swap partner in %d stages", ErrUnrecoverable, lost, stages)
+	case lost == 1:
+		return Recovery{Lost: 1, From: []int{2}}, nil
+	case stages == 3: // lost == 2, the partner of the (1, 2) swap
+		return Recovery{Lost: 2, From: []int{1}}, nil
+	case stages == 4: // lost == 3: (2, 3) would overlap (1, 2), so it is never swapped
+		return Recovery{}, fmt.Errorf("%w: with 4 stages CheckFree+ swaps only (1, 2); stage 3 has no partner", ErrUnrecoverable)
+	default: // lost == stages-1
+		return Recovery{Lost: lost, From: []int{stages - 2}}, nil
+	}
+}
+
+// CheckFreePlus applies CheckFree+'s swap schedule to microbatch m's path:
+// for odd m, wherever stages 1 and 2 are visited one right after the other
+// they trade places (with their nodes), and likewise S-2 and S-1; even
+// microbatches keep their path. Pairs are only swapped when both stages are
+// on the path and neighbours in it, and when the two pairs are distinct
+// stages (S >= 5), so each swap is one the swap rule counts. The input is
+// not modified.
+//
+// Apply it to paths scheduled with no swaps of their own (Rules.MaxSwaps =
+// 0): the result then has at most 2 swaps and obeys every rule with
+// MaxSwaps = 2 (TestCheckFreePlusKeepsRules).
+func CheckFreePlus(p Path, m, stages int) Path {
+	q := p.Clone()
+	if m%2 == 0 {
+		return q
+	}
+	swapPair(q, 1, 2)
+	if stages-2 > 2 {
+		swapPair(q, stages-2, stages-1)
+	}
+	return q
+}
+
+// swapPair swaps the visits of stages a and b if b directly follows a.
+func swapPair(p Path, a, b int) {
+	for i := 1; i+1 < len(p.Stages); i++ {
+		if p.Stages[i] == a && p.Stages[i+1] == b {
+			p.Stages[i], p.Stages[i+1] = b, a
+			p.Nodes[i], p.Nodes[i+1] = p.Nodes[i+1], p.Nodes[i]
+			return
+		}
+	}
+}

@@ -1,0 +1,108 @@
+package sim
+
+// Costs measured in BENCHMARKS.md. Every duration the simulator produces is
+// built from these; a figure that is not a measurement says so. The sections
+// and rows named below are those of BENCHMARKS.md; when a figure is derived,
+// the arithmetic is written next to it.
+
+// Compute: "Training throughput (tokens/s) vs PyTorch", the table "Where one
+// thread of `small` spends a step" (preset small: C = 384, 6 layers; batch
+// B = 8, T = 256; thread CPU time per step, the "after" column). The
+// reference machine (speed 1) is that thread.
+const (
+	// RefStepSeconds is the whole step, row "**step**": 740.9 ms.
+	RefStepSeconds = 0.7409
+	// RefForwardSeconds sums the forward rows: GEMM forward 205.9, attention
+	// forward 19.3, GELU forward 4.8, LayerNorm forward 2.2, half of
+	// "residual forward + backward" 2.5, "encoder, softmax + cross-entropy"
+	// 0.8 = 235.5 ms.
+	RefForwardSeconds = 0.2355
+	// RefBackwardSeconds sums the backward rows: GEMM backward 435.9,
+	// attention backward 36.8, GELU backward 6.4, LayerNorm backward 4.6,
+	// half of the residual row 2.5, Zero 9.9 = 496.1 ms. (AdamW 5.6 and
+	// grad norm + clip 2.6 make up the rest of the step.)
+	RefBackwardSeconds = 0.4961
+	// RefLayers is the number of transformer layers in that step (small).
+	RefLayers = 6
+	// RefParams is the small preset's parameter count (model/config_test.go:
+	// ~10.8M; BENCHMARKS.md "small (10.8M)" in the codec table).
+	RefParams = 10.8e6
+	// RefTokens is the tokens per measured step: B*T = 8*256.
+	RefTokens = 8 * 256
+	// RefChannels is the small preset's width C.
+	RefChannels = 384
+)
+
+// RefLayerForwardSeconds is one layer's forward over one microbatch of
+// RefTokens tokens on the reference machine: 235.5 ms / 6 layers = 39.25 ms.
+// The small preset's head and loss (vocabulary 256) are folded in.
+const RefLayerForwardSeconds = RefForwardSeconds / RefLayers
+
+// BackwardRatio is backward time over forward time as measured:
+// 496.1 / 235.5 = 2.11. The SkipPipe paper's cost model uses 1.5
+// (ALGORITHMS.md 3); ours is what our kernels do.
+const BackwardRatio = RefBackwardSeconds / RefForwardSeconds
+
+// LossFactor is stage 0's head and loss, as a fraction of its forward. Not
+// measured: the paper's cost model (ALGORITHMS.md 3, "loss 0.25*w_v"); our
+// byte vocabulary makes our own head unrepresentatively small (0.8 ms of a
+// 740.9 ms step).
+const LossFactor = 0.25
+
+// Goodput is the fraction of a link's rate a bulk transfer achieves:
+// "p2p: bulk throughput and join time", row "same, 16 connections (lanes)":
+// 0.88 of an emulated 100 Mbit/s, 40 ms, 0.1% loss link. (One stream gets
+// 0.14; the loss-free link 0.93 with 16 connections.)
+const Goodput = 0.88
+
+// Codec figures: "Compression codecs", row minmax8 (the collective's codec),
+// per core, on the fp32 input bytes.
+const (
+	// MinMax8EncodeBps is 3.73 GB/s.
+	MinMax8EncodeBps = 3.73e9
+	// MinMax8DecodeBps is 7.85 GB/s.
+	MinMax8DecodeBps = 7.85e9
+	// MinMax8Ratio is "x smaller than fp32": 3.88, so a parameter costs
+	// 4/3.88 = 1.03 bytes on the wire.
+	MinMax8Ratio = 3.88
+)
+
+// ButterflyMeasured is the "Collective: the butterfly against the ring"
+// table: one round of 1M parameters (1 MB per member, 8-bit), every member
+// behind a 50 Mbit/s uplink with 30 ms one-way latency, 2 owners per part,
+// cross-checked. The projection's butterfly model is compared with it.
+var ButterflyMeasured = []struct {
+	Members      int
+	Seconds      float64
+	MBSentMember float64
+}{
+	{4, 0.732, 2.44},
+	{8, 0.918, 2.85},
+	{16, 1.242, 3.07},
+}
+
+// ActivationBytes is what crosses a stage boundary for one microbatch of the
+// reference shape: B*T*C values in bf16 (ALGORITHMS.md 5, "activations in
+// pipelines: bf16/fp16 is the safe default"): 8*256*384*2 = 1,572,864 bytes.
+// A gradient going back is the same size.
+const ActivationBytes = RefTokens * RefChannels * 2
+
+// WireOverhead is what framing, hashes and signatures add to a collective's
+// payload: bytes sent per member over the payload's share, from the
+// "Collective" table: the ring sent 1.62, 1.89, 2.03 MB where 2(M-1)/M MB
+// is 1.50, 1.75, 1.875 (1.08x at M = 4, 8, 16); the butterfly 2.44, 2.85,
+// 3.07 MB where 3(M-1)/M MB is 2.25, 2.625, 2.81 (1.08-1.09x).
+const WireOverhead = 1.08
+
+// Deadlines of the collective's phases: optimizer.DefaultButterflyConfig
+// waits twice the smoothed observed phase time (plus deviations, ignored
+// here), clamped to [2 s, 600 s]. A member that dies mid-round costs the
+// survivors one such deadline.
+// ReadyWait (5 s in the same config) is how long a leader waits for members
+// to report ready before forming the group from those that have.
+const (
+	ReadyWait      = 5.0
+	DeadlineFactor = 2
+	MinDeadline    = 2.0
+	MaxDeadline    = 600.0
+)
