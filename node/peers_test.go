@@ -3,8 +3,10 @@ package node
 import (
 	"context"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -20,14 +22,90 @@ func TestDiLoCoOverP2P(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a libp2p swarm")
 	}
-	sw := p2ptest.NewSwarm(t, 5, p2ptest.Options{})
-	trainers := sw.Nodes[1:]
-	deadline := time.Now().Add(10 * time.Second)
+	tr := newP2PTrainers(t, 4, nil)
+	for round := range 3 {
+		tr.round(t, round, 4)
+	}
+}
+
+// Each hostile behaviour of one volunteer of four, over real libp2p streams
+// with signed parts: the three honest ones end every round with the same
+// state, every coordinate's step stays within what honest contributions
+// give, and a provable offence (poison, forged aggregate) is reported with
+// the offender's peer ID by every honest member.
+func TestHostileVolunteerOverP2P(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a libp2p swarm")
+	}
+	for _, mode := range optimizer.HostileModes {
+		t.Run(mode, func(t *testing.T) {
+			var mu sync.Mutex
+			reported := map[string]map[optimizer.PeerID]bool{} // by reporter
+			tr := newP2PTrainers(t, 4, func(i int, n *p2p.Node, c *optimizer.ButterflyConfig, o *optimizer.ButterflyOptions) {
+				if i == 3 {
+					c.Hostile = mode
+				}
+				me := n.ID().String()
+				o.OnReject = func(p optimizer.PeerID, err error) {
+					mu.Lock()
+					defer mu.Unlock()
+					if reported[me] == nil {
+						reported[me] = map[optimizer.PeerID]bool{}
+					}
+					reported[me][p] = true
+				}
+			})
+			hostile := optimizer.PeerID(tr.nodes[3].ID().String())
+			for round := range 2 {
+				before := slices.Clone(tr.ds[0].Phi)
+				tr.round(t, round, 3)
+				for j, x := range tr.ds[0].Phi {
+					// Honest thetas move by at most 0.01*3*4 per round; the
+					// outer step (lr 0.7, Nesterov 0.9) scales that by less
+					// than 3. The hostile one moves its by 1000x.
+					if d := math.Abs(float64(x - before[j])); d > 0.5 {
+						t.Fatalf("round %d: coordinate %d moved by %g: the hostile contribution got through", round, j, d)
+					}
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			provable := mode == optimizer.HostilePoison || mode == optimizer.HostileForge
+			for i, n := range tr.nodes[:3] {
+				got := reported[n.ID().String()]
+				if provable && !got[hostile] {
+					t.Errorf("honest volunteer %d did not report the %s offender %s: %v", i, mode, hostile, got)
+				}
+				for p := range got {
+					if p != hostile {
+						t.Errorf("honest volunteer %d reported honest %s", i, p)
+					}
+				}
+			}
+		})
+	}
+}
+
+// p2pTrainers are DiLoCo trainers over the butterfly on real libp2p
+// streams (a p2ptest swarm whose seed does not train).
+type p2pTrainers struct {
+	nodes  []*p2p.Node
+	ds     []*optimizer.DiLoCo
+	thetas [][]float32
+}
+
+// newP2PTrainers starts m trainers; configure, if set, adjusts trainer i's
+// collective.
+func newP2PTrainers(t *testing.T, m int, configure func(i int, n *p2p.Node, c *optimizer.ButterflyConfig, o *optimizer.ButterflyOptions)) *p2pTrainers {
+	t.Helper()
+	sw := p2ptest.NewSwarm(t, m+1, p2ptest.Options{})
+	tr := &p2pTrainers{nodes: sw.Nodes[1:]}
+	deadline := time.Now().Add(p2ptest.Slowdown * 10 * time.Second)
 	for {
 		ok := true
-		for _, n := range trainers {
+		for _, n := range tr.nodes {
 			pp := &P2PPeers{n: n}
-			if len(pp.Members()) != len(trainers) {
+			if len(pp.Members()) != m {
 				ok = false
 			}
 		}
@@ -35,7 +113,7 @@ func TestDiLoCoOverP2P(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("trainers do not see exactly the 4 volunteers")
+			t.Fatalf("trainers do not see exactly the %d volunteers", m)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -46,52 +124,58 @@ func TestDiLoCoOverP2P(t *testing.T) {
 		phi0[i] = float32(rng.NormFloat64())
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ds := make([]*optimizer.DiLoCo, len(trainers))
-	thetas := make([][]float32, len(trainers))
-	for i, n := range trainers {
+	t.Cleanup(cancel)
+	tr.ds = make([]*optimizer.DiLoCo, m)
+	tr.thetas = make([][]float32, m)
+	for i, n := range tr.nodes {
 		pp, err := NewP2PPeers(n, p2p.ProtoReduce, 1<<22, 10*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer pp.Close()
+		t.Cleanup(pp.Close)
 		bc := optimizer.DefaultButterflyConfig(P, nodeSigner{n}, butterflyTick.Seconds())
-		var log *slog.Logger
+		opt := optimizer.ButterflyOptions{Tick: butterflyTick}
 		if os.Getenv("SKEIN_TEST_LOG") != "" {
-			log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("trainer", i)
+			opt.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("trainer", i)
 		}
-		r, err := optimizer.NewButterflyDriver(pp, bc, optimizer.ButterflyOptions{Tick: butterflyTick, Logger: log})
+		if configure != nil {
+			configure(i, n, &bc, &opt)
+		}
+		r, err := optimizer.NewButterflyDriver(pp, bc, opt)
 		if err != nil {
 			t.Fatal(err)
 		}
 		r.Start(ctx)
-		defer r.Close()
-		if ds[i], err = optimizer.NewDiLoCo(optimizer.DefaultDiLoCo(), r, phi0); err != nil {
+		t.Cleanup(r.Close)
+		if tr.ds[i], err = optimizer.NewDiLoCo(optimizer.DefaultDiLoCo(), r, phi0); err != nil {
 			t.Fatal(err)
 		}
-		thetas[i] = append([]float32(nil), phi0...)
+		tr.thetas[i] = append([]float32(nil), phi0...)
 	}
-	for round := 0; round < 3; round++ {
-		var wg sync.WaitGroup
-		errs := make([]error, len(trainers))
-		for i := range trainers {
-			for j := range thetas[i] {
-				thetas[i][j] -= 0.01 * float32(i+1) * float32(j%5)
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				_, errs[i] = ds[i].OuterStep(ctx, thetas[i])
-			}()
+	return tr
+}
+
+// round runs one outer round on every trainer; the first honest ones must
+// succeed and agree.
+func (tr *p2pTrainers) round(t *testing.T, round, honest int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), p2ptest.Slowdown*time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make([]error, len(tr.ds))
+	for i := range tr.ds {
+		for j := range tr.thetas[i] {
+			tr.thetas[i][j] -= 0.01 * float32(i+1) * float32(j%5)
 		}
-		wg.Wait()
-		for i, err := range errs {
-			if err != nil {
-				t.Fatalf("round %d, trainer %d: %v", round, i, err)
-			}
-			if ds[i].StateHash() != ds[0].StateHash() {
-				t.Fatalf("round %d: trainer %d disagrees", round, i)
-			}
+		wg.Go(func() { _, errs[i] = tr.ds[i].OuterStep(ctx, tr.thetas[i]) })
+	}
+	wg.Wait()
+	for i, err := range errs[:honest] {
+		if err != nil {
+			t.Fatalf("round %d, trainer %d: %v", round, i, err)
+		}
+		if tr.ds[i].StateHash() != tr.ds[0].StateHash() {
+			t.Fatalf("round %d: trainer %d disagrees", round, i)
 		}
 	}
 }

@@ -285,10 +285,14 @@ type bfReady struct {
 
 // bfOwned is a part this member aggregates.
 type bfOwned struct {
-	p         uint32
-	primary   bool
-	co        PeerID // the co-owner; "" with one replica
-	inputs    map[uint32]*bfInput
+	p       uint32
+	primary bool
+	co      PeerID // the co-owner; "" with one replica
+	inputs  map[uint32]*bfInput
+	// refused holds the members whose signed input to this part failed
+	// the bounds: nothing better will come from them this round, so the
+	// owner does not wait for them until the deadline.
+	refused   map[uint32]bool
 	coHave    []signedInput
 	gotCoHave bool
 	sentHave  bool

@@ -87,6 +87,10 @@ func (b *Butterfly) takePart(c *bfRound, idx uint32, h header, body []byte) {
 	vals := make([]float32, hi-lo)
 	if err := b.decodeChecked(frame, vals); err != nil {
 		b.offend(from, "part %d of round %d: %v", h.chunk, c.round, err)
+		if o.refused == nil {
+			o.refused = map[uint32]bool{}
+		}
+		o.refused[idx] = true
 		return
 	}
 	in.vals = vals
@@ -134,7 +138,7 @@ func (b *Butterfly) advanceOwned(c *bfRound, o *bfOwned) {
 	scatterDue := c.groupAt + b.scatterEst.deadline(b.cfg.PhaseWait, b.cfg.MinPhase, b.cfg.MaxPhase)
 	all := true
 	for i, p := range c.group {
-		if o.inputs[uint32(i)] == nil && !b.gone(p) {
+		if o.inputs[uint32(i)] == nil && !o.refused[uint32(i)] && !b.gone(p) {
 			all = false
 		}
 	}
