@@ -261,6 +261,7 @@ type bfRound struct {
 	ranked     []PeerID
 	leaderIdx  int
 	leadSince  int64
+	readyAt    int64 // when this member last sent its READY
 	finishedBy map[PeerID]bool
 
 	// the group, once accepted
@@ -409,7 +410,7 @@ func (b *Butterfly) Start(round uint64, stateHash uint64, x, out []float32) erro
 	c := &bfRound{round: round, attempt: att, stateHash: stateHash, x: x, out: out,
 		readies: map[PeerID]bfReady{b.self: {stateHash, att, b.now}}, finishedBy: map[PeerID]bool{}, me: -1}
 	c.ranked = b.rank(round)
-	c.leadSince = b.now
+	c.leadSince, c.readyAt = b.now, b.now
 	b.cur = c
 	var body [8]byte
 	binary.LittleEndian.PutUint64(body[:], stateHash)
@@ -514,7 +515,11 @@ func (b *Butterfly) step(from PeerID, h header, body []byte, fresh bool) {
 			return
 		}
 		if active && c.round == h.round {
-			c.readies[from] = bfReady{binary.LittleEndian.Uint64(body), h.step, b.arrived}
+			r := bfReady{binary.LittleEndian.Uint64(body), h.step, b.arrived}
+			if old, ok := c.readies[from]; ok && old.hash == r.hash && old.attempt == r.attempt {
+				r.at = old.at // said again (readyResend): it has been ready since then
+			}
+			c.readies[from] = r
 			if c.groupB != nil && c.me >= 0 && !slices.Contains(c.group, from) {
 				// A member ready after the group formed: tell it, so that
 				// it fetches the result instead of waiting for a leader.

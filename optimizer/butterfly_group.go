@@ -2,6 +2,7 @@ package optimizer
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
 	"slices"
 )
@@ -54,6 +55,10 @@ func (b *Butterfly) waits() (ready, leader int64) {
 	return ready, b.cfg.LeaderWait + ready - b.cfg.ReadyWait
 }
 
+// readyResend is how often a member waiting for a group says READY again
+// to its leader: a quarter of the ready wait.
+func (b *Butterfly) readyResend() int64 { return max(1, b.cfg.ReadyWait/4) }
+
 func (b *Butterfly) advanceGroup(c *bfRound) {
 	rw, lw := b.waits()
 	if b.now-c.leadSince >= lw {
@@ -65,6 +70,18 @@ func (b *Butterfly) advanceGroup(c *bfRound) {
 		}
 	}
 	if l, _ := b.candidate(c); l != b.self {
+		// READY is sent to every member at Start, once. A leader whose
+		// membership did not list this member yet, and that was not in
+		// the round yet, could not keep it (only members' messages are
+		// stashed): say it again to the leader every readyResend ticks
+		// until a group forms, so that a lost READY costs seconds instead
+		// of leaving this member out and waiting for leaders.
+		if b.now-c.readyAt >= b.readyResend() {
+			c.readyAt = b.now
+			var body [8]byte
+			binary.LittleEndian.PutUint64(body[:], c.stateHash)
+			b.send(l, header{kind: kindReady, round: c.round, step: c.attempt}, body[:])
+		}
 		return
 	}
 	// This member leads: wait for the members it sees.
