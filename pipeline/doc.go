@@ -1,15 +1,18 @@
 // Package pipeline owns SkipPipe's and CheckFree's logic: which node serves
 // which stage (Plan), the path each microbatch takes through the stages
 // (SchedulePaths) and the rules every path obeys (Validate), the cost of a
-// schedule under the simulator's model (Simulate), and CheckFree's recovery
-// of a lost stage from its neighbours (Rebuild, CheckFreePlus).
+// schedule under the simulator's model (Simulate), CheckFree's recovery of
+// a lost stage from its neighbours (Rebuild, CheckFreePlus), and the relay
+// that carries a schedule out (Relay, RelayDriver).
 //
-// Everything here is a pure function of its inputs and a seed: no I/O, no
-// goroutines, no clock. It must not touch p2p, node, optimizer or the
-// network: the relay of activations between nodes, and the driver that
-// applies a schedule, belong to the node's driver over an interface, the
-// way optimizer's collectives do. It reads costs from sim, which in turn takes
-// them from BENCHMARKS.md.
+// Everything but RelayDriver is a pure function of its inputs and a seed:
+// no I/O, no goroutines, no clock. RelayDriver is the thin driver that owns
+// a goroutine and a ticker and moves the relay's messages over
+// optimizer.Peers, the transport interface the collectives use (p2p
+// implements it in node; optimizer.MemNetwork in tests); that interface is
+// all pipeline takes from optimizer. It must not touch p2p, node or the
+// network. It reads costs from sim, which in turn takes them from
+// BENCHMARKS.md.
 //
 // # Paths (ALGORITHMS.md 3)
 //
@@ -44,4 +47,13 @@
 // two microbatches' nodes) that keeps a move only when the event simulation
 // (sim.RunJob) says the iteration got shorter. Every candidate is checked
 // against the rules, so what it returns always passes Validate.
+//
+// # Relay
+//
+// Relay carries one iteration's schedule out: activations forward and
+// their gradients backward along each microbatch's path, with deadlines
+// in ticks, as a Step/Tick/Done/Ready state machine with no I/O, clock or
+// model (relay.go; wire format in relay_wire.go). The compute sits behind
+// StageRunner (ModelRunner runs model stages); RelayDriver, the one part
+// with goroutines and a ticker, moves its messages over optimizer.Peers.
 package pipeline
