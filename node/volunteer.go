@@ -443,10 +443,13 @@ func NewVolunteer(ctx context.Context, cfg VolunteerConfig) (_ *Volunteer, err e
 
 // admissionAgrees checks the admission policy this volunteer was let in
 // under (learned at the door) against the manifest, the operator's word for
-// it. A disagreement means the members, or the one that let this volunteer
-// in, are not running the run the manifest describes.
+// it: open or closed, and the run key. A disagreement means the members, or
+// the one that let this volunteer in, are not running the run the manifest
+// describes. The caps (max members, per prefix) are each member's own
+// limits on what it accepts and may differ.
 func admissionAgrees(learned p2p.Admission, m manifest.Manifest) error {
-	if want := m.Admission.Policy(); !learned.Equal(want) {
+	want := m.Admission.Policy()
+	if learned.Closed != want.Closed || !learned.RunKey.Equal(want.RunKey) {
 		return fmt.Errorf("%w: run %q admits members as %s, but its manifest %s says %s", ErrManifest,
 			m.RunID, learned, m.ShortHash(), want)
 	}
