@@ -83,7 +83,13 @@ func TestNoLoCoMembersConverge(t *testing.T) {
 	for i := 0; i < M; i++ {
 		id := PeerID(fmt.Sprintf("peer-%d", i))
 		p := net.Join(id)
-		nl, err := NewNoLoCo(ctx, testNoLoCoConfig(), p, randomVec(n, uint64(i), 1))
+		// Every partner is live and must be heard: deadlines long enough
+		// for a loaded machine under -race (the adaptive one fell to its
+		// 100 ms floor after two quick steps, and one late message failed
+		// the test), which costs nothing when messages arrive.
+		cfg := testNoLoCoConfig()
+		cfg.InitialDeadline, cfg.MinDeadline, cfg.MaxDeadline = 30*time.Second, 30*time.Second, 30*time.Second
+		nl, err := NewNoLoCo(ctx, cfg, p, randomVec(n, uint64(i), 1))
 		if err != nil {
 			t.Fatal(err)
 		}
