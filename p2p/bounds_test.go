@@ -232,6 +232,7 @@ func TestTransportAddrsBounded(t *testing.T) {
 			n.ev.markLeft(id, time.Now())
 		}
 		n.ev.NotifyLeave(node)
+		awaitUnlisted(t, n.ev, id) // a failure: once the direct check has failed
 		if _, err := tr.resolve(memberlist.Address{Addr: "127.0.0.2:9"}); err == nil {
 			t.Fatalf("address of a member gone with %v still resolves", kind)
 		}

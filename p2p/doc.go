@@ -12,6 +12,10 @@
 //     node's identity key, so no peer can gossip another's (meta.go,
 //     metasig.go), the
 //     persisted peer book used to rejoin without the bootstrap (peerbook.go);
+//     memberlist's unsigned suspect and dead messages are not taken on
+//     their word: a member declared failed stays listed while it answers a
+//     direct libp2p ping, and the node warns, naming who declared it
+//     (dispute.go, accusation.go);
 //   - protocol IDs /skein/<run-id>/<name>/<version> (protocol.go), typed
 //     length-prefixed frames (frame.go, stream.go) and bulk transfers of large
 //     byte ranges, striped over streams and connections and resumable (bulk.go,
@@ -49,7 +53,9 @@
 // graceful leave propagates in about a second. LANTiming (1 s probes) declares
 // failure in ~6-8 s. FastTiming (tests on loopback: 300 ms probes, 250 ms
 // timeout, suspicion x3 max x2, 50 ms gossip, push/pull 3 s) declares failure
-// in 1-3 s; Timing.FailureWindow(n) states the bound the tests check.
+// in 1-3 s, plus up to 2 s for the direct check every member makes before
+// believing a failure (dispute.go); Timing.FailureWindow(n) states the bound
+// the tests check.
 //
 // # Bounded state
 //
@@ -61,7 +67,11 @@
 // forgets the peer (transport.go); the peer book keeps the
 // NodeConfig.PeerBookSize most recently seen peers (peerbook.go);
 // per-(peer, protocol) byte counters are folded into per-protocol totals once
-// idle and disconnected, at most 8192 at a time (accounting.go).
+// idle and disconnected, at most 8192 at a time (accounting.go); disputed
+// failures, each with its checking goroutine, number at most 256
+// (dispute.go); the suspect and dead messages recorded to name their
+// senders keep 4 per accused peer for 1024 peers, a minute at most
+// (accusation.go).
 //
 // libp2p's peerstore holds the members, the connected peers and the peers
 // seen in the last NodeConfig.ForgetAfter (15 min by default), nothing more

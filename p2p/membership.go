@@ -112,9 +112,10 @@ func (t Timing) SuspicionTimeout(n int) time.Duration {
 
 // FailureWindow bounds the time from a node going silent to every member of a
 // cluster of n marking it failed: a probe cycle to notice, the probe timeout,
-// the longest suspicion timeout and the gossip of the verdict.
+// the longest suspicion timeout, the gossip of the verdict, and the direct
+// check each member makes before believing it (dispute.go).
 func (t Timing) FailureWindow(n int) time.Duration {
-	return 2*t.ProbeInterval + t.ProbeTimeout + t.SuspicionTimeout(n) + 10*t.GossipInterval
+	return 2*t.ProbeInterval + t.ProbeTimeout + t.SuspicionTimeout(n) + 10*t.GossipInterval + disputeTimeout
 }
 
 func (t Timing) apply(c *memberlist.Config) {
@@ -263,6 +264,21 @@ type events struct {
 	leftAt map[peer.ID]time.Time // peers that said goodbye; bounded by leaveWindow and maxLeftAt
 	closed bool
 
+	// Disputes (dispute.go): reach, when set, checks directly that a
+	// member memberlist declared failed still answers; nil trusts
+	// memberlist. blame, when set, names who declared a member failed, for
+	// the log. disputed holds the members being checked (at most
+	// maxDisputes), each with its goroutine, counted in arbiters and
+	// stopped by close (stop).
+	reach          func(ctx context.Context, id peer.ID) error
+	blame          func(id peer.ID) []string
+	disputeTimeout time.Duration
+	disputeRecheck time.Duration
+	disputed       map[peer.ID]*dispute
+	stop           context.Context
+	stopAll        context.CancelFunc
+	arbiters       sync.WaitGroup
+
 	// The admission policy (admit.go). While learning (a node that takes
 	// the policy from the peers it joins through and has not yet) only the
 	// node itself is admitted.
@@ -278,9 +294,12 @@ func newEvents(runID string, self peer.ID, log *slog.Logger) *events {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	stop, stopAll := context.WithCancel(context.Background())
 	return &events{runID: runID, self: self, log: log,
 		members: make(map[peer.ID]Member), until: make(map[peer.ID]time.Time), subs: make(map[*Subscription]struct{}),
-		leftAt: make(map[peer.ID]time.Time), exempt: make(map[peer.ID]bool), door: make(map[peer.ID]time.Time)}
+		leftAt: make(map[peer.ID]time.Time), exempt: make(map[peer.ID]bool), door: make(map[peer.ID]time.Time),
+		disputeTimeout: disputeTimeout, disputeRecheck: disputeRecheck, disputed: make(map[peer.ID]*dispute),
+		stop: stop, stopAll: stopAll}
 }
 
 func (e *events) subscribe() *Subscription {
@@ -304,10 +323,12 @@ func (e *events) subscribe() *Subscription {
 
 func (e *events) close() {
 	e.mu.Lock()
-	e.closed = true
+	e.closed = true // no dispute starts from now on
 	subs := e.subs
 	e.subs = map[*Subscription]struct{}{}
 	e.mu.Unlock()
+	e.stopAll()
+	e.arbiters.Wait()
 	for s := range subs {
 		s.mu.Lock()
 		if !s.closed {
@@ -432,16 +453,22 @@ func (e *events) emit(kind EventKind, m Member) {
 // emitUntil is emit for a member whose token expires at until (zero: no
 // token, an open run).
 func (e *events) emitUntil(kind EventKind, m Member, until time.Time) {
-	ev := Event{Kind: kind, Member: m, Time: time.Now()}
 	e.mu.Lock()
+	e.emitLocked(kind, m, until)
+	e.mu.Unlock()
+}
+
+// emitLocked updates the member table and tells the node and the
+// subscribers; e.mu is held, so that a decision taken under it (a dispute
+// settled, a goodbye consumed) and its event are one step. Any event about
+// a member ends a dispute about it (dispute.go).
+func (e *events) emitLocked(kind EventKind, m Member, until time.Time) {
+	ev := Event{Kind: kind, Member: m, Time: time.Now()}
+	e.endDisputeLocked(m.ID)
 	switch kind {
 	case EventJoin, EventUpdate:
 		e.members[m.ID] = m
-		if until.IsZero() {
-			delete(e.until, m.ID)
-		} else {
-			e.until[m.ID] = until
-		}
+		e.setUntilLocked(m.ID, until)
 	case EventLeave, EventFail:
 		delete(e.members, m.ID)
 		delete(e.until, m.ID)
@@ -452,7 +479,14 @@ func (e *events) emitUntil(kind EventKind, m Member, until time.Time) {
 	for s := range e.subs {
 		s.push(ev)
 	}
-	e.mu.Unlock()
+}
+
+func (e *events) setUntilLocked(id peer.ID, until time.Time) {
+	if until.IsZero() {
+		delete(e.until, id)
+	} else {
+		e.until[id] = until
+	}
 }
 
 // NotifyJoin is memberlist's EventDelegate.
@@ -462,7 +496,7 @@ func (e *events) NotifyJoin(n *memberlist.Node) {
 		e.log.Warn("member ignored", "node", n.Name, "err", err)
 		return
 	}
-	e.emitUntil(EventJoin, m, until)
+	e.readmit(m, until)
 }
 
 // NotifyUpdate is memberlist's EventDelegate. A member that was dropped
@@ -473,37 +507,55 @@ func (e *events) NotifyUpdate(n *memberlist.Node) {
 		e.log.Warn("member update ignored", "node", n.Name, "err", err)
 		return
 	}
+	e.readmit(m, until)
+}
+
+// readmit records m as memberlist reports it alive: a join when it is not
+// listed, an update when it is. A disputed member that memberlist takes
+// back unchanged (its refutation of a forged death, dispute.go) ends the
+// dispute without an event: subscribers never saw it go.
+func (e *events) readmit(m Member, until time.Time) {
 	e.mu.Lock()
-	_, known := e.members[m.ID]
-	e.mu.Unlock()
-	kind := EventUpdate
-	if !known {
-		kind = EventJoin
+	defer e.mu.Unlock()
+	old, known := e.members[m.ID]
+	if e.endDisputeLocked(m.ID) && old == m {
+		e.setUntilLocked(m.ID, until)
+		return
 	}
-	e.emitUntil(kind, m, until)
+	kind := EventJoin
+	if known {
+		kind = EventUpdate
+	}
+	e.emitLocked(kind, m, until)
 }
 
 // NotifyLeave is memberlist's EventDelegate. memberlist v0.7.0 does not tell
 // left from dead here, so a leave is recognised by the goodbye the leaving
-// node sends just before (protocol members-bye).
+// node sends just before (protocol members-bye). A failure is not taken on
+// memberlist's word alone: the member is checked directly first
+// (dispute.go). memberlist calls this under its own lock, so nothing here
+// waits.
 func (e *events) NotifyLeave(n *memberlist.Node) {
 	id, err := peer.Decode(n.Name)
 	if err != nil {
 		return
 	}
 	e.mu.Lock()
+	defer e.mu.Unlock()
 	m, known := e.members[id]
 	at, left := e.leftAt[id]
 	delete(e.leftAt, id)
-	e.mu.Unlock()
 	if !known {
 		return
 	}
-	kind := EventFail
 	if left && time.Since(at) < leaveWindow {
-		kind = EventLeave
+		e.emitLocked(EventLeave, m, time.Time{})
+		return
 	}
-	e.emit(kind, m)
+	if e.disputeLocked(m) {
+		return
+	}
+	e.emitLocked(EventFail, m, time.Time{})
 }
 
 // NotifyAlive is memberlist's AliveDelegate: members of other runs,

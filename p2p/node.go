@@ -23,6 +23,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/protocol"
 	"github.com/libp2p/go-libp2p/p2p/host/peerstore/pstoremem"
 	"github.com/libp2p/go-libp2p/p2p/protocol/identify"
+	"github.com/libp2p/go-libp2p/p2p/protocol/ping"
 	ma "github.com/multiformats/go-multiaddr"
 	manet "github.com/multiformats/go-multiaddr/net"
 )
@@ -335,6 +336,8 @@ func (n *Node) start(ctx context.Context) error {
 	n.setHandler(n.admID, n.handleAdmission)
 	n.tr = newTransport(n.h, n.setHandler, cfg.RunID, advIP, advPort, cfg.Timing.StreamTimeout, n.log)
 	n.tr.introduce = n.introduce
+	n.ev.reach = n.answers
+	n.ev.blame = func(id peer.ID) []string { return n.tr.accused.about(id, time.Now()) }
 	n.setHandler(n.byeID, n.handleBye)
 
 	mc := memberlist.DefaultLANConfig()
@@ -687,6 +690,25 @@ func (n *Node) onEvent(kind EventKind, m Member) {
 	}
 }
 
+// answers checks directly that member id is alive, for a dispute
+// (dispute.go): it answers a libp2p ping before ctx ends. Without a
+// connection the ping dials one: a live member this node happens not to be
+// connected to (it joined a moment ago, or is reached only on demand) must
+// not be dropped on a forged word, and a dead one fails within ctx all the
+// same (a closed port at once, a silent one at the deadline).
+func (n *Node) answers(ctx context.Context, id peer.ID) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // stops the pinger after its first result
+	r, ok := <-ping.Ping(ctx, n.h, id)
+	switch {
+	case !ok: // ctx ended before an answer; the pinger closed the channel
+		return fmt.Errorf("p2p: ping %s: %w", id, context.Cause(ctx))
+	case r.Error != nil:
+		return fmt.Errorf("p2p: ping %s: %w", id, r.Error)
+	}
+	return nil
+}
+
 func (n *Node) handleBye(s network.Stream) {
 	n.ev.markLeft(s.Conn().RemotePeer(), time.Now())
 	s.Close()
@@ -725,6 +747,7 @@ func (n *Node) maintain() {
 			n.log.Warn("peer book not saved", "err", err)
 		}
 		n.ev.expireLeft(time.Now())
+		n.tr.accused.expire(time.Now())
 		n.ev.expireTokens(time.Now())
 		n.renewToken(time.Now())
 		n.bw.trim(func(p peer.ID) bool { return n.h.Network().Connectedness(p) == network.Connected })

@@ -130,6 +130,7 @@ func TestMemberAddrsOutliveRecentTTL(t *testing.T) {
 	// It fails: its addresses stay a while (memberlist still gossips to the
 	// dead), then expire.
 	n.ev.NotifyLeave(node)
+	awaitUnlisted(t, n.ev, id) // once the direct check has failed
 	checkAddrs(t, ps, id, "failed", []ma.Multiaddr{moved, tcp, relayed}, nil)
 	clk.advance(pastRecentTTL)
 	if have := ps.Addrs(id); len(have) != 0 {

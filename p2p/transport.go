@@ -70,6 +70,11 @@ type transport struct {
 	// introduce, if set, runs before a packet or stream to a peer: the node
 	// presents itself at the peer's admission door (admit.go).
 	introduce func(context.Context, peer.ID) error
+
+	// accused records the suspect and dead messages of inbound packets
+	// with their senders, to name them when a member declared failed
+	// answers (accusation.go, dispute.go).
+	accused *accusations
 }
 
 var _ memberlist.NodeAwareTransport = (*transport)(nil)
@@ -84,7 +89,8 @@ func newTransport(h host.Host, register func(protocol.ID, network.StreamHandler)
 		packetCh: make(chan *memberlist.Packet, 1024),
 		streamCh: make(chan net.Conn, 64),
 		ctx:      ctx, cancel: cancel,
-		byAddr: newAddrIndex(maxAddrIndex),
+		byAddr:  newAddrIndex(maxAddrIndex),
+		accused: newAccusations(),
 	}
 	register(t.packetID, t.handlePacket)
 	register(t.streamID, t.handleStream)
@@ -354,7 +360,11 @@ func (t *transport) handlePacket(s network.Stream) {
 		return
 	}
 	buf = buf[:n]
-	p := &memberlist.Packet{Buf: buf, From: t.remoteAddr(s), Timestamp: time.Now()}
+	now := time.Now()
+	// Read-only, before memberlist acts on the packet: a dispute it causes
+	// finds the record.
+	t.accused.record(now, s.Conn().RemotePeer(), parseAccusations(buf))
+	p := &memberlist.Packet{Buf: buf, From: t.remoteAddr(s), Timestamp: now}
 	select {
 	case t.packetCh <- p:
 	case <-t.ctx.Done():
