@@ -39,9 +39,7 @@ type ButterflyDriver struct {
 	done chan struct{} // closed when the loop exits
 	stop context.CancelFunc
 	wg   sync.WaitGroup
-
-	mu     sync.Mutex
-	queues map[PeerID]chan []byte // per-destination send queues
+	out  *Outbox
 }
 
 type bfRequest struct {
@@ -81,7 +79,7 @@ func NewButterflyDriver(peers Peers, cfg ButterflyConfig, opt ButterflyOptions) 
 		return nil, err
 	}
 	return &ButterflyDriver{peers: peers, m: m, tick: opt.Tick, log: opt.Logger, onReject: opt.OnReject,
-		reqs: make(chan bfRequest), done: make(chan struct{}), queues: map[PeerID]chan []byte{}}, nil
+		reqs: make(chan bfRequest), done: make(chan struct{}), out: NewOutbox(peers, perPeerQueue, opt.Logger)}, nil
 }
 
 // Self is this member's ID.
@@ -122,6 +120,7 @@ func (d *ButterflyDriver) Close() {
 		d.stop()
 	}
 	d.wg.Wait()
+	d.out.Wait()
 	d.m.Close()
 }
 
@@ -171,7 +170,7 @@ func (d *ButterflyDriver) loop(ctx context.Context, recv <-chan Message) {
 			}
 		}
 		for _, e := range rd.Messages {
-			d.enqueue(ctx, e)
+			d.out.Send(ctx, e.To, e.Payload)
 		}
 		if waiting != nil {
 			st.BytesSent += rd.BytesSent
@@ -182,52 +181,6 @@ func (d *ButterflyDriver) loop(ctx context.Context, recv <-chan Message) {
 				"verified", res.Verified, "audits", res.Audits, "err", res.Err)
 			waiting.reply <- bfReply{st, res.Err}
 			waiting = nil
-		}
-	}
-}
-
-// enqueue hands e to its destination's sender goroutine.
-func (d *ButterflyDriver) enqueue(ctx context.Context, e Envelope) {
-	d.mu.Lock()
-	q, ok := d.queues[e.To]
-	if !ok {
-		q = make(chan []byte, perPeerQueue)
-		d.queues[e.To] = q
-		d.wg.Add(1)
-		go d.sender(ctx, e.To, q)
-	}
-	d.mu.Unlock()
-	select {
-	case q <- e.Payload:
-	default:
-		d.log.Debug("send queue full; dropping", "to", e.To)
-	}
-}
-
-// sender delivers one destination's messages in order; it exits when the
-// driver stops or after a minute with nothing to send.
-func (d *ButterflyDriver) sender(ctx context.Context, to PeerID, q chan []byte) {
-	defer d.wg.Done()
-	idle := time.NewTimer(time.Minute)
-	defer idle.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case p := <-q:
-			if err := d.peers.Send(ctx, to, p); err != nil && ctx.Err() == nil {
-				d.log.Debug("send failed", "to", to, "err", err)
-			}
-			idle.Reset(time.Minute)
-		case <-idle.C:
-			d.mu.Lock()
-			if len(q) == 0 {
-				delete(d.queues, to)
-				d.mu.Unlock()
-				return
-			}
-			d.mu.Unlock()
-			idle.Reset(time.Minute)
 		}
 	}
 }

@@ -32,9 +32,7 @@ type RelayDriver struct {
 	done    chan struct{} // closed when the loop exits
 	stop    context.CancelFunc
 	wg      sync.WaitGroup
-
-	mu     sync.Mutex
-	queues map[int]chan []byte // per-destination send queues
+	out     *optimizer.Outbox
 }
 
 // RelayOptions are the driver's settings.
@@ -93,7 +91,7 @@ func NewRelayDriver(peers optimizer.Peers, nodes []optimizer.PeerID, runner Stag
 	return &RelayDriver{peers: peers, ids: slices.Clone(nodes), index: index, m: m, runner: runner,
 		tick: opt.Tick, log: opt.Logger.With("node", cfg.Self, "stage", m.Stage()),
 		reqs: make(chan relayRequest), results: make(chan Result), done: make(chan struct{}),
-		queues: map[int]chan []byte{}}, nil
+		out: optimizer.NewOutbox(peers, relaySendQueue, opt.Logger)}, nil
 }
 
 // Start runs the driver until ctx ends or Close.
@@ -124,6 +122,7 @@ func (d *RelayDriver) Close() {
 		d.stop()
 	}
 	d.wg.Wait()
+	d.out.Wait()
 	d.m.Close()
 }
 
@@ -221,7 +220,7 @@ func (d *RelayDriver) loop(ctx context.Context, recv <-chan optimizer.Message, w
 		}
 		rd := d.m.Ready()
 		for _, e := range rd.Messages {
-			d.enqueue(ctx, e)
+			d.out.Send(ctx, d.ids[e.To], e.Payload)
 		}
 		queue = append(queue, rd.Work...)
 		for _, o := range rd.Outcomes {
@@ -236,52 +235,6 @@ func (d *RelayDriver) loop(ctx context.Context, recv <-chan optimizer.Message, w
 			slices.SortFunc(outcomes, func(a, b Outcome) int { return cmp.Compare(a.MB, b.MB) })
 			waiting.reply <- relayReply{outcomes: outcomes}
 			waiting = nil
-		}
-	}
-}
-
-// enqueue hands e to its destination's sender goroutine.
-func (d *RelayDriver) enqueue(ctx context.Context, e Envelope) {
-	d.mu.Lock()
-	q, ok := d.queues[e.To]
-	if !ok {
-		q = make(chan []byte, relaySendQueue)
-		d.queues[e.To] = q
-		d.wg.Add(1)
-		go d.sender(ctx, e.To, q)
-	}
-	d.mu.Unlock()
-	select {
-	case q <- e.Payload:
-	default:
-		d.log.Debug("send queue full; dropping", "to", e.To)
-	}
-}
-
-// sender delivers one destination's messages in order; it exits when the
-// driver stops or after a minute with nothing to send.
-func (d *RelayDriver) sender(ctx context.Context, to int, q chan []byte) {
-	defer d.wg.Done()
-	idle := time.NewTimer(time.Minute)
-	defer idle.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case p := <-q:
-			if err := d.peers.Send(ctx, d.ids[to], p); err != nil && ctx.Err() == nil {
-				d.log.Debug("send failed", "to", to, "err", err)
-			}
-			idle.Reset(time.Minute)
-		case <-idle.C:
-			d.mu.Lock()
-			if len(q) == 0 {
-				delete(d.queues, to)
-				d.mu.Unlock()
-				return
-			}
-			d.mu.Unlock()
-			idle.Reset(time.Minute)
 		}
 	}
 }
