@@ -22,7 +22,7 @@ func TestDiLoCoOverP2P(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a libp2p swarm")
 	}
-	tr := newP2PTrainers(t, 4, nil)
+	tr := newP2PTrainers(t, 4, 50_000, p2ptest.Options{}, nil)
 	for round := range 3 {
 		tr.round(t, round, 4)
 	}
@@ -41,7 +41,7 @@ func TestHostileVolunteerOverP2P(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			var mu sync.Mutex
 			reported := map[string]map[optimizer.PeerID]bool{} // by reporter
-			tr := newP2PTrainers(t, 4, func(i int, n *p2p.Node, c *optimizer.ButterflyConfig, o *optimizer.ButterflyOptions) {
+			tr := newP2PTrainers(t, 4, 50_000, p2ptest.Options{}, func(i int, n *p2p.Node, c *optimizer.ButterflyConfig, o *optimizer.ButterflyOptions) {
 				if i == 3 {
 					c.Hostile = mode
 				}
@@ -94,11 +94,11 @@ type p2pTrainers struct {
 	thetas [][]float32
 }
 
-// newP2PTrainers starts m trainers; configure, if set, adjusts trainer i's
-// collective.
-func newP2PTrainers(t *testing.T, m int, configure func(i int, n *p2p.Node, c *optimizer.ButterflyConfig, o *optimizer.ButterflyOptions)) *p2pTrainers {
+// newP2PTrainers starts m trainers of P parameters on a swarm built with
+// opts; configure, if set, adjusts trainer i's collective.
+func newP2PTrainers(t testing.TB, m, P int, opts p2ptest.Options, configure func(i int, n *p2p.Node, c *optimizer.ButterflyConfig, o *optimizer.ButterflyOptions)) *p2pTrainers {
 	t.Helper()
-	sw := p2ptest.NewSwarm(t, m+1, p2ptest.Options{})
+	sw := p2ptest.NewSwarm(t, m+1, opts)
 	tr := &p2pTrainers{nodes: sw.Nodes[1:]}
 	deadline := time.Now().Add(p2ptest.Slowdown * 10 * time.Second)
 	for {
@@ -117,7 +117,6 @@ func newP2PTrainers(t *testing.T, m int, configure func(i int, n *p2p.Node, c *o
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	const P = 50_000
 	rng := rand.New(rand.NewPCG(1, 2))
 	phi0 := make([]float32, P)
 	for i := range phi0 {
@@ -157,7 +156,7 @@ func newP2PTrainers(t *testing.T, m int, configure func(i int, n *p2p.Node, c *o
 
 // round runs one outer round on every trainer; the first honest ones must
 // succeed and agree.
-func (tr *p2pTrainers) round(t *testing.T, round, honest int) {
+func (tr *p2pTrainers) round(t testing.TB, round, honest int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), p2ptest.Slowdown*time.Minute)
 	defer cancel()
