@@ -24,8 +24,9 @@ import (
 	"github.com/skein-ml/skein/trainer"
 )
 
-// The shared DiLoCo state that a joiner downloads from a member (protocol
-// bulk key "diloco-state"), little-endian:
+// The shared outer state as this volunteer keeps it in its local
+// checkpoint (the .state file next to the stage's; what members serve to
+// joiners is the chunk-hashed form in statefetch.go), little-endian:
 //
 //	0   4  magic "SKST"
 //	4   4  version (1)

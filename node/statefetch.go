@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -210,7 +211,7 @@ func fetchVerifiedState(ctx context.Context, pn *p2p.Node, log *slog.Logger, n i
 		return 0, nil, nil, "", err
 	}
 	// The member that served the index first, then the others.
-	sources := append([]peer.ID{peers[first]}, append(append([]peer.ID(nil), peers[:first]...), peers[first+1:]...)...)
+	sources := slices.Concat([]peer.ID{peers[first]}, peers[:first], peers[first+1:])
 	w := progress
 	if len(d.blob) < 4<<20 {
 		w = nil // a small state arrives before a progress line could
