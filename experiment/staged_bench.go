@@ -103,13 +103,16 @@ func RunStagedBench(ctx context.Context, cfg StagedBenchConfig) ([]StagedArmResu
 	return out, nil
 }
 
-func stagedArmNames() string {
+// StagedArmNames lists the staged arms' names.
+func StagedArmNames() []string {
 	var n []string
 	for _, a := range StagedArms() {
 		n = append(n, a.Name)
 	}
-	return strings.Join(n, ",")
+	return n
 }
+
+func stagedArmNames() string { return strings.Join(StagedArmNames(), ",") }
 
 func writeStaged(cfg StagedBenchConfig, results []StagedArmResult) error {
 	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {

@@ -15,7 +15,7 @@ func benchCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "bench",
 		Usage: "measure performance (see BENCHMARKS.md)",
-		Subcommands: []*cli.Command{convergenceCommand(), {
+		Subcommands: []*cli.Command{convergenceCommand(), stagedCommand(), {
 			Name:  "train",
 			Usage: "training tokens/s of a preset on random tokens (the counterpart of bench/torch_gpt.py)",
 			Description: "Times full training steps (forward, backward, gradient clipping, AdamW) at the\n" +
@@ -78,6 +78,46 @@ func convergenceCommand() *cli.Command {
 				return err
 			}
 			fmt.Fprintf(os.Stderr, "%d arms done; results in %s\n", len(res), c.Path("out"))
+			return nil
+		},
+	}
+}
+
+func stagedCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "staged",
+		Usage: "train the model split into pipeline stages: skip ratios, and CheckFree against a random re-init of a lost stage",
+		Description: "Every arm trains the preset split into stages with replicas, in this process: each microbatch is\n" +
+			"relayed along its SkipPipe path over an in-memory network (activations forward, gradients back),\n" +
+			"each stage replica takes AdamW steps, and every --inner-steps the replicas of each stage average\n" +
+			"with DiLoCo. The failure arms wipe a stage at --fail-step and rebuild it with CheckFree or at random.\n" +
+			"Writes results.json, results.md and curves.svg to --out.\n\n" +
+			"Arms: " + strings.Join(experiment.StagedArmNames(), ", "),
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "preset", Value: "tiny", Usage: "model preset"},
+			&cli.IntFlag{Name: "steps", Value: 300, Usage: "steps per arm"},
+			&cli.IntFlag{Name: "inner-steps", Value: experiment.DefaultStagedConfig().InnerSteps, Usage: "steps between DiLoCo rounds of a stage's replicas"},
+			&cli.IntFlag{Name: "fail-step", Value: 0, Usage: "step after which the failure arms lose a stage (0: half way, on a round boundary)"},
+			&cli.IntFlag{Name: "eval-every", Value: 5, Usage: "steps between validations"},
+			&cli.IntFlag{Name: "eval-batches", Value: 8, Usage: "held-out batches per validation"},
+			&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of weights and data order"},
+			&cli.StringSliceFlag{Name: "arm", Usage: "run only these arms (repeatable)"},
+			&cli.PathFlag{Name: "out", Value: "runs/staged", Usage: "output directory"},
+		},
+		Action: func(c *cli.Context) error {
+			base := experiment.DefaultStagedConfig()
+			base.Preset, base.Steps, base.InnerSteps = c.String("preset"), c.Int("steps"), c.Int("inner-steps")
+			base.EvalEvery, base.EvalBatches, base.Seed = c.Int("eval-every"), c.Int("eval-batches"), c.Uint64("seed")
+			fail := c.Int("fail-step")
+			if fail == 0 && base.InnerSteps > 0 {
+				fail = base.Steps / 2 / base.InnerSteps * base.InnerSteps
+			}
+			res, err := experiment.RunStagedBench(c.Context, experiment.StagedBenchConfig{Base: base, FailStep: fail,
+				Arms: c.StringSlice("arm"), Out: c.Path("out"), Progress: os.Stderr})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(os.Stderr, "%s\n%d arms done; results in %s\n", experiment.StagedTable(res), len(res), c.Path("out"))
 			return nil
 		},
 	}
