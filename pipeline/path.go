@@ -85,22 +85,8 @@ func validatePath(p Path, pl Placement, r Rules) error {
 	if len(p.Nodes) != len(p.Stages) || len(p.Nodes) == 0 {
 		return fmt.Errorf("%w: %d nodes for %d stages", ErrMalformed, len(p.Nodes), len(p.Stages))
 	}
-	seen := make([]bool, r.Stages)
-	for i, s := range p.Stages {
-		v := p.Nodes[i]
-		switch {
-		case s < 0 || s >= r.Stages:
-			return fmt.Errorf("%w: visit %d to stage %d of %d", ErrMalformed, i, s, r.Stages)
-		case v < 0 || v >= len(pl.StageOf):
-			return fmt.Errorf("%w: visit %d to node %d of %d", ErrMalformed, i, v, len(pl.StageOf))
-		case pl.StageOf[v] != s:
-			return fmt.Errorf("%w: visit %d to node %d for stage %d; it serves stage %d", ErrPlacement, i, v, s, pl.StageOf[v])
-		case (i == 0) != (s == 0):
-			return fmt.Errorf("%w: visit %d is to stage %d", ErrStageZero, i, s)
-		case seen[s]:
-			return fmt.Errorf("%w: stage %d", ErrRepeat, s)
-		}
-		seen[s] = true
+	if err := checkVisits(p, pl); err != nil {
+		return err
 	}
 	if len(p.Stages) != r.PathLen() {
 		return fmt.Errorf("%w: %d visits skip %d stages, want %d", ErrSkips, len(p.Stages), r.Stages-len(p.Stages), r.Skip)
@@ -139,6 +125,32 @@ func checkJumps(sorted []int, r Rules) error {
 		if gap := next - sorted[i-1] - 1; gap > r.MaxJump {
 			return fmt.Errorf("%w: from stage %d to %d skips %d stages, at most %d", ErrJump, sorted[i-1], next%r.Stages, gap, r.MaxJump)
 		}
+	}
+	return nil
+}
+
+// checkVisits checks the visits of a path (as many nodes as stages)
+// against a placement: stages and nodes that exist, each node visited for
+// the stage it serves, stage 0 first and only first, no stage twice. Both
+// Validate and the relay (which must not run a path it cannot carry) rely
+// on it.
+func checkVisits(p Path, pl Placement) error {
+	seen := make([]bool, pl.Stages)
+	for i, s := range p.Stages {
+		v := p.Nodes[i]
+		switch {
+		case s < 0 || s >= pl.Stages:
+			return fmt.Errorf("%w: visit %d to stage %d of %d", ErrMalformed, i, s, pl.Stages)
+		case v < 0 || v >= len(pl.StageOf):
+			return fmt.Errorf("%w: visit %d to node %d of %d", ErrMalformed, i, v, len(pl.StageOf))
+		case pl.StageOf[v] != s:
+			return fmt.Errorf("%w: visit %d to node %d for stage %d; it serves stage %d", ErrPlacement, i, v, s, pl.StageOf[v])
+		case (i == 0) != (s == 0):
+			return fmt.Errorf("%w: visit %d is to stage %d", ErrStageZero, i, s)
+		case seen[s]:
+			return fmt.Errorf("%w: stage %d", ErrRepeat, s)
+		}
+		seen[s] = true
 	}
 	return nil
 }

@@ -408,22 +408,7 @@ func (r *Relay) checkPath(p Path) error {
 	if len(p.Nodes) != len(p.Stages) || len(p.Nodes) == 0 || len(p.Nodes) > pl.Stages {
 		return fmt.Errorf("%w: %d nodes for %d stages, at most %d", ErrMalformed, len(p.Nodes), len(p.Stages), pl.Stages)
 	}
-	seen := make([]bool, pl.Stages)
-	for i, s := range p.Stages {
-		v := p.Nodes[i]
-		switch {
-		case s < 0 || s >= pl.Stages || v < 0 || v >= len(pl.StageOf):
-			return fmt.Errorf("%w: visit %d to node %d, stage %d", ErrMalformed, i, v, s)
-		case pl.StageOf[v] != s:
-			return fmt.Errorf("%w: visit %d to node %d for stage %d; it serves stage %d", ErrPlacement, i, v, s, pl.StageOf[v])
-		case (i == 0) != (s == 0):
-			return fmt.Errorf("%w: visit %d is to stage %d", ErrStageZero, i, s)
-		case seen[s]:
-			return fmt.Errorf("%w: stage %d", ErrRepeat, s)
-		}
-		seen[s] = true
-	}
-	return nil
+	return checkVisits(p, pl)
 }
 
 // Step takes one message received from node from. Malformed or unexpected
