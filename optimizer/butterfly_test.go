@@ -1,8 +1,6 @@
 package optimizer
 
 import (
-	"bufio"
-	"bytes"
 	"crypto/ed25519"
 	"crypto/sha256"
 	"errors"
@@ -17,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/skein-ml/skein/compression"
+	"github.com/skein-ml/skein/internal/scenario"
 )
 
 // testSigner signs with a deterministic ed25519 key per member (derived from
@@ -282,8 +281,6 @@ func runScenario(t *testing.T, path string) {
 	var leader PeerID
 	n := 1000
 	var mods []func(*ButterflyConfig)
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	line := 0
 	ids := func(fs []string) []PeerID {
 		var out []PeerID
 		for _, f := range fs {
@@ -291,16 +288,8 @@ func runScenario(t *testing.T, path string) {
 		}
 		return out
 	}
-	for sc.Scan() {
-		line++
-		text := strings.TrimSpace(sc.Text())
-		if i := strings.Index(text, "#"); i >= 0 {
-			text = strings.TrimSpace(text[:i])
-		}
-		if text == "" {
-			continue
-		}
-		f := strings.Fields(text)
+	for _, l := range scenario.Parse(data) {
+		line, text, f := l.No, l.Text, l.Fields
 		fail := func(format string, args ...any) {
 			t.Helper()
 			t.Fatalf("%s:%d: %s: %s", filepath.Base(path), line, text, fmt.Sprintf(format, args...))

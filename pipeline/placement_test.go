@@ -33,14 +33,7 @@ func checkRule(t *testing.T, pl Placement) {
 }
 
 func TestPlanBuiltin(t *testing.T) {
-	net, err := sim.Builtin("volunteers20")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pl, err := Plan(net, DefaultPlanConfig(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	net, pl := plannedVolunteers20(t)
 	// 20 nodes, 6 stages: floor(20/6) = 3 at stage 0, the 2 left over to
 	// stages 1 and 2 (the swap search keeps sizes).
 	if got, want := counts(pl), []int{3, 4, 4, 3, 3, 3}; !reflect.DeepEqual(got, want) {
@@ -53,10 +46,7 @@ func TestPlanBuiltin(t *testing.T) {
 }
 
 func TestPlanMemory(t *testing.T) {
-	net, err := sim.Builtin("volunteers20")
-	if err != nil {
-		t.Fatal(err)
-	}
+	net := volunteers20(t)
 	// A stash that only the 256 GiB and 128 GiB servers can hold: with 4
 	// layers and mu = 3, (28.4 MB + 3 * 9 GiB) * 4 = 108 GiB per node.
 	cfg := DefaultPlanConfig()
@@ -157,14 +147,7 @@ func churn(t *testing.T, rng *rand.Rand, net *sim.Network, seed uint64) (*sim.Ne
 }
 
 func TestReplanKeepsEveryoneOnJoin(t *testing.T) {
-	net, err := sim.Builtin("volunteers20")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pl, err := Plan(net, DefaultPlanConfig(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	net, pl := plannedVolunteers20(t)
 	// One node leaves a stage of 4 (no rule broken), another joins.
 	prev := pl.ByID(net)
 	var gone string

@@ -124,14 +124,7 @@ func drawFloor(r Rules, micro int, seed uint64) int {
 }
 
 func TestScheduleDeterministic(t *testing.T) {
-	net, err := sim.Builtin("volunteers20")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pl, err := Plan(net, DefaultPlanConfig(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	net, pl := plannedVolunteers20(t)
 	cfg := DefaultScheduleConfig()
 	cfg.SearchSteps = 100
 	a, err := SchedulePaths(net, pl, cfg)

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/skein-ml/skein/compression"
-	"github.com/skein-ml/skein/sim"
 )
 
 func testRelayConfig(stages int, stageOf []int) RelayConfig {
@@ -95,14 +94,7 @@ func TestRelayBeginRejects(t *testing.T) {
 // scheduled returns a placement and a SkipPipe schedule on the shipped
 // 20-node network (6 stages, skip 2, mu 3).
 func scheduled(t testing.TB, steps int) (Placement, []Path) {
-	net, err := sim.Builtin("volunteers20")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pl, err := Plan(net, DefaultPlanConfig(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	net, pl := plannedVolunteers20(t)
 	cfg := DefaultScheduleConfig()
 	cfg.SearchSteps = steps
 	sc, err := SchedulePaths(net, pl, cfg)

@@ -1,8 +1,6 @@
 package pipeline
 
 import (
-	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -14,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/skein-ml/skein/compression"
+	"github.com/skein-ml/skein/internal/scenario"
 )
 
 // fakeRunner is a StageRunner whose arithmetic a test can predict: stage 0
@@ -417,18 +416,8 @@ func runRelayScenario(t *testing.T, path string) {
 	cfg.Codec.Codec, cfg.Codec.ZstdLevel, cfg.Codec.Workers = compression.FP32, 0, 1
 	var s *relaySim
 	focus := uint64(1)
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	line := 0
-	for sc.Scan() {
-		line++
-		text := strings.TrimSpace(sc.Text())
-		if i := strings.Index(text, "#"); i >= 0 {
-			text = strings.TrimSpace(text[:i])
-		}
-		if text == "" {
-			continue
-		}
-		f := strings.Fields(text)
+	for _, l := range scenario.Parse(data) {
+		line, text, f := l.No, l.Text, l.Fields
 		fail := func(format string, args ...any) {
 			t.Helper()
 			t.Fatalf("%s:%d: %s: %s", filepath.Base(path), line, text, fmt.Sprintf(format, args...))

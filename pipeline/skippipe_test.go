@@ -104,6 +104,18 @@ func volunteers20(tb testing.TB) *sim.Network {
 	return net
 }
 
+// plannedVolunteers20 is the shipped 20-node network with the default
+// placement on it.
+func plannedVolunteers20(tb testing.TB) (*sim.Network, Placement) {
+	tb.Helper()
+	net := volunteers20(tb)
+	pl, err := Plan(net, DefaultPlanConfig(), nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return net, pl
+}
+
 // uniform20 is volunteers20 with every node made alike (speed 60, 16 GiB,
 // 50/300 Mbit/s, 8 ms access), regions kept: the control that separates
 // what skipping saves by doing less from what it saves by avoiding slow
