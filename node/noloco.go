@@ -90,6 +90,7 @@ func (v *Volunteer) runNoLoCo(ctx context.Context) error {
 	switch ok, err := s.catchUp(ctx, v, 0); {
 	case err != nil:
 		v.log.Warn("could not fetch a member's state; starting from the local one", "err", err)
+		say(v.cfg.Progress, "could not take a member's state (%v); starting from this volunteer's own, round %d", err, o.Step)
 	case ok:
 		say(v.cfg.Progress, "caught up with the run: took a member's state at round %d", o.Step)
 	}

@@ -185,13 +185,20 @@ type stateDownload struct {
 }
 
 // fetchVerifiedState downloads the shared state of n parameters from the
-// members ids, in order of preference: the index from the first that
-// serves one at round minRound or later whose root is want (any root when
-// want is 0: no hash is announced, as in NoLoCo), then the body spread over
-// up to maxStateSources of them, every chunk checked against the index and
+// members ids, in order of preference, and returns its round, phi and
+// momentum and who served the index.
+//
+// With an announced hash (want != 0, DiLoCo: every member at a round holds
+// the same state) the index comes from the first member that serves one at
+// round minRound or later whose root is want, then the body is spread over
+// up to maxStateSources members, every chunk checked against the index and
 // a bad one taken again from the next member. A member whose chunk does not
-// match the index it serves is logged as the offender. It returns the
-// state's round, phi and momentum, and who served the index.
+// match the index it serves is logged as the offender.
+//
+// Without one (want is 0, NoLoCo: each member holds its own state) only the
+// member whose index was taken can serve the body; one that moves on to its
+// next round mid-download refuses the rest, and the next member's state is
+// taken whole instead.
 func fetchVerifiedState(ctx context.Context, pn *p2p.Node, log *slog.Logger, n int, minRound, want uint64,
 	ids []optimizer.PeerID, progress io.Writer) (round uint64, phi, mom []float32, from optimizer.PeerID, err error) {
 	if log == nil {
@@ -205,20 +212,54 @@ func fetchVerifiedState(ctx context.Context, pn *p2p.Node, log *slog.Logger, n i
 		}
 		peers = append(peers, id)
 	}
-	d := &stateDownload{pn: pn, log: log, n: n, blob: make(memWriterAt, servedSize(n))}
+	if want != 0 {
+		d := &stateDownload{pn: pn, log: log, n: n, blob: make(memWriterAt, servedSize(n))}
+		first, err := d.fetch(ctx, peers, minRound, want, true, progress)
+		if err != nil {
+			return 0, nil, nil, "", err
+		}
+		phi, mom, err = decodeBody(d.blob[servedIndexSize(n):], n)
+		return d.round, phi, mom, ids[first], err
+	}
+	blob := make(memWriterAt, servedSize(n))
+	for start := 0; ; {
+		d := &stateDownload{pn: pn, log: log, n: n, blob: blob}
+		first, err := d.fetch(ctx, peers[start:], minRound, 0, false, progress)
+		if err == nil {
+			phi, mom, err = decodeBody(d.blob[servedIndexSize(n):], n)
+			return d.round, phi, mom, ids[start+first], err
+		}
+		if first < 0 || ctx.Err() != nil || start+first+1 >= len(peers) {
+			return 0, nil, nil, "", err
+		}
+		log.Debug("a member's state could not be fetched whole; trying the next member", "peer", peers[start+first], "err", err)
+		start += first + 1
+	}
+}
+
+// fetch takes the index from the first of peers that serves an acceptable
+// one, then the body: from that member alone, or, when the state is shared
+// (every member at the round holds the same bytes), spread over up to
+// maxStateSources members and repaired from any of them. It returns the
+// index server's position among peers (-1 when none served an index).
+func (d *stateDownload) fetch(ctx context.Context, peers []peer.ID, minRound, want uint64, shared bool, progress io.Writer) (int, error) {
 	first, err := d.index(ctx, peers, minRound, want)
 	if err != nil {
-		return 0, nil, nil, "", err
+		return -1, err
 	}
 	// The member that served the index first, then the others.
-	sources := slices.Concat([]peer.ID{peers[first]}, peers[:first], peers[first+1:])
+	from, spread := []peer.ID{peers[first]}, 1
+	if shared {
+		from = slices.Concat(from, peers[:first], peers[first+1:])
+		spread = min(len(from), maxStateSources)
+	}
 	w := progress
 	if len(d.blob) < 4<<20 {
 		w = nil // a small state arrives before a progress line could
 	}
-	d.tr = startTransfer(w, fmt.Sprintf("the run's state (round %d) from %d member(s)", d.round, min(len(sources), maxStateSources)), 8*int64(n))
-	d.spread(ctx, sources[:min(len(sources), maxStateSources)])
-	for _, src := range sources {
+	d.tr = startTransfer(w, fmt.Sprintf("the run's state (round %d) from %d member(s)", d.round, spread), 8*int64(d.n))
+	d.spread(ctx, from[:spread])
+	for _, src := range from {
 		if d.missing() == 0 {
 			break
 		}
@@ -226,17 +267,14 @@ func fetchVerifiedState(ctx context.Context, pn *p2p.Node, log *slog.Logger, n i
 	}
 	bad := d.missing()
 	d.tr.finish(bad == 0)
-	if bad > 0 {
-		if err := ctx.Err(); err != nil {
-			return 0, nil, nil, "", err
-		}
-		return 0, nil, nil, "", fmt.Errorf("%w: %d of %d chunks of round %d's state could not be fetched intact from any of %d member(s)",
-			ErrBadState, bad, len(d.chunks), d.round, len(sources))
+	if bad == 0 {
+		return first, nil
 	}
-	if phi, mom, err = decodeBody(d.blob[servedIndexSize(n):], n); err != nil {
-		return 0, nil, nil, "", err
+	if err := ctx.Err(); err != nil {
+		return first, err
 	}
-	return d.round, phi, mom, ids[first], nil
+	return first, fmt.Errorf("%w: %d of %d chunks of round %d's state could not be fetched intact from any of %d member(s)",
+		ErrBadState, bad, len(d.chunks), d.round, len(from))
 }
 
 // index takes the index from the first of peers that serves an acceptable

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -190,6 +191,34 @@ func TestFetchStateChunks(t *testing.T) {
 	round, _, _, from, err = fetchVerifiedState(context.Background(), me, nil, n, 6, 0, ids, nil)
 	if err != nil || round != 6 || from != id(movedOn) {
 		t.Fatalf("round %d from %s, err %v: want round 6 from the member at 6", round, from, err)
+	}
+	// Without one, each member holds its own state: the body comes only
+	// from the member whose index was taken, and when that member moves
+	// on mid-download (it refuses its round's key) or serves a bad chunk,
+	// the next member's state is taken whole, not patched with chunks of
+	// another state.
+	racer := sw.Nodes[0]
+	racer.ServeBulk(func(_ context.Context, _ peer.ID, key string) (io.ReaderAt, int64, error) {
+		if _, latest, _ := parseStateKey(key); !latest {
+			return nil, 0, errors.New("moved on")
+		}
+		return bytes.NewReader(later), int64(len(later)), nil
+	}, 0)
+	rec = &logRecorder{}
+	round, gotPhi, _, from, err = fetchVerifiedState(context.Background(), me, slog.New(rec), n, 5, 0, []optimizer.PeerID{id(racer), id(liar), id(honest1)}, nil)
+	if err != nil || round != 5 || from != id(honest1) || !slices.Equal(gotPhi, phi) {
+		t.Fatalf("round %d from %s, err %v: want honest1's state whole", round, from, err)
+	}
+	// The liar's chunk did not match its own index: that, and only that,
+	// is blamed.
+	logged = strings.Join(rec.msgs, "\n")
+	if strings.Contains(logged, racer.ID().String()) || !strings.Contains(logged, "offender="+liar.ID().String()) {
+		t.Fatalf("want the liar blamed, not the member that moved on:\n%s", logged)
+	}
+	// Nobody can serve its state whole: the last failure is reported.
+	_, _, _, _, err = fetchVerifiedState(context.Background(), me, nil, n, 5, 0, []optimizer.PeerID{id(racer), id(liar)}, nil)
+	if !errors.Is(err, ErrBadState) {
+		t.Fatalf("err %v, want ErrBadState", err)
 	}
 }
 
