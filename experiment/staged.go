@@ -86,9 +86,20 @@ type StagedConfig struct {
 	Outer compression.Codec
 
 	Failure *StageFailure
+	// CheckFreePlus swaps the order of stages 1 and 2 (and of the last two,
+	// with 5 stages or more) on odd microbatches, so that the edge stages
+	// learn their partner's role and a lost one is copied from it
+	// (pipeline.CheckFreePlus); without it only stages 2..S-2 can be lost.
+	CheckFreePlus bool `json:"checkfree_plus,omitempty"`
+
+	// Network, if set, carries the run over real libp2p on loopback through
+	// the WAN emulator (StagedNetwork); nil: the in-memory network.
+	Network *StagedNetwork `json:"network,omitempty"`
 
 	Corpus []string     // nil: the default corpus
 	Logger *slog.Logger `json:"-"`
+	// Progress, if set, receives a line per validation and per event.
+	Progress io.Writer `json:"-"`
 	// OnEval is called after each validation.
 	OnEval func(p StagedPoint) `json:"-"`
 }
@@ -159,8 +170,13 @@ func (c StagedConfig) Validate() error {
 		case f.Recovery != CheckFree && f.Recovery != RandomInit:
 			return bad("recovery %q (want %q or %q)", f.Recovery, CheckFree, RandomInit)
 		}
-		if _, err := pipeline.Recover(f.Stage, c.Stages, false); err != nil {
+		if _, err := pipeline.Recover(f.Stage, c.Stages, c.CheckFreePlus); err != nil {
 			return fmt.Errorf("%w: staged run: failure of stage %d: %w", ErrConfig, f.Stage, err)
+		}
+	}
+	if c.Network != nil {
+		if err := c.Network.Link.Validate(); err != nil {
+			return fmt.Errorf("%w: staged run: network: %w", ErrConfig, err)
 		}
 	}
 	a := c.AdamW
@@ -214,6 +230,11 @@ func RunStaged(ctx context.Context, cfg StagedConfig) (*StagedResult, error) {
 		p := StagedPoint{Step: step, Seconds: trainTime.Seconds(), ValLoss: vl}
 		res.Curve = append(res.Curve, p)
 		r.log.Info("eval", "step", step, "val_loss", vl, "seconds", p.Seconds)
+		if step > 0 {
+			say(cfg.Progress, "step %d: validation loss %.4f, %.2fs/step", step, vl, p.Seconds/float64(step))
+		} else {
+			say(cfg.Progress, "step 0: validation loss %.4f", vl)
+		}
 		if cfg.OnEval != nil {
 			cfg.OnEval(p)
 		}
@@ -248,7 +269,7 @@ func RunStaged(ctx context.Context, cfg StagedConfig) (*StagedResult, error) {
 					return res, err
 				}
 			}
-			if err := r.fail(*f, done); err != nil {
+			if err := r.fail(ctx, *f, done); err != nil {
 				return res, err
 			}
 			if res.PostFailure, err = r.evaluate(); err != nil {
@@ -256,6 +277,7 @@ func RunStaged(ctx context.Context, cfg StagedConfig) (*StagedResult, error) {
 			}
 			failedAt = done
 			r.log.Info("stage rebuilt", "stage", f.Stage, "recovery", f.Recovery, "before", res.PreFailure, "after", res.PostFailure)
+			say(cfg.Progress, "step %d: validation loss %.4f before the loss of stage %d, %.4f after its rebuild", done, res.PreFailure, f.Stage, res.PostFailure)
 		}
 	}
 	res.Seconds = trainTime.Seconds()
@@ -277,14 +299,20 @@ type stagedRun struct {
 	corpus  *data.Corpus
 	nodes   []*stageReplica // node v = stage v/R, replica v%R
 	drivers []*pipeline.RelayDriver
-	relay   *optimizer.MemNetwork
+	relay   *optimizer.MemNetwork // nil with a StagedNetwork
+	sw      *stagedSwarm          // nil without
 	outer   []*optimizer.MemNetwork // one per stage
 	colls   []optimizer.Collective  // per node
 	dilocos []*optimizer.DiLoCo     // per node
 	eval    *trainer.Setup
+	rctx    context.Context // the drivers' context
 	cancel  context.CancelFunc
 	closers []func()
-	adamW   optimizer.AdamWConfig
+	// relayClosers and stageClosers stop the relay's transports and each
+	// stage's collective, which a failure replaces (with a StagedNetwork).
+	relayClosers []func()
+	stageClosers [][]func()
+	adamW        optimizer.AdamWConfig
 }
 
 // relayTick is the relays' clock; a hop may take relayHopSeconds before
@@ -330,14 +358,8 @@ func newStagedRun(ctx context.Context, cfg StagedConfig) (_ *stagedRun, err erro
 	rules := pipeline.DefaultRules()
 	r.rules = pipeline.Rules{Stages: S, Skip: cfg.Skip(), MaxJump: rules.MaxJump, MaxSwaps: rules.MaxSwaps, Mu: cfg.mu(), MinStageLoad: 1}
 
-	rctx, cancel := context.WithCancel(ctx)
-	r.cancel = cancel
-	r.relay = optimizer.NewMemNetwork()
-	ids := make([]optimizer.PeerID, S*R)
-	for v := range ids {
-		ids[v] = optimizer.PeerID(fmt.Sprintf("stage%d-replica%d", v/R, v%R))
-	}
-	for v := range ids {
+	r.rctx, r.cancel = context.WithCancel(ctx)
+	for v := range S * R {
 		s := v / R
 		dev := kernels.NewCPU(max(cfg.Threads, 1))
 		mr := pipeline.ModelRunnerConfig{Device: dev, Model: r.mc, Specs: r.specs, Stage: s, B: cfg.Batch, T: r.T, Seed: cfg.Seed, Mu: cfg.mu()}
@@ -350,20 +372,28 @@ func newStagedRun(ctx context.Context, cfg StagedConfig) (_ *stagedRun, err erro
 		if err != nil {
 			return nil, err
 		}
-		node := newStageReplica(s, v%R, dev, runner)
-		rc := pipeline.DefaultRelayConfig(r.pl, v, runner.ActivationLen(), relayTick.Seconds())
-		rc.Codec.Codec, rc.Mu = cfg.Activations, cfg.mu()
-		rc.HopWait = int64(relayHopSeconds / relayTick.Seconds())
-		d, err := pipeline.NewRelayDriver(r.relay.Join(ids[v]), ids, node.rec, rc, pipeline.RelayOptions{Tick: relayTick, Logger: r.log})
-		if err != nil {
+		r.nodes = append(r.nodes, newStageReplica(s, v%R, dev, runner))
+	}
+	if cfg.Network != nil {
+		relayMax := r.relayConfig(0).MaxMessage()
+		outerMax := int64(0)
+		for _, n := range r.nodes {
+			outerMax = max(outerMax, 8*int64(n.n)+1<<20) // a butterfly part, fp32 at most, and headers
+		}
+		if r.sw, err = newStagedSwarm(r.rctx, *cfg.Network, S*R, relayMax, outerMax, r.log); err != nil {
 			return nil, err
 		}
-		d.Start(rctx)
-		r.nodes, r.drivers = append(r.nodes, node), append(r.drivers, d)
+		r.closers = append(r.closers, r.sw.close)
+	} else {
+		r.relay = optimizer.NewMemNetwork()
 	}
-	if err := r.startOuter(rctx); err != nil {
+	if err := r.startRelays(); err != nil {
 		return nil, err
 	}
+	if err := r.startOuter(); err != nil {
+		return nil, err
+	}
+	r.publish()
 	ec := trainer.SetupConfig{Preset: cfg.Preset, Batch: cfg.Batch, SeqLen: cfg.SeqLen, Seed: cfg.Seed,
 		Dev: kernels.NewCPU(max(cfg.Threads, 1)), Corpus: r.corpus, Workers: 1, AdamW: r.adamW, ValBatches: cfg.EvalBatches}
 	if r.eval, err = trainer.NewSetup(ec); err != nil {
@@ -392,47 +422,158 @@ func (r *stagedRun) batchSource() (pipeline.BatchSource, error) {
 	}, nil
 }
 
-// startOuter builds each stage's DiLoCo: a MemNetwork per stage, so that
-// the butterfly's members are that stage's replicas only, as in the swarm.
-func (r *stagedRun) startOuter(ctx context.Context) error {
-	R := r.cfg.Replicas
-	r.colls, r.dilocos = make([]optimizer.Collective, len(r.nodes)), make([]*optimizer.DiLoCo, len(r.nodes))
-	if R < 2 {
-		return nil // a lone replica has nothing to average
+// relayConfig is node v's relay.
+func (r *stagedRun) relayConfig(v int) pipeline.RelayConfig {
+	rc := pipeline.DefaultRelayConfig(r.pl, v, r.nodes[v].runner.ActivationLen(), relayTick.Seconds())
+	rc.Codec.Codec, rc.Mu = r.cfg.Activations, r.cfg.mu()
+	rc.HopWait = int64(relayHopSeconds / relayTick.Seconds())
+	return rc
+}
+
+// peerID is how the relay and the collectives name node v.
+func (r *stagedRun) peerID(v int) optimizer.PeerID {
+	if r.sw != nil {
+		return r.sw.id(v)
 	}
-	for s := range r.cfg.Stages {
-		net := optimizer.NewMemNetwork()
-		r.outer = append(r.outer, net)
-		for k := range R {
-			node := r.nodes[s*R+k]
-			p := net.Join(optimizer.PeerID(fmt.Sprintf("stage%d-replica%d", s, k)))
-			bc := optimizer.DefaultButterflyConfig(node.n, swarmSigner{p.Self()}, swarmTick.Seconds())
-			bc.Codec = codecConfig(r.cfg.Outer)
-			bc.Robust = optimizer.RobustConfig{} // the plain mean, as in the paper
-			bc.ReadyWait, bc.LeaderWait = int64(time.Hour/swarmTick), int64(2*time.Hour/swarmTick)
-			d, err := optimizer.NewButterflyDriver(p, bc, optimizer.ButterflyOptions{Tick: swarmTick, Logger: r.log})
+	return optimizer.PeerID(fmt.Sprintf("stage%d-replica%d", v/r.cfg.Replicas, v%r.cfg.Replicas))
+}
+
+// startRelays starts every node's relay driver over the current nodes.
+func (r *stagedRun) startRelays() error {
+	ids := make([]optimizer.PeerID, len(r.nodes))
+	for v := range ids {
+		ids[v] = r.peerID(v)
+	}
+	for v, node := range r.nodes {
+		var peers optimizer.Peers
+		if r.sw != nil {
+			p, err := r.sw.relayPeers(v)
 			if err != nil {
 				return err
 			}
-			d.Start(ctx)
-			r.closers = append(r.closers, d.Close)
-			phi := make([]float32, node.n)
-			node.params(phi)
-			if r.dilocos[s*R+k], err = optimizer.NewDiLoCo(r.cfg.DiLoCo, d, phi); err != nil {
-				return err
-			}
-			r.colls[s*R+k] = d
+			peers = p
+			r.relayClosers = append(r.relayClosers, p.Close)
+		} else {
+			peers = r.relay.Join(ids[v])
+		}
+		d, err := pipeline.NewRelayDriver(peers, ids, node.rec, r.relayConfig(v), pipeline.RelayOptions{Tick: relayTick, Logger: r.log})
+		if err != nil {
+			return err
+		}
+		d.Start(r.rctx)
+		r.drivers = append(r.drivers, d)
+	}
+	return nil
+}
+
+// stopRelays stops every relay driver and its transport.
+func (r *stagedRun) stopRelays() {
+	for _, d := range r.drivers {
+		d.Close()
+	}
+	for _, c := range r.relayClosers {
+		c()
+	}
+	r.drivers, r.relayClosers = nil, nil
+}
+
+// startOuter builds each stage's DiLoCo: its own network per stage (a
+// MemNetwork, or the stage's protocol on p2p), so that the butterfly's
+// members are that stage's replicas only, as in the swarm.
+func (r *stagedRun) startOuter() error {
+	r.colls, r.dilocos = make([]optimizer.Collective, len(r.nodes)), make([]*optimizer.DiLoCo, len(r.nodes))
+	r.stageClosers = make([][]func(), r.cfg.Stages)
+	if r.cfg.Replicas < 2 {
+		return nil // a lone replica has nothing to average
+	}
+	for s := range r.cfg.Stages {
+		if err := r.startStageOuter(s); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+// startStageOuter starts stage s's collective and DiLoCo from its replicas'
+// current weights, at round 0.
+func (r *stagedRun) startStageOuter(s int) error {
+	R := r.cfg.Replicas
+	var net *optimizer.MemNetwork
+	members := make([]optimizer.PeerID, R)
+	for k := range R {
+		members[k] = r.peerID(s*R + k)
+	}
+	if r.sw == nil {
+		net = optimizer.NewMemNetwork()
+		r.outer = append(r.outer, net)
+	}
+	for k := range R {
+		v := s*R + k
+		node := r.nodes[v]
+		var p optimizer.Peers
+		var signer optimizer.Signer
+		if r.sw != nil {
+			var closeP func()
+			var err error
+			if p, closeP, err = r.sw.outerPeers(v, s, members); err != nil {
+				return err
+			}
+			r.stageClosers[s] = append(r.stageClosers[s], closeP)
+			signer = r.sw.signer(v)
+		} else {
+			p = net.Join(members[k])
+			signer = swarmSigner{p.Self()}
+		}
+		bc := optimizer.DefaultButterflyConfig(node.n, signer, swarmTick.Seconds())
+		bc.Codec = codecConfig(r.cfg.Outer)
+		bc.Robust = optimizer.RobustConfig{} // the plain mean, as in the paper
+		bc.ReadyWait, bc.LeaderWait = int64(time.Hour/swarmTick), int64(2*time.Hour/swarmTick)
+		d, err := optimizer.NewButterflyDriver(p, bc, optimizer.ButterflyOptions{Tick: swarmTick, Logger: r.log})
+		if err != nil {
+			return err
+		}
+		d.Start(r.rctx)
+		r.stageClosers[s] = append(r.stageClosers[s], d.Close)
+		phi := make([]float32, node.n)
+		node.params(phi)
+		if r.dilocos[v], err = optimizer.NewDiLoCo(r.cfg.DiLoCo, d, phi); err != nil {
+			return err
+		}
+		r.colls[v] = d
+	}
+	return nil
+}
+
+// stopStageOuter stops stage s's collective (its drivers, then their
+// transports).
+func (r *stagedRun) stopStageOuter(s int) {
+	cs := r.stageClosers[s]
+	for i := len(cs) - 1; i >= 0; i-- {
+		cs[i]()
+	}
+	r.stageClosers[s] = nil
+}
+
+// publish makes every node's weights and last gradient norm what it serves
+// to a replacement of a neighbouring stage (with a StagedNetwork).
+func (r *stagedRun) publish() {
+	if r.sw == nil {
+		return
+	}
+	for v, node := range r.nodes {
+		w := make([]float32, node.n)
+		node.params(w)
+		r.sw.publish(v, node.lastNorm, w)
+	}
 }
 
 func (r *stagedRun) close() {
 	if r.cancel != nil {
 		r.cancel()
 	}
-	for _, d := range r.drivers {
-		d.Close()
+	r.stopRelays()
+	for s := range r.stageClosers {
+		r.stopStageOuter(s)
 	}
 	for i := len(r.closers) - 1; i >= 0; i-- {
 		r.closers[i]()
@@ -470,6 +611,9 @@ func (r *stagedRun) paths(iter uint64) ([]pipeline.Path, error) {
 			seen[s]++
 			p.Stages = append(p.Stages, s)
 			p.Nodes = append(p.Nodes, s*R+(k+s*int(iter%uint64(R)))%R)
+		}
+		if r.cfg.CheckFreePlus {
+			p = pipeline.CheckFreePlus(p, m, S)
 		}
 		paths[m] = p
 	}
@@ -525,6 +669,7 @@ func (r *stagedRun) step(ctx context.Context, step int) (float32, error) {
 		if err := r.outerStep(ctx); err != nil {
 			return 0, fmt.Errorf("experiment: staged step %d: %w", step, err)
 		}
+		r.publish()
 	}
 	return float32(sum / float64(n)), nil
 }
@@ -589,8 +734,10 @@ func (r *stagedRun) evaluate() (float32, error) {
 // rebuilt returns the weights that replace lost stage f.Stage: CheckFree's
 // weighted average of its neighbours (replica 0 of each: after a round all
 // replicas agree), each weighted by the mean over its replicas of their
-// last gradient norms; or a fresh random initialization.
-func (r *stagedRun) rebuilt(f StageFailure) ([]float32, error) {
+// last gradient norms; or a fresh random initialization. With a
+// StagedNetwork the neighbours' weights and norms are fetched over the
+// network by the stage's replacement node.
+func (r *stagedRun) rebuilt(ctx context.Context, f StageFailure) ([]float32, error) {
 	R := r.cfg.Replicas
 	lost := r.nodes[f.Stage*R]
 	dst := make([]float32, lost.n)
@@ -607,19 +754,31 @@ func (r *stagedRun) rebuilt(f StageFailure) ([]float32, error) {
 		}
 		return dst, nil
 	case CheckFree:
-		rec, err := pipeline.Recover(f.Stage, r.cfg.Stages, false)
+		rec, err := pipeline.Recover(f.Stage, r.cfg.Stages, r.cfg.CheckFreePlus)
 		if err != nil {
 			return nil, err
+		}
+		if rec.Copy() { // CheckFree+: an edge stage is its swap partner's copy
+			w, _, err := r.neighbour(ctx, f.Stage*R, rec.From[0])
+			if err != nil {
+				return nil, err
+			}
+			return copyLayers(lost, r.specs[f.Stage], r.nodes[rec.From[0]*R], r.specs[rec.From[0]], w)
 		}
 		prev, next := r.nodes[rec.From[0]*R], r.nodes[rec.From[1]*R]
 		if prev.n != lost.n || next.n != lost.n {
 			return nil, fmt.Errorf("%w: stage %d (%d parameters) cannot be rebuilt from stages %d and %d (%d and %d)",
 				ErrConfig, f.Stage, lost.n, rec.From[0], rec.From[1], prev.n, next.n)
 		}
-		pw, nw := make([]float32, lost.n), make([]float32, lost.n)
-		prev.params(pw)
-		next.params(nw)
-		if err := pipeline.Rebuild(dst, pw, nw, r.meanNorm(rec.From[0]), r.meanNorm(rec.From[1])); err != nil {
+		pw, pn, err := r.neighbour(ctx, f.Stage*R, rec.From[0])
+		if err != nil {
+			return nil, err
+		}
+		nw, nn, err := r.neighbour(ctx, f.Stage*R, rec.From[1])
+		if err != nil {
+			return nil, err
+		}
+		if err := pipeline.Rebuild(dst, pw, nw, pn, nn); err != nil {
 			return nil, err
 		}
 		return dst, nil
@@ -627,41 +786,140 @@ func (r *stagedRun) rebuilt(f StageFailure) ([]float32, error) {
 	return nil, fmt.Errorf("%w: recovery %q", ErrConfig, f.Recovery)
 }
 
-// meanNorm is the mean of stage s's replicas' last gradient norms.
-func (r *stagedRun) meanNorm(s int) float64 {
+// copyLayers is CheckFree+'s copy of a lost stage from its swap partner's
+// flat weights src: layer j of the lost stage's L layers takes the
+// partner's layer j*P/L of its P (one for one when the two hold equally
+// many; an uneven split, such as 4 layers in 3 stages, gives one stage
+// two layers that both start from the partner's one, or one layer that
+// starts from the first of the partner's two, the one the swap ran in its
+// place).
+func copyLayers(lost *stageReplica, lostSpec model.StageSpec, partner *stageReplica, partnerSpec model.StageSpec, src []float32) ([]float32, error) {
+	if len(src) != partner.n {
+		return nil, fmt.Errorf("experiment: %d partner weights, want %d", len(src), partner.n)
+	}
+	L, P := lostSpec.LastLayer-lostSpec.FirstLayer, partnerSpec.LastLayer-partnerSpec.FirstLayer
+	byName := make(map[string]trainView, len(partner.views))
+	for _, v := range partner.views {
+		byName[v.name] = v
+	}
+	dst := make([]float32, lost.n)
+	for _, v := range lost.views {
+		var l int
+		var rest string
+		if n, err := fmt.Sscanf(v.name, "h.%d.%s", &l, &rest); n != 2 || err != nil || P == 0 {
+			return nil, fmt.Errorf("%w: CheckFree+ copies transformer layers; stage tensor %s has no counterpart", ErrConfig, v.name)
+		}
+		from := fmt.Sprintf("h.%d.%s", partnerSpec.FirstLayer+(l-lostSpec.FirstLayer)*P/L, rest)
+		pv, ok := byName[from]
+		if !ok || pv.size != v.size {
+			return nil, fmt.Errorf("%w: CheckFree+: tensor %s has no counterpart %s in the partner stage", ErrConfig, v.name, from)
+		}
+		copy(dst[v.off:v.off+v.size], src[pv.off:pv.off+pv.size])
+	}
+	return dst, nil
+}
+
+// neighbour is stage s's weights (replica 0's) and the mean of its
+// replicas' last gradient norms, as node self (the replacement) gets them.
+func (r *stagedRun) neighbour(ctx context.Context, self, s int) ([]float32, float64, error) {
 	R := r.cfg.Replicas
+	w := make([]float32, r.nodes[s*R].n)
 	var sum float64
 	for k := range R {
-		sum += r.nodes[s*R+k].lastNorm
+		if r.sw == nil {
+			sum += r.nodes[s*R+k].lastNorm
+			continue
+		}
+		norm, got, err := r.sw.fetchWeights(ctx, self, s*R+k, len(w))
+		if err != nil {
+			return nil, 0, err
+		}
+		if k == 0 {
+			w = got
+		}
+		sum += norm
 	}
-	return sum / float64(R)
+	if r.sw == nil {
+		r.nodes[s*R].params(w)
+	}
+	return w, sum / float64(R), nil
 }
 
 // fail wipes every replica of stage f.Stage after step done and installs
 // the rebuilt weights with a fresh optimizer; the stage's DiLoCo members
 // restart from the rebuilt weights (zero momentum) at the current round,
-// as a replacement node would after taking the run's state.
-func (r *stagedRun) fail(f StageFailure, done int) error {
-	w, err := r.rebuilt(f)
+// as a replacement node would after taking the run's state. With a
+// StagedNetwork the stage's nodes are killed and new nodes (new
+// identities) join in their place: the relay is re-routed to them and the
+// stage's collective restarts among them.
+func (r *stagedRun) fail(ctx context.Context, f StageFailure, done int) error {
+	R := r.cfg.Replicas
+	round := uint64(0)
+	if d := r.dilocos[f.Stage*R]; d != nil {
+		round = d.Round
+	}
+	if r.sw != nil {
+		began := time.Now()
+		r.stopRelays()
+		r.stopStageOuter(f.Stage)
+		for k := range R {
+			if err := r.sw.replace(ctx, f.Stage*R+k); err != nil {
+				return err
+			}
+		}
+		if err := r.sw.waitMembers(ctx); err != nil {
+			return err
+		}
+		say(r.cfg.Progress, "step %d: stage %d lost: its %d node(s) killed; new nodes joined in %.1fs", done, f.Stage, R, time.Since(began).Seconds())
+	}
+	began := time.Now()
+	w, err := r.rebuilt(ctx, f)
 	if err != nil {
 		return err
 	}
-	R := r.cfg.Replicas
+	if f.Recovery == CheckFree {
+		rec, _ := pipeline.Recover(f.Stage, r.cfg.Stages, r.cfg.CheckFreePlus)
+		how := "in process"
+		if r.sw != nil {
+			how = "weights fetched over the network"
+		}
+		if rec.Copy() {
+			say(r.cfg.Progress, "step %d: stage %d rebuilt by CheckFree+ as a copy of its swap partner, stage %d (%s), in %.2fs", done, f.Stage, rec.From[0], how, time.Since(began).Seconds())
+		} else {
+			say(r.cfg.Progress, "step %d: stage %d rebuilt by CheckFree from stages %d and %d (%s) in %.2fs", done, f.Stage, rec.From[0], rec.From[1], how, time.Since(began).Seconds())
+		}
+	}
 	for k := range R {
-		v := f.Stage*R + k
-		node := r.nodes[v]
+		node := r.nodes[f.Stage*R+k]
 		node.setParams(w)
 		node.freshOptimizer(done, pipeline.RebuildLRFactor)
-		if old := r.dilocos[v]; old != nil {
-			d, err := optimizer.NewDiLoCo(r.cfg.DiLoCo, r.colls[v], w)
-			if err != nil {
+	}
+	if r.sw != nil {
+		if err := r.startRelays(); err != nil {
+			return err
+		}
+		if R > 1 {
+			if err := r.startStageOuter(f.Stage); err != nil {
 				return err
 			}
-			if err := d.SetState(old.Round, w, make([]float32, len(w))); err != nil {
+		}
+	} else if R > 1 {
+		for k := range R {
+			v := f.Stage*R + k
+			d, err := optimizer.NewDiLoCo(r.cfg.DiLoCo, r.colls[v], w)
+			if err != nil {
 				return err
 			}
 			r.dilocos[v] = d
 		}
 	}
+	for k := range R {
+		if d := r.dilocos[f.Stage*R+k]; d != nil {
+			if err := d.SetState(round, w, make([]float32, len(w))); err != nil {
+				return err
+			}
+		}
+	}
+	r.publish()
 	return nil
 }

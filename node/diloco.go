@@ -89,6 +89,10 @@ const butterflyTick = 50 * time.Millisecond
 // nodeSigner signs the collective's messages with the node's identity.
 type nodeSigner struct{ n *p2p.Node }
 
+// NodeSigner is the optimizer.Signer of node n: messages signed with its
+// libp2p identity, verified against the sender's peer ID.
+func NodeSigner(n *p2p.Node) optimizer.Signer { return nodeSigner{n} }
+
 func (s nodeSigner) Sign(msg []byte) ([]byte, error) { return s.n.Sign(msg) }
 
 func (s nodeSigner) Verify(id optimizer.PeerID, msg, sig []byte) bool {

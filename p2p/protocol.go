@@ -40,11 +40,20 @@ var (
 	ProtoManifest = Protocol{"manifest", 1}
 	// ProtoTelemetry carries volunteers' per-round reports to the bootstrap.
 	ProtoTelemetry = Protocol{"telemetry", 1}
+	// ProtoActivations carries a staged run's SkipPipe relay: activations
+	// forward and their gradients backward along microbatch paths
+	// (pipeline.Relay's messages).
+	ProtoActivations = Protocol{"activations", 1}
 	// ProtoAdmission is the admission handshake (admit.go): a node presents
 	// its join token and learns the run's policy. The only protocol a peer
 	// that is not admitted may open.
 	ProtoAdmission = Protocol{"admission", 1}
 )
+
+// ProtoStageReduce carries the DiLoCo collective of stage s's replicas in a
+// staged run: one protocol per stage, so that each stage's butterfly only
+// ever hears its own stage.
+func ProtoStageReduce(s int) Protocol { return Protocol{fmt.Sprintf("reduce-stage%d", s), 1} }
 
 // MaxRunIDLen bounds a run id (it rides in node metadata and protocol IDs).
 const MaxRunIDLen = 64

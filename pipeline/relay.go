@@ -112,6 +112,13 @@ func maxFrameBytes(n, chunk int) int64 {
 	return 4*int64(n) + int64(n)/64 + 32 + 20*chunks + 1024
 }
 
+// MaxMessage bounds one relay message of this configuration on the wire:
+// the header, the longest path, and one encoded tensor. A transport sizes
+// its frames with it (larger messages are refused before allocation).
+func (c RelayConfig) MaxMessage() int64 {
+	return relayHdrLen + visitLen*int64(c.Placement.Stages) + 4 + maxFrameBytes(c.Len, c.Codec.ChunkElems)
+}
+
 // maxActivation bounds RelayConfig.Len: 4 GiB of fp32 per tensor, far
 // past any microbatch's activations.
 const maxActivation = 1 << 30
