@@ -299,8 +299,8 @@ type stagedRun struct {
 	corpus  *data.Corpus
 	nodes   []*stageReplica // node v = stage v/R, replica v%R
 	drivers []*pipeline.RelayDriver
-	relay   *optimizer.MemNetwork // nil with a StagedNetwork
-	sw      *stagedSwarm          // nil without
+	relay   *optimizer.MemNetwork   // nil with a StagedNetwork
+	sw      *stagedSwarm            // nil without
 	outer   []*optimizer.MemNetwork // one per stage
 	colls   []optimizer.Collective  // per node
 	dilocos []*optimizer.DiLoCo     // per node
