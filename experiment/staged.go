@@ -210,6 +210,10 @@ type StagedResult struct {
 	PreFailure  float32 `json:"pre_failure,omitempty"`
 	PostFailure float32 `json:"post_failure,omitempty"`
 	RecoveredAt int     `json:"recovered_at"`
+	// Over a StagedNetwork: the activations' and gradients' megabytes on
+	// the wire, and the simulator's prediction against the measured times.
+	ActivationMB float64       `json:"activation_mb,omitempty"`
+	Timing       *StagedTiming `json:"timing,omitempty"`
 }
 
 // RunStaged trains cfg.Steps steps and validates the whole model (replica
@@ -283,6 +287,12 @@ func RunStaged(ctx context.Context, cfg StagedConfig) (*StagedResult, error) {
 	res.Seconds = trainTime.Seconds()
 	res.StepSeconds = res.Seconds / float64(cfg.Steps)
 	res.FinalValLoss = res.Curve[len(res.Curve)-1].ValLoss
+	if res.Timing, err = r.timing(); err != nil {
+		return res, err
+	}
+	if r.sw != nil {
+		res.ActivationMB = float64(r.sw.activationBytes()) / 1e6
+	}
 	return res, nil
 }
 
@@ -313,6 +323,12 @@ type stagedRun struct {
 	relayClosers []func()
 	stageClosers [][]func()
 	adamW        optimizer.AdamWConfig
+	// What the run measured for the simulator's comparison (timing): each
+	// step's relay phase, each DiLoCo round's all-reduce, and whether the
+	// relays were just (re)started.
+	iters   []stagedIter
+	reduces []float64
+	cold    bool
 }
 
 // relayTick is the relays' clock; a hop may take relayHopSeconds before
@@ -440,6 +456,7 @@ func (r *stagedRun) peerID(v int) optimizer.PeerID {
 
 // startRelays starts every node's relay driver over the current nodes.
 func (r *stagedRun) startRelays() error {
+	r.cold = true
 	ids := make([]optimizer.PeerID, len(r.nodes))
 	for v := range ids {
 		ids[v] = r.peerID(v)
@@ -637,10 +654,13 @@ func (r *stagedRun) step(ctx context.Context, step int) (float32, error) {
 	outs := make([][]pipeline.Outcome, len(r.drivers))
 	errs := make([]error, len(r.drivers))
 	var wg sync.WaitGroup
+	began := time.Now()
 	for v, d := range r.drivers {
 		wg.Go(func() { outs[v], errs[v] = d.Run(rctx, iter, paths) })
 	}
 	wg.Wait()
+	r.iters = append(r.iters, stagedIter{paths: paths, seconds: time.Since(began).Seconds(), cold: r.cold})
+	r.cold = false
 	if err := errors.Join(errs...); err != nil {
 		return 0, fmt.Errorf("experiment: staged step %d: %w", step, err)
 	}
@@ -680,6 +700,8 @@ func (r *stagedRun) outerStep(ctx context.Context) error {
 	if r.cfg.Replicas < 2 {
 		return nil
 	}
+	began := time.Now()
+	defer func() { r.reduces = append(r.reduces, time.Since(began).Seconds()) }()
 	errs := make([]error, len(r.nodes))
 	var wg sync.WaitGroup
 	for v, node := range r.nodes {
@@ -862,15 +884,21 @@ func (r *stagedRun) fail(ctx context.Context, f StageFailure, done int) error {
 		began := time.Now()
 		r.stopRelays()
 		r.stopStageOuter(f.Stage)
+		// The stage loses its last node; then replacements join, new
+		// identities that know nothing of the stage.
 		for k := range R {
-			if err := r.sw.replace(ctx, f.Stage*R+k); err != nil {
+			r.sw.kill(f.Stage*R + k)
+		}
+		say(r.cfg.Progress, "step %d: stage %d lost: its %d node(s) killed", done, f.Stage, R)
+		for k := range R {
+			if err := r.sw.start(ctx, f.Stage*R+k); err != nil {
 				return err
 			}
 		}
 		if err := r.sw.waitMembers(ctx); err != nil {
 			return err
 		}
-		say(r.cfg.Progress, "step %d: stage %d lost: its %d node(s) killed; new nodes joined in %.1fs", done, f.Stage, R, time.Since(began).Seconds())
+		say(r.cfg.Progress, "step %d: %d new node(s) joined for stage %d in %.1fs", done, R, f.Stage, time.Since(began).Seconds())
 	}
 	began := time.Now()
 	w, err := r.rebuilt(ctx, f)

@@ -218,9 +218,9 @@ func (sw *stagedSwarm) fetchWeights(ctx context.Context, self, v, n int) (float6
 	return decodeStageWeights(buf, n)
 }
 
-// replace kills node v (closes it: its peers see it leave) and starts a
-// new node, a new identity, in its place.
-func (sw *stagedSwarm) replace(ctx context.Context, v int) error {
+// kill closes node v (its peers see it leave); start brings up its
+// replacement, a new identity.
+func (sw *stagedSwarm) kill(v int) {
 	sw.mu.Lock()
 	old := sw.nodes[v]
 	sw.weights[v] = nil
@@ -229,7 +229,6 @@ func (sw *stagedSwarm) replace(ctx context.Context, v int) error {
 	if err := old.Close(); err != nil {
 		sw.log.Warn("closing a failed node", "node", v, "err", err)
 	}
-	return sw.start(ctx, v)
 }
 
 // activationBytes is what the nodes have sent on the relay's protocol.

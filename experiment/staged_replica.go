@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/skein-ml/skein/kernels"
 	"github.com/skein-ml/skein/model"
@@ -185,6 +186,32 @@ type gradRecorder struct {
 	mu      sync.Mutex
 	contrib map[int]*mbGrad // by microbatch, this iteration
 	scratch []float32
+	// busy and calls time the node's compute by task kind (forward, head
+	// and loss, backward), for the simulator's prediction of the run.
+	busy  [3]time.Duration
+	calls [3]int
+}
+
+// The task kinds the recorder times.
+const (
+	taskForward = iota
+	taskLoss
+	taskBackward
+)
+
+func (g *gradRecorder) timed(kind int, began time.Time) {
+	d := time.Since(began)
+	g.mu.Lock()
+	g.busy[kind] += d
+	g.calls[kind]++
+	g.mu.Unlock()
+}
+
+// taskTimes returns the total compute time and calls of kind.
+func (g *gradRecorder) taskTimes(kind int) (time.Duration, int) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.busy[kind], g.calls[kind]
 }
 
 type mbGrad struct {
@@ -196,11 +223,13 @@ var _ pipeline.StageRunner = (*gradRecorder)(nil)
 
 // Forward implements pipeline.StageRunner.
 func (g *gradRecorder) Forward(iter uint64, mb int, in []float32) ([]float32, error) {
+	defer g.timed(taskForward, time.Now())
 	return g.r.runner.Forward(iter, mb, in)
 }
 
 // Head implements pipeline.StageRunner.
 func (g *gradRecorder) Head(iter uint64, mb int, in []float32) (float32, []float32, error) {
+	defer g.timed(taskLoss, time.Now())
 	g.r.runner.ZeroGrad()
 	loss, din, err := g.r.runner.Head(iter, mb, in)
 	if err != nil {
@@ -212,6 +241,7 @@ func (g *gradRecorder) Head(iter uint64, mb int, in []float32) (float32, []float
 
 // Backward implements pipeline.StageRunner.
 func (g *gradRecorder) Backward(iter uint64, mb int, dout []float32) ([]float32, error) {
+	defer g.timed(taskBackward, time.Now())
 	g.r.runner.ZeroGrad()
 	din, err := g.r.runner.Backward(iter, mb, dout)
 	if err != nil {

@@ -155,6 +155,10 @@ func TestStagedOverP2PMatchesMemory(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("over p2p:\n%s", progress.String())
+	if net.Timing == nil || net.Timing.Iterations == 0 || !(net.Timing.ActivationBytes > 0) {
+		t.Fatalf("no timing over p2p: %+v", net.Timing)
+	}
+	t.Logf("%v", net.Timing)
 	for i := range mem.TrainLoss {
 		if math.Float32bits(mem.TrainLoss[i]) != math.Float32bits(net.TrainLoss[i]) {
 			t.Fatalf("step %d: losses %v in memory, %v over p2p", i, mem.TrainLoss, net.TrainLoss)

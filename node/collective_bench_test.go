@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"testing"
@@ -50,4 +51,56 @@ func bytesSent(tr *p2pTrainers) int64 {
 		n += nd.Traffic().ByProtocol[p2p.ProtoReduce.ID(nd.RunID())].Out
 	}
 	return n
+}
+
+// BenchmarkMessageWAN: one message of each size from one volunteer to
+// another over libp2p (QUIC on loopback) through the packet-level WAN
+// emulator at 30 ms one way and no rate limit, each after 100 ms idle (as
+// a pipeline hop or a collective's part arrives: in bursts). It reports
+// what a message costs beyond the one-way latency, as a fraction of the
+// round trip: QUIC's pacing and congestion window, which a link model of
+// latency + bytes/rate leaves out. sim.MessageRTTFraction is this figure
+// for 64-256 KB, the sizes of activations and of parts.
+//
+//	go test ./node -run '^$' -bench MessageWAN -benchtime 20x
+func BenchmarkMessageWAN(b *testing.B) {
+	const latency = 30 * time.Millisecond
+	e, err := wan.New(wan.Link{Latency: latency}, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	e.SetKeyFunc(func(local, _ net.Addr) [2]string { return [2]string{local.String(), "uplink"} })
+	sw := p2ptest.NewSwarm(b, 3, p2ptest.Options{Listen: []string{"/ip4/127.0.0.1/udp/0/quic-v1"}, ListenUDP: e.ListenUDP, Timing: p2p.LANTiming()})
+	src, err := NewP2PPeers(sw.Nodes[1], p2p.ProtoActivations, 1<<22, time.Minute)
+	if err != nil {
+		b.Fatal(err)
+	}
+	dst, err := NewP2PPeers(sw.Nodes[2], p2p.ProtoActivations, 1<<22, time.Minute)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	send := func(n int) time.Duration {
+		began := time.Now()
+		if err := src.Send(ctx, dst.Self(), make([]byte, n)); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := dst.Recv(ctx); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(began)
+	}
+	send(1 << 20) // connection, protocol and congestion window warm
+	for _, size := range []int{16 << 10, 64 << 10, 256 << 10, 1 << 20} {
+		b.Run(fmt.Sprintf("size=%dKiB", size>>10), func(b *testing.B) {
+			var total time.Duration
+			for range b.N {
+				time.Sleep(100 * time.Millisecond)
+				total += send(size)
+			}
+			per := total / time.Duration(b.N)
+			b.ReportMetric(float64(per.Microseconds())/1e3, "ms/msg")
+			b.ReportMetric((per-latency).Seconds()/(2*latency.Seconds()), "extra-RTT")
+		})
+	}
 }

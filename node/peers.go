@@ -138,9 +138,15 @@ func (p *P2PPeers) sendOnce(ctx context.Context, id peer.ID, payload []byte) err
 		s.Reset()
 		return err
 	}
-	// The frame is written and the stream half-closed; an error closing
-	// the read side (the receiver closed first) does not undo delivery.
-	s.Close()
+	// The frame is written and the stream half-closed: delivery no longer
+	// needs this side. Close waits for the receiver (go-multistream's lazy
+	// protocol negotiation first reads the receiver's confirmation), a full
+	// round trip that would hold every later message to this peer behind
+	// it: one message per RTT (P2P-NOTES.md). So it runs on its own,
+	// bounded by the read deadline; an error there (the receiver closed
+	// first) does not undo delivery.
+	_ = s.Raw().SetReadDeadline(time.Now().Add(p.cfg.ReadTimeout))
+	go s.Close()
 	return nil
 }
 

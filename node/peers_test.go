@@ -14,6 +14,7 @@ import (
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/p2p/p2ptest"
+	"github.com/skein-ml/skein/p2p/wan"
 )
 
 // DiLoCo rounds over real libp2p streams on loopback: four volunteers and a
@@ -201,5 +202,61 @@ func TestInboxBudgets(t *testing.T) {
 	p.release("honest", 100)
 	if p.queued["honest"] != 0 || p.queuedAll != 90 {
 		t.Fatalf("accounting: %v, total %d", p.queued, p.queuedAll)
+	}
+}
+
+// Send returns once the message is written, not a round trip later: a
+// message to a peer must not wait for the receiver's confirmation of the
+// previous one (closing a lazily negotiated stream reads it), or every
+// collective and relay exchange would run at one message per RTT. With
+// 200 ms one way (memberlist's LAN timing still holds), five sends to one
+// peer return within one round trip, where waiting would take five, and
+// all five arrive.
+func TestSendDoesNotWaitForTheReceiver(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a libp2p swarm")
+	}
+	const latency = 200 * time.Millisecond
+	e, err := wan.New(wan.Link{Latency: latency}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sw := p2ptest.NewSwarm(t, 3, p2ptest.Options{Listen: []string{"/ip4/127.0.0.1/udp/0/quic-v1"}, ListenUDP: e.ListenUDP, Timing: p2p.LANTiming()})
+	a, err := NewP2PPeers(sw.Nodes[1], p2p.ProtoActivations, 1<<20, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := NewP2PPeers(sw.Nodes[2], p2p.ProtoActivations, 1<<20, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Connection up and the protocol known to the sender's peerstore.
+	if err := a.Send(ctx, b.Self(), []byte("warm")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Recv(ctx); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	for i := range 5 {
+		if err := a.Send(ctx, b.Self(), []byte{byte(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := time.Since(began); d >= 2*latency {
+		t.Fatalf("five sends took %v: each waited for the receiver (%v one way)", d, latency)
+	}
+	got := map[byte]bool{}
+	for range 5 {
+		m, err := b.Recv(ctx)
+		if err != nil {
+			t.Fatalf("%d of 5 messages arrived: %v", len(got), err)
+		}
+		got[m.Payload[0]] = true
+	}
+	if len(got) != 5 {
+		t.Fatalf("messages %v", got)
 	}
 }

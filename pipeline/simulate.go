@@ -8,26 +8,43 @@ import "github.com/skein-ml/skein/sim"
 // two nodes carries w.ActivationBytes (activations forward, their gradients
 // backward).
 func Job(paths []Path, stages int, w Workload) sim.Job {
+	return JobOf(paths, func(s int, k sim.TaskKind) float64 {
+		switch k {
+		case sim.Forward:
+			return w.Forward(s, stages)
+		case sim.Loss:
+			return w.Loss(stages)
+		}
+		return w.Backward(s, stages)
+	}, w.ActivationBytes)
+}
+
+// StageCost is a task's work in reference seconds by stage and kind: a
+// Workload's model (Job), or times measured on a real run.
+type StageCost func(stage int, kind sim.TaskKind) float64
+
+// JobOf is Job with each task's work from cost and actBytes crossing every
+// boundary between two nodes.
+func JobOf(paths []Path, cost StageCost, actBytes float64) sim.Job {
 	job := sim.Job{Chains: make([][]sim.Task, len(paths))}
 	for m, p := range paths {
-		job.Chains[m] = chain(p, stages, w)
+		job.Chains[m] = chain(p, cost, actBytes)
 	}
 	return job
 }
 
-func chain(p Path, stages int, w Workload) []sim.Task {
-	act := w.ActivationBytes
+func chain(p Path, cost StageCost, act float64) []sim.Task {
 	tasks := make([]sim.Task, 0, 2*len(p.Nodes)+1)
 	for i, v := range p.Nodes {
-		tasks = append(tasks, sim.Task{Node: v, Kind: sim.Forward, Work: w.Forward(p.Stages[i], stages), Bytes: act})
+		tasks = append(tasks, sim.Task{Node: v, Kind: sim.Forward, Work: cost(p.Stages[i], sim.Forward), Bytes: act})
 	}
-	tasks = append(tasks, sim.Task{Node: p.Nodes[0], Kind: sim.Loss, Work: w.Loss(stages), Bytes: act})
+	tasks = append(tasks, sim.Task{Node: p.Nodes[0], Kind: sim.Loss, Work: cost(0, sim.Loss), Bytes: act})
 	for i := len(p.Nodes) - 1; i >= 0; i-- {
 		bytes := act
 		if i == 0 {
 			bytes = 0 // the last task: nothing to send
 		}
-		tasks = append(tasks, sim.Task{Node: p.Nodes[i], Kind: sim.Backward, Work: w.Backward(p.Stages[i], stages), Bytes: bytes})
+		tasks = append(tasks, sim.Task{Node: p.Nodes[i], Kind: sim.Backward, Work: cost(p.Stages[i], sim.Backward), Bytes: bytes})
 	}
 	return tasks
 }

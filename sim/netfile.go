@@ -25,12 +25,18 @@ import (
 //
 // Unknown fields are an error, so a misspelt field is not silently ignored.
 type Spec struct {
-	Name      string      `json:"name"`
-	Note      string      `json:"note,omitempty"`
-	Goodput   float64     `json:"goodput,omitempty"`
-	Regions   []string    `json:"regions"`
-	LatencyMs [][]float64 `json:"latency_ms"`
-	Nodes     []NodeSpec  `json:"nodes"`
+	Name    string  `json:"name"`
+	Note    string  `json:"note,omitempty"`
+	Goodput float64 `json:"goodput,omitempty"`
+	// MessageRTT is the least a message takes to leave, beyond the latency,
+	// as a fraction of its link's round trip: QUIC's pacing and congestion
+	// window on a connection idle between bursts (MessageRTTFraction; a
+	// message whose serialization takes longer pays only that); 0 for bulk
+	// transfers.
+	MessageRTT float64     `json:"message_rtt,omitempty"`
+	Regions    []string    `json:"regions"`
+	LatencyMs  [][]float64 `json:"latency_ms"`
+	Nodes      []NodeSpec  `json:"nodes"`
 }
 
 // NodeSpec is one node of a Spec. Rates are in Mbit/s and latencies in ms,
@@ -103,6 +109,9 @@ func (s Spec) Validate() error {
 	}
 	if g := s.Goodput; g != 0 && !(g > 0 && g <= 1) {
 		return fmt.Errorf("%w: goodput %v outside (0, 1]", ErrNetwork, g)
+	}
+	if !inRange(s.MessageRTT, 0, 10) {
+		return fmt.Errorf("%w: message RTT fraction %v outside [0, 10]", ErrNetwork, s.MessageRTT)
 	}
 	regions := make(map[string]bool, len(s.Regions))
 	for _, r := range s.Regions {

@@ -26,11 +26,16 @@ type Node struct {
 type Link struct {
 	Latency float64 // one way, seconds
 	Rate    float64 // bytes per second a bulk transfer achieves (goodput applied)
+	// Pace is the least a message takes to leave beyond the latency, on a
+	// connection idle between bursts (QUIC's pacing and congestion window:
+	// Spec.MessageRTT of the round trip). A message whose serialization
+	// takes longer pays only that.
+	Pace float64
 }
 
 // Seconds returns how long b bytes take over the link: serialization at the
-// link's rate, then the latency.
-func (l Link) Seconds(b float64) float64 { return l.Latency + l.Serialize(b) }
+// link's rate (at least Pace), then the latency.
+func (l Link) Seconds(b float64) float64 { return l.Latency + max(l.Serialize(b), l.Pace) }
 
 // Serialize returns the time b bytes occupy the sender's uplink.
 func (l Link) Serialize(b float64) float64 {
@@ -42,15 +47,17 @@ func (l Link) Serialize(b float64) float64 {
 
 // Network is an immutable set of nodes and the links between them. Links are
 // derived, not stored: latency(i, j) = access_i + region latency + access_j,
-// rate(i, j) = goodput * min(up_i, down_j). So a network of n nodes costs
-// O(n + regions^2) memory, and a node joining or leaving changes no other
-// node's links.
+// rate(i, j) = goodput * min(up_i, down_j), pace(i, j) = Spec.MessageRTT
+// times the round trip.
+// So a network of n nodes costs O(n + regions^2) memory, and a node joining
+// or leaving changes no other node's links.
 type Network struct {
 	spec      Spec // what it was built from, normalized (Spec returns a copy)
 	nodes     []Node
 	region    []int       // per node: index into regionLatency
 	latency   [][]float64 // region to region, one way, seconds
 	goodput   float64
+	pace      float64 // Spec.MessageRTT
 	indexByID map[string]int
 }
 
@@ -79,9 +86,11 @@ func (n *Network) Link(i, j int) Link {
 		return Link{Latency: 0, Rate: math.Inf(1)}
 	}
 	a, b := n.nodes[i], n.nodes[j]
+	lat := a.Access + n.latency[n.region[i]][n.region[j]] + b.Access
 	return Link{
-		Latency: a.Access + n.latency[n.region[i]][n.region[j]] + b.Access,
+		Latency: lat,
 		Rate:    n.goodput * min(a.UpBps, b.DownBps),
+		Pace:    n.pace * 2 * lat,
 	}
 }
 
@@ -119,6 +128,7 @@ func NewNetwork(s Spec) (*Network, error) {
 		region:    make([]int, len(s.Nodes)),
 		latency:   make([][]float64, len(s.Regions)),
 		goodput:   s.goodput(),
+		pace:      s.MessageRTT,
 		indexByID: make(map[string]int, len(s.Nodes)),
 	}
 	for i, row := range s.LatencyMs {

@@ -28,7 +28,14 @@ func demoCommand() *cli.Command {
 			"--chaos turns the demo into a soak test of what strangers on the internet do to a run: volunteers\n" +
 			"killed -9 and restarted, a straggler paused, and with --hostile a volunteer that misbehaves. At the\n" +
 			"end it prints the invariants it checked (honest state hashes agree after every round, no round lost,\n" +
-			"validation loss still falling, no survivor crashed, no leaked process) and fails if one broke.",
+			"validation loss still falling, no survivor crashed, no leaked process) and fails if one broke.\n\n" +
+			"--stages S runs a staged model instead: the tiny GPT split into S pipeline stages of --replicas nodes\n" +
+			"each, every node a libp2p host on loopback (QUIC through the WAN emulator). Each microbatch takes a\n" +
+			"SkipPipe path that skips --skip-ratio of the stages; activations go forward and gradients back over\n" +
+			"the network in bf16; each stage's replicas average with DiLoCo. Halfway through, every node of\n" +
+			"--fail-stage is killed; new nodes join, take their neighbours' weights over the network and rebuild\n" +
+			"the stage with CheckFree, and training goes on. Ends with the loss, the bytes sent and the network\n" +
+			"simulator's prediction of the iteration and round times against the measured ones.",
 		Flags: []cli.Flag{
 			&cli.IntFlag{Name: "volunteers", Value: d.Volunteers, Usage: "volunteer processes"},
 			&cli.StringFlag{Name: "optimizer", Value: d.Manifest.Optimizer.Kind, Usage: "outer optimizer: diloco or noloco"},
@@ -47,11 +54,20 @@ func demoCommand() *cli.Command {
 			&cli.DurationFlag{Name: "chaos-every", Value: time.Minute, Usage: "period of the chaos soak's kill waves"},
 			&cli.DurationFlag{Name: "chaos-pause", Value: 20 * time.Second, Usage: "how long the chaos soak pauses a straggler"},
 			&cli.StringFlag{Name: "hostile", Usage: "add a hostile volunteer: scale (x1000 contributions), signflip, nan (values past every bound) or forge (tampered aggregates)"},
+			&cli.IntFlag{Name: "stages", Usage: "split the model into this many pipeline stages (SkipPipe, with CheckFree); 0: data-parallel volunteers"},
+			&cli.IntFlag{Name: "replicas", Value: 2, Usage: "with --stages: nodes per stage (they average with DiLoCo every --inner-steps)"},
+			&cli.Float64Flag{Name: "skip-ratio", Value: 1.0 / 3, Usage: "with --stages: share of the stages after 0 each microbatch skips (rounded to whole stages)"},
+			&cli.IntFlag{Name: "steps", Value: 60, Usage: "with --stages: training steps"},
+			&cli.IntFlag{Name: "fail-stage", Value: -1, Usage: "with --stages: the stage whose nodes are all killed halfway (-1: the last; 0: none)"},
+			&cli.StringFlag{Name: "recovery", Value: string(experiment.CheckFree), Usage: "with --stages: how the lost stage is rebuilt: checkfree (from its neighbours; CheckFree+ for edge stages) or random"},
 		},
 		Action: func(c *cli.Context) error {
 			log, err := logger(c)
 			if err != nil {
 				return err
+			}
+			if c.Int("stages") > 0 {
+				return stagedDemo(c, log)
 			}
 			cfg := d
 			cfg.Volunteers, cfg.Duration, cfg.TargetLoss = c.Int("volunteers"), c.Duration("duration"), c.Float64("target-loss")
