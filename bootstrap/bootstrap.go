@@ -98,6 +98,13 @@ func (c Config) Validate() error {
 	if err := c.Manifest.ValidateTemplate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
+	if p := c.Manifest.Pipeline; p.Staged() {
+		// Said here, at the operator's terminal, not by every volunteer
+		// that would join and refuse.
+		return fmt.Errorf("%w: the manifest splits the model into %d pipeline stages, which volunteers do not run yet "+
+			"(`skein demo --stages %d` runs a staged run on this machine); leave [pipeline] out for a data-parallel run",
+			ErrConfig, p.Stages, p.Stages)
+	}
 	if c.DataDir == "" {
 		return fmt.Errorf("%w: a data directory is required (the identity must survive restarts)", ErrConfig)
 	}

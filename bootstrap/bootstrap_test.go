@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -164,5 +165,19 @@ func TestBootstrapRemovesStaleTempFiles(t *testing.T) {
 	}
 	if _, err := os.Stat(kept); err != nil {
 		t.Errorf("%s removed: %v", kept, err)
+	}
+}
+
+// A staged run is refused at the operator's terminal with what to do
+// instead: volunteers would refuse it one by one.
+func TestConfigRefusesStagedRun(t *testing.T) {
+	c := DefaultConfig(t.TempDir())
+	if err := c.Validate(); err != nil {
+		t.Fatalf("default: %v", err)
+	}
+	c.Manifest.Pipeline.Stages, c.Manifest.Pipeline.SkipRatio = 3, 1.0/3
+	err := c.Validate()
+	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "skein demo --stages 3") {
+		t.Fatalf("staged manifest: %v, want ErrConfig naming the demo", err)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/skein-ml/skein/bootstrap/manifest"
 	"github.com/skein-ml/skein/compression"
 	"github.com/skein-ml/skein/data"
 	"github.com/skein-ml/skein/kernels"
@@ -950,4 +951,33 @@ func (r *stagedRun) fail(ctx context.Context, f StageFailure, done int) error {
 	}
 	r.publish()
 	return nil
+}
+
+// StagedConfigOf is the staged run a manifest describes ([pipeline] with
+// stages of 2 or more, DiLoCo among each stage's replicas): the model,
+// batch and sequence length, AdamW, the outer step, the wire codec of the
+// collective and the pipeline's stages, skip ratio, microbatches and
+// CheckFree+. What a manifest leaves to the volunteers (replicas per
+// stage, steps, threads, the network) keeps DefaultStagedConfig's values
+// for the caller to set.
+func StagedConfigOf(m manifest.Manifest) (StagedConfig, error) {
+	if err := m.ValidateTemplate(); err != nil {
+		return StagedConfig{}, err
+	}
+	p, o := m.Pipeline, m.Optimizer
+	switch {
+	case !p.Staged():
+		return StagedConfig{}, fmt.Errorf("%w: manifest %s is not staged (pipeline.stages = %d)", ErrConfig, m.ShortHash(), p.Stages)
+	case o.Kind != manifest.KindDiLoCo || !o.Nesterov || o.Delayed:
+		return StagedConfig{}, fmt.Errorf("%w: a staged run averages each stage's replicas with Nesterov DiLoCo (optimizer.kind = %q, nesterov = %v, delayed = %v)",
+			ErrConfig, o.Kind, o.Nesterov, o.Delayed)
+	}
+	c := DefaultStagedConfig()
+	c.Preset, c.Seed, c.Batch, c.SeqLen = m.Model.Preset, m.Model.Seed, m.Model.Batch, m.SeqLen()
+	c.Stages, c.SkipRatio, c.Microbatches, c.CheckFreePlus = p.Stages, p.SkipRatio, p.Microbatches, p.CheckFreePlus
+	c.InnerSteps = o.InnerSteps
+	c.AdamW.LR, c.AdamW.Warmup, c.AdamW.WeightDecay, c.AdamW.Clip = o.InnerLR, o.Warmup, o.WeightDecay, o.GradClip
+	c.DiLoCo.OuterLR, c.DiLoCo.Momentum = o.OuterLR, o.OuterMomentum
+	c.Outer = m.Codec()
+	return c, nil
 }

@@ -21,6 +21,10 @@ import (
 // the run's manifest is not the one this volunteer was given or had before.
 var ErrManifest = errors.New("node: run manifest")
 
+// ErrStagedRun is returned (wrapped) when the run's manifest splits the
+// model into pipeline stages, which volunteers do not run yet.
+var ErrStagedRun = errors.New("node: staged run")
+
 // manifestFile is the copy kept in the data directory.
 const manifestFile = "run.toml"
 

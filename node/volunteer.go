@@ -483,6 +483,11 @@ func (v *Volunteer) takeManifest(ctx context.Context) error {
 	if err := m.Check(v.cfg.Local); err != nil {
 		return fmt.Errorf("refused by run %q: %w", m.RunID, err)
 	}
+	if p := m.Pipeline; p.Staged() {
+		return fmt.Errorf("%w: run %q splits the model into %d pipeline stages; this volunteer trains whole-model runs only "+
+			"(a staged run's volunteers are not built yet: `skein demo --stages %d` runs one on this machine)",
+			ErrStagedRun, m.RunID, p.Stages, p.Stages)
+	}
 	if err := saveManifest(v.cfg.DataDir, m); err != nil {
 		return err
 	}

@@ -12,7 +12,8 @@ import (
 // fetch from members and the input of Hash. It is TOML written by this
 // package, not by a library, so that the bytes depend on the format version
 // only: every key in schema order, one "key = value" per line, tables in
-// the order model, optimizer, wire, data, data.shards, admission; created
+// the order model, optimizer, wire, data, data.shards, admission, pipeline
+// (only when it differs from Default's); created
 // and admission.run_key only when set, admission.max_members and
 // max_per_prefix only when they differ from Default's (so that manifests
 // written before those keys existed keep their hash); floats in Go's shortest round-trip form with ".0" added to
@@ -77,6 +78,16 @@ func (m Manifest) Canonical() []byte {
 	}
 	if a.RunKey != "" {
 		w.str("run_key", a.RunKey)
+	}
+
+	// A run that is not staged has no [pipeline] table, so that manifests
+	// written before it existed keep their hash.
+	if p := m.Pipeline; p != Default().Pipeline {
+		w.table("[pipeline]")
+		w.int("stages", int64(p.Stages))
+		w.float("skip_ratio", p.SkipRatio)
+		w.int("microbatches", int64(p.Microbatches))
+		w.bool("checkfree_plus", p.CheckFreePlus)
 	}
 	return w.b
 }

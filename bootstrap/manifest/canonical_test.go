@@ -49,6 +49,7 @@ func full() Manifest {
 	m.Wire.Codec = "int4"
 	m.Data.ValFraction, m.Data.ShardBytes = 0.1, 1
 	m.Admission.MaxMembers, m.Admission.MaxPerPrefix = MaxMembers, MaxMembers
+	m.Pipeline = Pipeline{Stages: 12, SkipRatio: 0.25, Microbatches: MaxMicrobatches, CheckFreePlus: true}
 	return m
 }
 
@@ -216,6 +217,10 @@ func TestHashCoversEveryField(t *testing.T) {
 		"admission.run_key": func(m *Manifest) {
 			m.Admission.Mode, m.Admission.RunKey = AdmissionClosed, testRunKey
 		},
+		"pipeline.stages":         func(m *Manifest) { m.Pipeline.Stages = 3 },
+		"pipeline.skip_ratio":     func(m *Manifest) { m.Pipeline.SkipRatio = 1.0 / 3 },
+		"pipeline.microbatches":   func(m *Manifest) { m.Pipeline.Microbatches++ },
+		"pipeline.checkfree_plus": func(m *Manifest) { m.Pipeline.CheckFreePlus = true },
 	}
 	for k := range knownKeys {
 		if _, ok := edits[k]; !ok && !isTable(k) {

@@ -106,6 +106,14 @@
 //	max_per_prefix = 16 # open runs: members behind one /24 (IPv4) or /48 (IPv6) prefix
 //	# run_key = "..."   # closed runs: the run key's public half, as `skein token keygen` prints it
 //
+//	# Optional: a model split into pipeline stages (SkipPipe, CheckFree). Left
+//	# out, the run is data parallel (stages = 1) and its hash is unchanged.
+//	[pipeline]
+//	stages = 3             # S: stage 0 (embedding, head, loss) and S-1 stages of layers
+//	skip_ratio = 0.3333333 # k: each microbatch visits S(1-k) stages (a whole number)
+//	microbatches = 4       # microbatches per step, each of model.batch sequences
+//	checkfree_plus = true  # swap stages 1, 2 on odd microbatches: edge stages become rebuildable
+//
 // # Admission
 //
 // An open run (the default) admits anyone, up to admission.max_members

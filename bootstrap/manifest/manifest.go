@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/skein-ml/skein/compression"
 	"github.com/skein-ml/skein/model"
@@ -101,6 +102,7 @@ type Manifest struct {
 	Wire      Wire      `toml:"wire"`
 	Data      Data      `toml:"data"`
 	Admission Admission `toml:"admission"`
+	Pipeline  Pipeline  `toml:"pipeline"`
 }
 
 // Model is the [model] section: what network every member trains, and how.
@@ -210,6 +212,43 @@ type Admission struct {
 	RunKey string `toml:"run_key"`
 }
 
+// Pipeline is the [pipeline] section: a model split into stages held by
+// different members, microbatches taking SkipPipe paths through them and a
+// stage that loses its last member rebuilt by CheckFree (ALGORITHMS.md 3
+// and 4). The default, one stage, is plain data parallelism.
+type Pipeline struct {
+	// Stages is S, in [1, the preset's layers + 1]: stage 0 holds the
+	// embedding, the head and the loss, every later stage at least one
+	// layer. 1: no pipeline.
+	Stages int `toml:"stages"`
+	// SkipRatio is k, in [0, 1): every microbatch visits L = S(1-k) stages,
+	// which must be a whole number (with S = 3: 0 or 1/3), and skips at
+	// most MaxSkip of them.
+	SkipRatio float64 `toml:"skip_ratio"`
+	// Microbatches is the microbatches per step, each of model.batch
+	// sequences, in [1, MaxMicrobatches].
+	Microbatches int `toml:"microbatches"`
+	// CheckFreePlus swaps stages 1 and 2 (and the last two, from 5 stages)
+	// on odd microbatches so that an edge stage can be rebuilt as a copy of
+	// its partner; without it only stages 2..S-2 can be rebuilt.
+	CheckFreePlus bool `toml:"checkfree_plus"`
+}
+
+// Bounds of the [pipeline] section.
+const (
+	// MaxSkip is the most stages one microbatch skips: a jump over more
+	// breaks SkipPipe's rule 4 (pipeline.DefaultRules().MaxJump).
+	MaxSkip = 3
+	// MaxMicrobatches bounds pipeline.microbatches.
+	MaxMicrobatches = 1024
+)
+
+// Staged reports whether the run is split into pipeline stages.
+func (p Pipeline) Staged() bool { return p.Stages > 1 }
+
+// Skip is the number of stages every microbatch skips, S - L.
+func (p Pipeline) Skip() int { return int(math.Round(p.SkipRatio * float64(p.Stages))) }
+
 // Default returns the demo's manifest: run "skein-demo", the tiny preset on
 // each volunteer's local corpus, DiLoCo with H = 50 and minmax8 on the wire.
 // It matches node.DefaultVolunteerConfig, so a volunteer started without a
@@ -239,6 +278,7 @@ func Default() Manifest {
 		Wire:      Wire{Codec: compression.MinMax8.String()},
 		Data:      Data{Source: SourceLocal, ValFraction: DefaultValFraction, ShardBytes: DefaultShardBytes},
 		Admission: Admission{Mode: AdmissionOpen, MaxMembers: DefaultMaxMembers, MaxPerPrefix: DefaultMaxPerPrefix},
+		Pipeline:  Pipeline{Stages: 1, Microbatches: 4},
 	}
 }
 

@@ -35,6 +35,7 @@ func TestParseExample(t *testing.T) {
 			{Hash: "6c26c15631f11ae6bea043ea66a4a58e1abbdf95e87e987a45f6488a36712100", Bytes: 23462910, Files: 40},
 		}},
 		Admission: Admission{Mode: AdmissionOpen, MaxMembers: 256, MaxPerPrefix: 16},
+		Pipeline:  Pipeline{Stages: 1, Microbatches: 4},
 	}
 	if !reflect.DeepEqual(m, want) {
 		t.Fatalf("got\n%+v\nwant\n%+v", m, want)
@@ -269,6 +270,7 @@ func TestKnownKeys(t *testing.T) {
 		"data", "data.source", "data.val_fraction", "data.shard_bytes",
 		"data.shards", "data.shards.hash", "data.shards.bytes", "data.shards.files",
 		"admission", "admission.mode", "admission.max_members", "admission.max_per_prefix", "admission.run_key",
+		"pipeline", "pipeline.stages", "pipeline.skip_ratio", "pipeline.microbatches", "pipeline.checkfree_plus",
 	}
 	if len(knownKeys) != len(want) {
 		t.Errorf("%d known keys, want %d", len(knownKeys), len(want))

@@ -62,7 +62,7 @@ func (m Manifest) ValidateTemplate() error {
 			return bad("created", m.Created, "want an RFC 3339 time such as \"2025-06-01T12:00:00Z\"")
 		}
 	}
-	for _, check := range []func() error{m.Model.validate, m.Optimizer.validate, m.Wire.validate, m.Data.validate, m.Admission.validate} {
+	for _, check := range []func() error{m.Model.validate, m.Optimizer.validate, m.Wire.validate, m.Data.validate, m.Admission.validate, m.validatePipeline} {
 		if err := check(); err != nil {
 			return err
 		}
@@ -197,6 +197,29 @@ func (a Admission) validate() error {
 		if _, err := decodeRunKey(a.RunKey); err != nil {
 			return bad("admission.run_key", a.RunKey, "%v: want the standard base64 of a 32-byte ed25519 public key, as `skein token keygen` prints it", err)
 		}
+	}
+	return nil
+}
+
+func (m Manifest) validatePipeline() error {
+	p := m.Pipeline
+	layers := 0
+	if c, err := model.Preset(m.Model.Preset); err == nil {
+		layers = c.Layers
+	}
+	switch {
+	case p.Stages < 1 || p.Stages > layers+1:
+		return bad("pipeline.stages", p.Stages, "out of range [1, %d] (stage 0 and one stage per layer of the %s preset at most)", layers+1, m.Model.Preset)
+	case !(p.SkipRatio >= 0 && p.SkipRatio < 1):
+		return bad("pipeline.skip_ratio", p.SkipRatio, "out of range [0, 1)")
+	case math.Abs(p.SkipRatio*float64(p.Stages)-float64(p.Skip())) > 1e-6:
+		return bad("pipeline.skip_ratio", p.SkipRatio, "skips %.3g of %d stages: S x skip_ratio must be a whole number", p.SkipRatio*float64(p.Stages), p.Stages)
+	case p.Skip() > MaxSkip || (p.Stages > 1 && p.Skip() > p.Stages-2):
+		return bad("pipeline.skip_ratio", p.SkipRatio, "skips %d stages: at most %d, and stage 0 and one other are always visited", p.Skip(), MaxSkip)
+	case !p.Staged() && (p.SkipRatio != 0 || p.CheckFreePlus):
+		return bad("pipeline.stages", p.Stages, "skip_ratio and checkfree_plus apply to a staged run (stages of 2 or more)")
+	case p.Microbatches < 1 || p.Microbatches > MaxMicrobatches:
+		return bad("pipeline.microbatches", p.Microbatches, "out of range [1, %d]", MaxMicrobatches)
 	}
 	return nil
 }

@@ -147,6 +147,15 @@ func TestValidate(t *testing.T) {
 		{"", "", func(m *Manifest) {
 			m.Admission.Mode, m.Admission.RunKey, m.Admission.MaxMembers = AdmissionClosed, testRunKey, 3
 		}},
+		{"", "", func(m *Manifest) { m.Pipeline.Stages, m.Pipeline.SkipRatio, m.Pipeline.CheckFreePlus = 3, 1.0/3, true }},
+		{"", "", func(m *Manifest) { m.Pipeline.Stages, m.Pipeline.SkipRatio = 5, 0.4 }},
+		{"pipeline.stages", "[1, 5]", func(m *Manifest) { m.Pipeline.Stages = 6 }},
+		{"pipeline.stages", "[1, 5]", func(m *Manifest) { m.Pipeline.Stages = 0 }},
+		{"pipeline.skip_ratio", "whole number", func(m *Manifest) { m.Pipeline.Stages, m.Pipeline.SkipRatio = 3, 0.25 }},
+		{"pipeline.skip_ratio", "[0, 1)", func(m *Manifest) { m.Pipeline.Stages, m.Pipeline.SkipRatio = 3, nan }},
+		{"pipeline.skip_ratio", "always visited", func(m *Manifest) { m.Pipeline.Stages, m.Pipeline.SkipRatio = 3, 2.0/3 }},
+		{"pipeline.stages", "apply to a staged run", func(m *Manifest) { m.Pipeline.CheckFreePlus = true }},
+		{"pipeline.microbatches", "[1, 1024]", func(m *Manifest) { m.Pipeline.Microbatches = 0 }},
 		{"admission.max_per_prefix", "applies to open runs only", func(m *Manifest) {
 			m.Admission.Mode, m.Admission.RunKey, m.Admission.MaxPerPrefix = AdmissionClosed, testRunKey, 2
 		}},

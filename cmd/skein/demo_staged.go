@@ -10,7 +10,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/skein-ml/skein/compression"
+	"github.com/skein-ml/skein/bootstrap/manifest"
 	"github.com/skein-ml/skein/experiment"
 	"github.com/skein-ml/skein/p2p/wan"
 )
@@ -18,8 +18,32 @@ import (
 // stagedDemo is `skein demo --stages S`: a staged run over libp2p on
 // loopback through the WAN emulator, with a stage lost and rebuilt halfway.
 func stagedDemo(c *cli.Context, log *slog.Logger) error {
-	cfg := experiment.DefaultStagedConfig()
-	cfg.Stages, cfg.Replicas, cfg.Steps = c.Int("stages"), c.Int("replicas"), c.Int("steps")
+	out := c.App.Writer
+	// The run, as a manifest: what a bootstrap would serve for it.
+	m := manifest.Default()
+	m.RunID = "skein-staged-demo"
+	m.Model.Batch, m.Model.SeqLen = 4, 64
+	m.Optimizer.InnerSteps, m.Optimizer.Warmup = 10, 10
+	if c.IsSet("inner-steps") {
+		m.Optimizer.InnerSteps = c.Int("inner-steps")
+	}
+	S := c.Int("stages")
+	if S < 2 {
+		return fmt.Errorf("--stages %d: a staged run needs 2 or more (stage 0 holds the embedding, head and loss)", S)
+	}
+	k := c.Float64("skip-ratio")
+	skip := math.Round(k * float64(S))
+	m.Pipeline = manifest.Pipeline{Stages: S, SkipRatio: skip / float64(S), Microbatches: 4, CheckFreePlus: true}
+	if math.Abs(m.Pipeline.SkipRatio-k) > 1e-6 && c.IsSet("skip-ratio") {
+		fmt.Fprintf(out, "--skip-ratio %.3g: rounded to %.0f of %d stages skipped (%.3f)\n", k, skip, S, m.Pipeline.SkipRatio)
+	}
+	if err := m.ValidateTemplate(); err != nil {
+		return err
+	}
+	cfg, err := experiment.StagedConfigOf(m)
+	if err != nil {
+		return err
+	}
 	// The nodes' own logs at --child-log-level (warn by default): the
 	// progress lines say what happens.
 	var lvl slog.Level
@@ -27,28 +51,13 @@ func stagedDemo(c *cli.Context, log *slog.Logger) error {
 		return fmt.Errorf("--child-log-level %q: want debug, info, warn or error", c.String("child-log-level"))
 	}
 	log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
-	cfg.Threads, cfg.Logger, cfg.Progress = max(c.Int("threads"), 1), log, os.Stdout
-	cfg.InnerSteps = 10
-	if c.IsSet("inner-steps") {
-		cfg.InnerSteps = c.Int("inner-steps")
-	}
-	// The collective's codec on the wire, as in a real run.
-	cfg.Outer = compression.MinMax8
-	cfg.CheckFreePlus = true
-	if cfg.Stages < 2 {
-		return fmt.Errorf("--stages %d: a staged run needs 2 or more (stage 0 holds the embedding, head and loss)", cfg.Stages)
-	}
-	k := c.Float64("skip-ratio")
-	skip := math.Round(k * float64(cfg.Stages))
-	cfg.SkipRatio = skip / float64(cfg.Stages)
-	if math.Abs(cfg.SkipRatio-k) > 1e-9 && c.IsSet("skip-ratio") {
-		fmt.Printf("--skip-ratio %.3g: rounded to %.0f of %d stages skipped (%.3f)\n", k, skip, cfg.Stages, cfg.SkipRatio)
-	}
+	cfg.Replicas, cfg.Steps = c.Int("replicas"), c.Int("steps")
+	cfg.Threads, cfg.Logger, cfg.Progress = max(c.Int("threads"), 1), log, out
 	cfg.Network = &experiment.StagedNetwork{Link: wan.Link{Latency: c.Duration("latency"), Rate: c.Float64("rate") * 1e6}}
 	switch fs := c.Int("fail-stage"); {
 	case fs == 0:
 	case cfg.Steps < 2*cfg.InnerSteps:
-		fmt.Printf("no stage failure: %d steps are fewer than two rounds of %d\n", cfg.Steps, cfg.InnerSteps)
+		fmt.Fprintf(out, "no stage failure: %d steps are fewer than two rounds of %d\n", cfg.Steps, cfg.InnerSteps)
 	default:
 		if fs < 0 {
 			fs = cfg.Stages - 1
@@ -60,12 +69,13 @@ func stagedDemo(c *cli.Context, log *slog.Logger) error {
 		return err
 	}
 	L := cfg.Stages - cfg.Skip()
-	fmt.Printf("staged run: the %s model in %d stages x %d replicas = %d libp2p nodes on loopback (QUIC), every link %s one way at %s;\n"+
+	fmt.Fprintf(out, "run %q: manifest %s\n", m.RunID, m.ShortHash())
+	fmt.Fprintf(out, "staged run: the %s model in %d stages x %d replicas = %d libp2p nodes on loopback (QUIC), every link %s one way at %s;\n"+
 		"each of %d microbatches of %dx%d tokens per step visits %d of %d stages; DiLoCo every %d steps; %d steps\n",
 		cfg.Preset, cfg.Stages, cfg.Replicas, cfg.Stages*cfg.Replicas, c.Duration("latency"), rateString(c.Float64("rate")),
 		cfg.Microbatches, cfg.Batch, cfg.SeqLen, L, cfg.Stages, cfg.InnerSteps, cfg.Steps)
 	if f := cfg.Failure; f != nil {
-		fmt.Printf("after step %d every node of stage %d is killed and replaced; the stage is rebuilt by %s\n", f.Step, f.Stage, f.Recovery)
+		fmt.Fprintf(out, "after step %d every node of stage %d is killed and replaced; the stage is rebuilt by %s\n", f.Step, f.Stage, f.Recovery)
 	}
 	ctx, cancel := context.WithCancel(c.Context)
 	defer cancel()
@@ -74,18 +84,18 @@ func stagedDemo(c *cli.Context, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("staged demo stopped after %v: %w", time.Since(began).Round(time.Second), err)
 	}
-	fmt.Printf("\nsummary: validation loss %.4f -> %.4f in %d steps (%.2fs/step, %.0fs in all); %.1f MB of activations and gradients on the wire\n",
+	fmt.Fprintf(out, "\nsummary: validation loss %.4f -> %.4f in %d steps (%.2fs/step, %.0fs in all); %.1f MB of activations and gradients on the wire\n",
 		res.Curve[0].ValLoss, res.FinalValLoss, cfg.Steps, res.StepSeconds, time.Since(began).Seconds(), res.ActivationMB)
 	if cfg.Failure != nil {
 		back := "not within the run"
 		if res.RecoveredAt >= 0 {
 			back = fmt.Sprintf("at step %d", res.RecoveredAt)
 		}
-		fmt.Printf("stage %d lost after step %d: validation loss %.4f before, %.4f right after the rebuild, back to the pre-failure loss %s\n",
+		fmt.Fprintf(out, "stage %d lost after step %d: validation loss %.4f before, %.4f right after the rebuild, back to the pre-failure loss %s\n",
 			cfg.Failure.Stage, cfg.Failure.Step, res.PreFailure, res.PostFailure, back)
 	}
 	if res.Timing != nil {
-		fmt.Println(res.Timing)
+		fmt.Fprintln(out, res.Timing)
 	}
 	return nil
 }
