@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -103,6 +104,44 @@ type StagedConfig struct {
 	Progress io.Writer `json:"-"`
 	// OnEval is called after each validation.
 	OnEval func(p StagedPoint) `json:"-"`
+	// OnStep, if set, is called after every step (and after a lost stage
+	// is rebuilt) with the run as a status page shows it.
+	OnStep func(v StagedView) `json:"-"`
+}
+
+// StagedView is a staged run between two steps (StagedConfig.OnStep).
+type StagedView struct {
+	Step      int     // steps done
+	TrainLoss float32 // the last step's mean microbatch loss
+	// ValLoss is the validation loss at this step, NaN if not validated.
+	ValLoss float32
+	Rounds  int // DiLoCo rounds done
+	// Tokens is what one step trains on: microbatches x batch x sequence.
+	Tokens int
+	Nodes  []StagedNode
+	Paths  []pipeline.Path // the last step's, over node indices
+	// Rebuilt says, by stage, how a stage was last rebuilt ("" never).
+	Rebuilt []string
+	// Events are the membership changes since the previous view.
+	Events []StagedEvent
+}
+
+// StagedNode is one stage replica of a StagedView.
+type StagedNode struct {
+	Peer           string // its libp2p peer ID (a name on the in-memory network)
+	Stage, Replica int
+	// BytesSent and BytesRecv are its traffic so far on the relay and its
+	// stage's collective (with a StagedNetwork; 0 in memory).
+	BytesSent, BytesRecv int64
+	// ComputeSeconds is its forward, head and backward time so far.
+	ComputeSeconds float64
+}
+
+// StagedEvent is a node joining (Joined) or killed.
+type StagedEvent struct {
+	Peer   string
+	Stage  int
+	Joined bool
 }
 
 // DefaultStagedConfig is a small run of the tiny preset: 3 stages of 2
@@ -248,6 +287,21 @@ func RunStaged(ctx context.Context, cfg StagedConfig) (*StagedResult, error) {
 	if _, err := record(0); err != nil {
 		return nil, err
 	}
+	r.rebuiltNote = make([]string, cfg.Stages)
+	for v := range r.nodes {
+		r.events = append(r.events, StagedEvent{Peer: string(r.peerID(v)), Stage: v / cfg.Replicas, Joined: true})
+	}
+	observe := func(done int, loss float32) {
+		if cfg.OnStep == nil {
+			return
+		}
+		vl := float32(math.NaN())
+		if c := res.Curve[len(res.Curve)-1]; c.Step == done {
+			vl = c.ValLoss
+		}
+		cfg.OnStep(r.view(done, loss, vl))
+	}
+	observe(0, float32(math.NaN()))
 	failedAt := -1
 	for step := 0; step < cfg.Steps; step++ {
 		began := time.Now()
@@ -284,6 +338,7 @@ func RunStaged(ctx context.Context, cfg StagedConfig) (*StagedResult, error) {
 			r.log.Info("stage rebuilt", "stage", f.Stage, "recovery", f.Recovery, "before", res.PreFailure, "after", res.PostFailure)
 			say(cfg.Progress, "step %d: validation loss %.4f before the loss of stage %d, %.4f after its rebuild", done, res.PreFailure, f.Stage, res.PostFailure)
 		}
+		observe(done, loss)
 	}
 	res.Seconds = trainTime.Seconds()
 	res.StepSeconds = res.Seconds / float64(cfg.Steps)
@@ -330,6 +385,33 @@ type stagedRun struct {
 	iters   []stagedIter
 	reduces []float64
 	cold    bool
+	// For StagedView: how each stage was last rebuilt, and the membership
+	// changes not yet reported.
+	rebuiltNote []string
+	events      []StagedEvent
+}
+
+// view is the run after done steps (StagedConfig.OnStep).
+func (r *stagedRun) view(done int, loss, val float32) StagedView {
+	v := StagedView{Step: done, TrainLoss: loss, ValLoss: val, Rounds: len(r.reduces),
+		Tokens:  r.cfg.Microbatches * r.cfg.Batch * r.T,
+		Rebuilt: slices.Clone(r.rebuiltNote), Events: r.events}
+	r.events = nil
+	if len(r.iters) > 0 {
+		v.Paths = r.iters[len(r.iters)-1].paths
+	}
+	for i, node := range r.nodes {
+		n := StagedNode{Peer: string(r.peerID(i)), Stage: node.stage, Replica: node.replica}
+		for k := range 3 {
+			b, _ := node.rec.taskTimes(k)
+			n.ComputeSeconds += b.Seconds()
+		}
+		if r.sw != nil {
+			n.BytesSent, n.BytesRecv = r.sw.traffic(i, r.cfg.Stages)
+		}
+		v.Nodes = append(v.Nodes, n)
+	}
+	return v
 }
 
 // relayTick is the relays' clock; a hop may take relayHopSeconds before
@@ -888,6 +970,7 @@ func (r *stagedRun) fail(ctx context.Context, f StageFailure, done int) error {
 		// The stage loses its last node; then replacements join, new
 		// identities that know nothing of the stage.
 		for k := range R {
+			r.events = append(r.events, StagedEvent{Peer: string(r.peerID(f.Stage*R + k)), Stage: f.Stage})
 			r.sw.kill(f.Stage*R + k)
 		}
 		say(r.cfg.Progress, "step %d: stage %d lost: its %d node(s) killed", done, f.Stage, R)
@@ -899,6 +982,9 @@ func (r *stagedRun) fail(ctx context.Context, f StageFailure, done int) error {
 		if err := r.sw.waitMembers(ctx); err != nil {
 			return err
 		}
+		for k := range R {
+			r.events = append(r.events, StagedEvent{Peer: string(r.peerID(f.Stage*R + k)), Stage: f.Stage, Joined: true})
+		}
 		say(r.cfg.Progress, "step %d: %d new node(s) joined for stage %d in %.1fs", done, R, f.Stage, time.Since(began).Seconds())
 	}
 	began := time.Now()
@@ -906,8 +992,18 @@ func (r *stagedRun) fail(ctx context.Context, f StageFailure, done int) error {
 	if err != nil {
 		return err
 	}
+	if r.rebuiltNote != nil {
+		r.rebuiltNote[f.Stage] = fmt.Sprintf("%s after step %d", f.Recovery, done)
+	}
 	if f.Recovery == CheckFree {
 		rec, _ := pipeline.Recover(f.Stage, r.cfg.Stages, r.cfg.CheckFreePlus)
+		if r.rebuiltNote != nil {
+			if rec.Copy() {
+				r.rebuiltNote[f.Stage] = fmt.Sprintf("CheckFree+: copy of stage %d, after step %d", rec.From[0], done)
+			} else {
+				r.rebuiltNote[f.Stage] = fmt.Sprintf("CheckFree: from stages %d and %d, after step %d", rec.From[0], rec.From[1], done)
+			}
+		}
 		how := "in process"
 		if r.sw != nil {
 			how = "weights fetched over the network"

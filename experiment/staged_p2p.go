@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/core/protocol"
 
 	"github.com/skein-ml/skein/node"
 	"github.com/skein-ml/skein/optimizer"
@@ -229,6 +230,21 @@ func (sw *stagedSwarm) kill(v int) {
 	if err := old.Close(); err != nil {
 		sw.log.Warn("closing a failed node", "node", v, "err", err)
 	}
+}
+
+// traffic is what node v (its current identity) has sent and received on
+// the relay and the stages' collectives.
+func (sw *stagedSwarm) traffic(v, stages int) (sent, recv int64) {
+	t := sw.live()[v].Traffic()
+	ids := []string{string(p2p.ProtoActivations.ID(sw.runID))}
+	for s := range stages {
+		ids = append(ids, string(p2p.ProtoStageReduce(s).ID(sw.runID)))
+	}
+	for _, id := range ids {
+		c := t.ByProtocol[protocol.ID(id)]
+		sent, recv = sent+c.Out, recv+c.In
+	}
+	return sent, recv
 }
 
 // activationBytes is what the nodes have sent on the relay's protocol.

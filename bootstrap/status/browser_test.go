@@ -164,3 +164,74 @@ func TestBrowserStatusPage(t *testing.T) {
 	browsertest.WaitJS(t, ctx, `document.getElementById('loss-chart').getBoundingClientRect().width < 390`, 5*time.Second)
 	browsertest.Screenshot(t, ctx, "status-page-narrow")
 }
+
+// fakePipeline is a staged run of 3 stages of 2 replicas whose stage 2 was
+// rebuilt, at iteration 41.
+func fakePipeline() *Pipeline {
+	id := func(s, k int) string { return fmt.Sprintf("12D3KooWStage%dRep%dxQm7xKpV4cZbWnS2dEuFy9", s, k) }
+	p := &Pipeline{SkipRatio: 1.0 / 3, Iteration: 41}
+	for s, holds := range []string{"embedding, head, layers 0-1", "layer 2", "layer 3"} {
+		st := StageView{Stage: s, Holds: holds, Replicas: []string{id(s, 0), id(s, 1)}}
+		if s == 2 {
+			st.Rebuilt = "CheckFree+ from stage 1, after step 30"
+		}
+		p.Stages = append(p.Stages, st)
+	}
+	p.Paths = []PathView{{Microbatch: 0, Stages: []int{0, 2}, Peers: []string{id(0, 0), id(2, 1)}},
+		{Microbatch: 1, Stages: []int{0, 1}, Peers: []string{id(0, 1), id(1, 0)}}}
+	return p
+}
+
+// TestBrowserPipeline: a staged run's status page shows its stages, their
+// replicas, the rebuilt stage and the latest iteration's paths; a
+// data-parallel run's page has no pipeline card.
+func TestBrowserPipeline(t *testing.T) {
+	ctx := browsertest.Start(t)
+	consoleErrors := browsertest.WatchConsole(ctx)
+	s, _ := openStore(t, testConfig())
+	var mu sync.Mutex
+	pipe := fakePipeline()
+	srv := NewServer(s, RunInfo{RunID: "staged"}, nil, WithStreamTiming(100*time.Millisecond, 15*time.Second, time.Second),
+		WithPipeline(func() *Pipeline {
+			mu.Lock()
+			defer mu.Unlock()
+			return pipe
+		}))
+	ts := httptest.NewServer(srv)
+	t.Cleanup(ts.Close)
+	t.Cleanup(srv.Close)
+	if err := chromedp.Do(ctx, chromedp.Navigate(ts.URL)); err != nil {
+		t.Fatal(err)
+	}
+	browsertest.WaitJS(t, ctx, `!document.getElementById('pipeline-card').hidden &&
+		document.querySelectorAll('#stages tbody tr').length === 3`, 10*time.Second)
+	for _, c := range []struct{ expr, want string }{
+		{`document.getElementById('pipeline-meta').textContent`, "3 stages · each microbatch skips 1"},
+		{`document.querySelector('#stages tr[data-stage="0"]').textContent`, "embedding, head, layers 0-1Stage0Re"},
+		{`document.querySelector('#stages tr.rebuilt').textContent`, "CheckFree+ from stage 1"},
+		{`document.getElementById('paths-iter').textContent`, "41"},
+		{`document.querySelector('#paths li').textContent`, "stage 0 @ Stage0Re → stage 2 @ Stage2Re → stage 0 (loss)"},
+	} {
+		got, err := browsertest.EvalJS[string](ctx, c.expr)
+		if err != nil || !strings.Contains(got, c.want) {
+			t.Errorf("%s = %q (%v), want it to contain %q", c.expr, got, err, c.want)
+		}
+	}
+	// Live: the next iteration's paths replace these.
+	mu.Lock()
+	pipe = fakePipeline()
+	pipe.Iteration = 42
+	mu.Unlock()
+	srv.Notify()
+	browsertest.WaitJS(t, ctx, `document.getElementById('paths-iter').textContent === '42'`, 10*time.Second)
+	browsertest.Screenshot(t, ctx, "status-page-pipeline")
+	// Without a pipeline the card stays hidden.
+	mu.Lock()
+	pipe = nil
+	mu.Unlock()
+	srv.Notify()
+	browsertest.WaitJS(t, ctx, `document.getElementById('pipeline-card').hidden`, 10*time.Second)
+	if errs := consoleErrors(); len(errs) > 0 {
+		t.Errorf("console errors: %q", errs)
+	}
+}

@@ -50,6 +50,7 @@ type options struct {
 	minPush    time.Duration
 	heartbeat  time.Duration
 	refresh    time.Duration
+	pipeline   func() *Pipeline
 }
 
 // WithLogger sets the logger (default: discard).
@@ -68,6 +69,14 @@ func WithClock(now func() time.Time) Option {
 			o.now = now
 		}
 	}
+}
+
+// WithPipeline shows a staged run's pipeline (Pipeline): f is called while
+// a snapshot is built, under the same contract as the members callback
+// (fast, no network, no calls into Server); nil from f shows none. Call
+// Notify when it changes.
+func WithPipeline(f func() *Pipeline) Option {
+	return func(o *options) { o.pipeline = f }
 }
 
 // WithMaxStreams bounds the concurrent SSE clients (default 256); n < 1 keeps
@@ -272,6 +281,9 @@ func (s *Server) current(maxAge time.Duration) (*built, error) {
 	snap, err := s.store.Snapshot(s.info, s.members, now)
 	if err != nil {
 		return nil, err
+	}
+	if s.opt.pipeline != nil {
+		snap.Pipeline = s.opt.pipeline().bounded()
 	}
 	body, err := json.Marshal(snap)
 	if err != nil {

@@ -401,3 +401,40 @@ func TestFetchAndFormat(t *testing.T) {
 		t.Errorf("Fetch of ftp:// succeeded")
 	}
 }
+
+// The snapshot carries the pipeline WithPipeline gives, with peer IDs
+// shortened and everything bounded; without the option there is none.
+func TestSnapshotPipeline(t *testing.T) {
+	s, _ := openStore(t, testConfig())
+	big := fakePipeline()
+	for len(big.Paths) <= maxPipelinePaths {
+		big.Paths = append(big.Paths, big.Paths[0])
+	}
+	big.Stages[1].Holds = strings.Repeat("x", 1000) + "\u202e"
+	big.Paths[0].Peers = big.Paths[0].Peers[:1] // fewer peers than stages: cut to the shorter
+	srv := NewServer(s, RunInfo{RunID: "staged"}, nil, WithPipeline(func() *Pipeline { return big }))
+	defer srv.Close()
+	b, err := srv.current(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := b.snap.Pipeline
+	switch {
+	case p == nil:
+		t.Fatal("no pipeline in the snapshot")
+	case len(p.Paths) != maxPipelinePaths || len(p.Stages) != 3 || p.Iteration != 41:
+		t.Fatalf("%d paths, %d stages, iteration %d", len(p.Paths), len(p.Stages), p.Iteration)
+	case p.Stages[0].Replicas[0] != "Stage0Re" || len(p.Stages[1].Holds) > maxPipelineText || strings.ContainsRune(p.Stages[1].Holds, '\u202e'):
+		t.Fatalf("stage rows not cleaned: %+v", p.Stages[:2])
+	case len(p.Paths[0].Stages) != 1 || len(p.Paths[0].Peers) != 1:
+		t.Fatalf("path 0: %+v", p.Paths[0])
+	}
+	if !strings.Contains(string(b.body), `"pipeline":{"skip_ratio":0.333`) {
+		t.Fatalf("JSON: %s", b.body)
+	}
+	plain := NewServer(s, RunInfo{RunID: "dp"}, nil)
+	defer plain.Close()
+	if b, err := plain.current(0); err != nil || b.snap.Pipeline != nil || strings.Contains(string(b.body), "pipeline") {
+		t.Fatalf("a run without a pipeline shows one (%v)", err)
+	}
+}

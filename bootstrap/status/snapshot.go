@@ -79,6 +79,72 @@ type Snapshot struct {
 	Members []MemberRow `json:"members"` // online first, then by peer
 	Curve   []Point     `json:"curve"`   // by round; at most 1000 points (older rounds averaged in buckets)
 	Events  []EventRow  `json:"events"`  // the latest 50, newest first
+
+	// Pipeline is a staged run's stages, their replicas and the paths of
+	// its latest iteration (WithPipeline); absent for a data-parallel run.
+	Pipeline *Pipeline `json:"pipeline,omitempty"`
+}
+
+// Pipeline is a staged run as the page draws it: which members serve each
+// stage, and the path every microbatch of the latest iteration took.
+type Pipeline struct {
+	SkipRatio float64     `json:"skip_ratio"`
+	Iteration uint64      `json:"iteration"` // the latest iteration run
+	Stages    []StageView `json:"stages"`    // by stage, 0 first
+	Paths     []PathView  `json:"paths"`     // the latest iteration's, by microbatch
+}
+
+// StageView is one stage of a Pipeline.
+type StageView struct {
+	Stage    int      `json:"stage"`
+	Holds    string   `json:"holds"`    // e.g. "embedding, head, layer 0"
+	Replicas []string `json:"replicas"` // ShortIDs of the members serving it
+	// Rebuilt says how the stage was last rebuilt after losing every
+	// member ("checkfree from stages 1 and 3"), empty if never.
+	Rebuilt string `json:"rebuilt,omitempty"`
+}
+
+// PathView is one microbatch's path: the stages it visits in order (it
+// returns to stage 0 for the loss) and the member of each visit.
+type PathView struct {
+	Microbatch int      `json:"microbatch"`
+	Stages     []int    `json:"stages"`
+	Peers      []string `json:"peers"` // ShortIDs, one per visit
+}
+
+// Bounds of a Pipeline as served: a page draws it whole.
+const (
+	maxPipelineStages = 256
+	maxStageReplicas  = 64
+	maxPipelinePaths  = 256
+	maxPipelineText   = 128
+)
+
+// bounded returns p cut to the bounds above (nil for nil), peer IDs
+// shortened and text clipped, so that a caller's mistake cannot make the
+// page unreadable.
+func (p *Pipeline) bounded() *Pipeline {
+	if p == nil {
+		return nil
+	}
+	clip := func(s string) string { return cleanString(s, maxPipelineText) }
+	short := func(ids []string, n int) []string {
+		out := make([]string, 0, min(len(ids), n))
+		for _, id := range ids[:min(len(ids), n)] {
+			out = append(out, ShortID(id))
+		}
+		return out
+	}
+	out := &Pipeline{SkipRatio: p.SkipRatio, Iteration: p.Iteration}
+	for _, st := range p.Stages[:min(len(p.Stages), maxPipelineStages)] {
+		out.Stages = append(out.Stages, StageView{Stage: st.Stage, Holds: clip(st.Holds),
+			Replicas: short(st.Replicas, maxStageReplicas), Rebuilt: clip(st.Rebuilt)})
+	}
+	for _, pv := range p.Paths[:min(len(p.Paths), maxPipelinePaths)] {
+		n := min(len(pv.Stages), len(pv.Peers), maxPipelineStages)
+		out.Paths = append(out.Paths, PathView{Microbatch: pv.Microbatch, Stages: slices.Clone(pv.Stages[:n]), Peers: short(pv.Peers, n)})
+	}
+	return out
 }
 
 // MemberRow is one line of the members table.

@@ -77,6 +77,21 @@ func stagedDemo(c *cli.Context, log *slog.Logger) error {
 	if f := cfg.Failure; f != nil {
 		fmt.Fprintf(out, "after step %d every node of stage %d is killed and replaced; the stage is rebuilt by %s\n", f.Step, f.Stage, f.Recovery)
 	}
+	dir := c.Path("dir")
+	if dir == "" {
+		if dir, err = os.MkdirTemp("", "skein-staged-demo-"); err != nil {
+			return err
+		}
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	page, url, err := startStagedStatus(m, cfg, dir, c.String("http"), log)
+	if err != nil {
+		return err
+	}
+	defer page.close()
+	cfg.OnStep = page.observe
+	fmt.Fprintf(out, "status page: %s (history in %s)\n", url, dir)
 	ctx, cancel := context.WithCancel(c.Context)
 	defer cancel()
 	began := time.Now()

@@ -2,8 +2,11 @@ package main
 
 import (
 	"bytes"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/skein-ml/skein/bootstrap/status"
 )
 
 // `skein demo --stages 3` end to end, in this process: six libp2p nodes on
@@ -18,13 +21,16 @@ func TestStagedDemo(t *testing.T) {
 	var out bytes.Buffer
 	app := newApp()
 	app.Writer = &out
-	err := app.Run([]string{"skein", "demo", "--stages", "3", "--steps", "20", "--inner-steps", "5", "--latency", "5ms", "--rate", "200"})
+	dir := t.TempDir()
+	err := app.Run([]string{"skein", "demo", "--stages", "3", "--steps", "20", "--inner-steps", "5", "--latency", "5ms", "--rate", "200",
+		"--http", "127.0.0.1:0", "--dir", dir})
 	t.Logf("output:\n%s", out.String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{
 		`run "skein-staged-demo": manifest `,
+		"status page: http://127.0.0.1:",
 		"3 stages x 2 replicas = 6 libp2p nodes",
 		"visits 2 of 3 stages",
 		"step 10: stage 2 lost: its 2 node(s) killed",
@@ -37,6 +43,28 @@ func TestStagedDemo(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("no %q in the output", want)
 		}
+	}
+	// The status page's history: a report from every node each round,
+	// with the validation loss, and the stage's replacement on the
+	// membership timeline.
+	st, err := status.Open(filepath.Join(dir, "history.db"), status.DefaultStoreConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	rounds, err := st.History(0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rounds) != 4 || rounds[3].Reporters != 6 || rounds[3].ValLoss == nil || !(*rounds[3].ValLoss < *rounds[0].ValLoss) {
+		t.Fatalf("history %+v: want 4 rounds of 6 reports with a falling validation loss", rounds)
+	}
+	kinds := map[string]int{}
+	for _, e := range st.Events(100) {
+		kinds[e.Kind]++
+	}
+	if kinds["join"] != 8 || kinds["fail"] != 2 {
+		t.Fatalf("membership events %v: want 6 + 2 joins and 2 failures", kinds)
 	}
 }
 

@@ -151,6 +151,7 @@
     drawChart();
     renderMembers(s.members || [], s.members_total || 0);
     renderTimeline(s.events || []);
+    renderPipeline(s.pipeline);
 
     const foot = [];
     if (s.manifest) foot.push('manifest ' + s.manifest);
@@ -212,6 +213,44 @@
     const online = rows.filter((m) => m.online).length;
     $('members-count').textContent = rows.length
       ? online + ' online' + (total > rows.length ? ' · ' + (total - rows.length) + ' more not shown' : '') : '';
+  }
+
+  // A staged run: its stages and their replicas, and the path every
+  // microbatch of the latest iteration took (back to stage 0 for the loss).
+  function renderPipeline(p) {
+    const card = $('pipeline-card');
+    card.hidden = !p;
+    if (!p) return;
+    const stages = p.stages || [];
+    const skipped = Math.round(p.skip_ratio * stages.length);
+    $('pipeline-meta').textContent = stages.length + ' stages · each microbatch skips ' + skipped;
+    const body = $('stages').tBodies[0];
+    const frag = document.createDocumentFragment();
+    for (const st of stages) {
+      const tr = el('tr', st.rebuilt ? 'rebuilt' : null);
+      tr.dataset.stage = String(st.stage);
+      tr.appendChild(el('td', 'num', String(st.stage)));
+      tr.appendChild(el('td', null, st.holds || '–'));
+      const reps = el('td');
+      for (const r of st.replicas || []) reps.appendChild(el('code', 'replica', r));
+      if (!(st.replicas || []).length) reps.textContent = 'none: lost';
+      tr.appendChild(reps);
+      tr.appendChild(el('td', 'muted', st.rebuilt || '–'));
+      frag.appendChild(tr);
+    }
+    body.replaceChildren(frag);
+    $('paths-iter').textContent = String(p.iteration);
+    const list = $('paths');
+    const items = document.createDocumentFragment();
+    for (const path of p.paths || []) {
+      const li = el('li');
+      li.appendChild(el('span', 'mb', 'microbatch ' + path.microbatch));
+      const hops = path.stages.map((s, i) => 'stage ' + s + ' @ ' + (path.peers[i] || '?'));
+      hops.push('stage 0 (loss)');
+      li.appendChild(el('span', 'hops', hops.join(' → ')));
+      items.appendChild(li);
+    }
+    list.replaceChildren(items);
   }
 
   const kindText = { join: 'joined', leave: 'left', fail: 'failed' };
