@@ -292,8 +292,8 @@ func encodeStageWeights(norm float64, params []float32) []byte {
 
 // decodeStageWeights parses n parameters' weights; it never panics.
 func decodeStageWeights(b []byte, n int) (float64, []float32, error) {
-	if n < 0 || len(b) != stageWeightsSize(n) {
-		return 0, nil, fmt.Errorf("experiment: stage weights of %d bytes, want %d", len(b), stageWeightsSize(max(n, 0)))
+	if n < 0 || n > len(b)/4 || len(b) != stageWeightsSize(n) { // n first: 4n must not overflow
+		return 0, nil, fmt.Errorf("experiment: stage weights of %d bytes cannot hold %d parameters", len(b), n)
 	}
 	norm := math.Float64frombits(binary.LittleEndian.Uint64(b))
 	if math.IsNaN(norm) || math.IsInf(norm, 0) || norm < 0 {
