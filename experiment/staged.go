@@ -389,6 +389,7 @@ type stagedRun struct {
 	// changes not yet reported.
 	rebuiltNote []string
 	events      []StagedEvent
+	handoffs    handoffs
 }
 
 // view is the run after done steps (StagedConfig.OnStep).
@@ -471,8 +472,14 @@ func newStagedRun(ctx context.Context, cfg StagedConfig) (_ *stagedRun, err erro
 		if err != nil {
 			return nil, err
 		}
-		r.nodes = append(r.nodes, newStageReplica(s, v%R, dev, runner))
+		node := newStageReplica(s, v%R, dev, runner)
+		node.rec.trace = func(iter uint64, mb int, sp taskSpan) {
+			sp.node = v
+			r.handoffs.add(iter, mb, sp)
+		}
+		r.nodes = append(r.nodes, node)
 	}
+	r.handoffs.spans = map[[2]uint64][]taskSpan{}
 	if cfg.Network != nil {
 		relayMax := r.relayConfig(0).MaxMessage()
 		outerMax := int64(0)
@@ -547,12 +554,12 @@ func (r *stagedRun) startRelays() error {
 	for v, node := range r.nodes {
 		var peers optimizer.Peers
 		if r.sw != nil {
-			p, err := r.sw.relayPeers(v)
+			p, closeP, err := r.sw.relayPeers(v)
 			if err != nil {
 				return err
 			}
 			peers = p
-			r.relayClosers = append(r.relayClosers, p.Close)
+			r.relayClosers = append(r.relayClosers, closeP)
 		} else {
 			peers = r.relay.Join(ids[v])
 		}

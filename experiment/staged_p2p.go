@@ -180,9 +180,14 @@ func (sw *stagedSwarm) id(v int) optimizer.PeerID {
 	return optimizer.PeerID(sw.nodes[v].ID().String())
 }
 
-// relayPeers is node v's endpoint of the SkipPipe relay.
-func (sw *stagedSwarm) relayPeers(v int) (*node.P2PPeers, error) {
-	return node.NewP2PPeers(sw.live()[v], p2p.ProtoActivations, uint32(sw.relay), 2*time.Minute)
+// relayPeers is node v's endpoint of the SkipPipe relay, and what closes
+// it.
+func (sw *stagedSwarm) relayPeers(v int) (optimizer.Peers, func(), error) {
+	p, err := node.NewP2PPeers(sw.live()[v], p2p.ProtoActivations, uint32(sw.relay), 2*time.Minute)
+	if err != nil {
+		return nil, nil, err
+	}
+	return p, p.Close, nil
 }
 
 // outerPeers is node v's endpoint of stage s's collective, whose members are

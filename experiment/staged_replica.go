@@ -190,6 +190,15 @@ type gradRecorder struct {
 	// and loss, backward), for the simulator's prediction of the run.
 	busy  [3]time.Duration
 	calls [3]int
+	// trace, if set, receives every task's span (the handoffs between
+	// nodes are measured from them).
+	trace func(iter uint64, mb int, span taskSpan)
+}
+
+// taskSpan is when one compute task of a microbatch ran, and on which node.
+type taskSpan struct {
+	node         int
+	began, ended time.Time
 }
 
 // The task kinds the recorder times.
@@ -199,12 +208,16 @@ const (
 	taskBackward
 )
 
-func (g *gradRecorder) timed(kind int, began time.Time) {
-	d := time.Since(began)
+func (g *gradRecorder) timed(iter uint64, mb, kind int, began time.Time) {
+	ended := time.Now()
 	g.mu.Lock()
-	g.busy[kind] += d
+	g.busy[kind] += ended.Sub(began)
 	g.calls[kind]++
+	trace := g.trace
 	g.mu.Unlock()
+	if trace != nil {
+		trace(iter, mb, taskSpan{began: began, ended: ended})
+	}
 }
 
 // taskTimes returns the total compute time and calls of kind.
@@ -223,13 +236,13 @@ var _ pipeline.StageRunner = (*gradRecorder)(nil)
 
 // Forward implements pipeline.StageRunner.
 func (g *gradRecorder) Forward(iter uint64, mb int, in []float32) ([]float32, error) {
-	defer g.timed(taskForward, time.Now())
+	defer g.timed(iter, mb, taskForward, time.Now())
 	return g.r.runner.Forward(iter, mb, in)
 }
 
 // Head implements pipeline.StageRunner.
 func (g *gradRecorder) Head(iter uint64, mb int, in []float32) (float32, []float32, error) {
-	defer g.timed(taskLoss, time.Now())
+	defer g.timed(iter, mb, taskLoss, time.Now())
 	g.r.runner.ZeroGrad()
 	loss, din, err := g.r.runner.Head(iter, mb, in)
 	if err != nil {
@@ -241,7 +254,7 @@ func (g *gradRecorder) Head(iter uint64, mb int, in []float32) (float32, []float
 
 // Backward implements pipeline.StageRunner.
 func (g *gradRecorder) Backward(iter uint64, mb int, dout []float32) ([]float32, error) {
-	defer g.timed(taskBackward, time.Now())
+	defer g.timed(iter, mb, taskBackward, time.Now())
 	g.r.runner.ZeroGrad()
 	din, err := g.r.runner.Backward(iter, mb, dout)
 	if err != nil {

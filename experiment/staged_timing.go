@@ -3,9 +3,12 @@ package experiment
 import (
 	"fmt"
 	"math"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/skein-ml/skein/compression"
+	"github.com/skein-ml/skein/p2p/wan"
 	"github.com/skein-ml/skein/pipeline"
 	"github.com/skein-ml/skein/sim"
 )
@@ -14,8 +17,10 @@ import (
 // simulator predicts for it. The simulator gets the run's own measured
 // costs: each stage's mean forward, head-and-loss and backward time on
 // this machine, the mean bytes an activation (or its gradient) took on the
-// wire, the emulated links (latency, rate, sim.Goodput, and what a short
-// message waits on QUIC, sim.MessageRTTFraction); it then plays out
+// wire, the emulated links (latency, rate, sim.Goodput) and the median
+// handoff between two nodes' tasks beyond latency and serialization
+// (encoding, QUIC's pacing, decoding, a busy CPU: every node is in this
+// process, one clock times both ends); it then plays out
 // every iteration's schedule (pipeline.JobOf, sim.RunJob) and models each
 // stage's DiLoCo all-reduce (sim.ButterflySeconds). The first iteration
 // of fresh relays (connections being set up: the run's first step and the
@@ -36,6 +41,9 @@ type StagedTiming struct {
 	// ActivationBytes is the mean size of one activation (or gradient)
 	// message on the wire, headers included.
 	ActivationBytes float64 `json:"activation_bytes"`
+	// MessagePaceMs is the median handoff between two nodes' tasks beyond
+	// the link's latency and the message's serialization.
+	MessagePaceMs float64 `json:"message_pace_ms"`
 	// TaskSeconds is the measured compute, by stage: forward, head and
 	// loss (stage 0), backward.
 	TaskSeconds [][3]float64 `json:"task_seconds"`
@@ -49,10 +57,11 @@ func (t StagedTiming) Error() (iter, round float64) {
 // String is the comparison as the demo prints it.
 func (t StagedTiming) String() string {
 	ie, re := t.Error()
-	return fmt.Sprintf("simulator vs measured (%d iterations, %d rounds): iteration %.3fs predicted, %.3fs measured (%+.0f%%); "+
-		"all-reduce %.3fs predicted, %.3fs measured; round of H steps %.2fs predicted, %.2fs measured (%+.0f%%)",
-		t.Iterations, t.Rounds, t.PredictedIterSeconds, t.IterSeconds, 100*ie, t.PredictedAllReduceSeconds, t.AllReduceSeconds,
-		t.PredictedRoundSeconds, t.RoundSeconds, 100*re)
+	return fmt.Sprintf("simulator vs measured (%d iterations, %d rounds; measured compute, %.0f-byte messages paced %.1f ms): "+
+		"iteration %.3fs predicted, %.3fs measured (%+.0f%%); all-reduce %.3fs predicted, %.3fs measured; "+
+		"round of H steps %.2fs predicted, %.2fs measured (%+.0f%%)",
+		t.Iterations, t.Rounds, t.ActivationBytes, t.MessagePaceMs, t.PredictedIterSeconds, t.IterSeconds, 100*ie,
+		t.PredictedAllReduceSeconds, t.AllReduceSeconds, t.PredictedRoundSeconds, t.RoundSeconds, 100*re)
 }
 
 // stagedIter is one step's relay phase as run.
@@ -115,7 +124,8 @@ func (r *stagedRun) timing() (*StagedTiming, error) {
 		return nil, nil
 	}
 	t.ActivationBytes = float64(r.sw.activationBytes()) / float64(crossings)
-	net, err := r.simNetwork()
+	t.MessagePaceMs = 1e3 * r.handoffs.pace(r.cfg.Network.Link, t.ActivationBytes)
+	net, err := r.simNetwork(t.MessagePaceMs / 1e3)
 	if err != nil {
 		return nil, err
 	}
@@ -156,16 +166,16 @@ func (r *stagedRun) timing() (*StagedTiming, error) {
 // per stage replica, each with the emulated uplink (the emulator shapes
 // what a node sends; its downlink is not limited) and half the one-way
 // latency as its access latency, so that a link's latency is the
-// emulator's; short messages (sim.MessageRTTFraction); compute speed 1,
-// since the costs are this machine's.
-func (r *stagedRun) simNetwork() (*sim.Network, error) {
+// emulator's; the measured pace of a handoff; compute speed 1, since the
+// costs are this machine's.
+func (r *stagedRun) simNetwork(pace float64) (*sim.Network, error) {
 	l := r.cfg.Network.Link
 	const unlimited = 1_000_000 // Mbit/s: sim's ceiling
 	up := float64(unlimited)
 	if l.Rate > 0 {
 		up = min(l.Rate/1e6, unlimited)
 	}
-	spec := sim.Spec{Name: "staged-demo", Goodput: sim.Goodput, MessageRTT: sim.MessageRTTFraction,
+	spec := sim.Spec{Name: "staged-demo", Goodput: sim.Goodput, MessagePaceMs: 1e3 * pace,
 		Regions: []string{"loopback"}, LatencyMs: [][]float64{{0}}}
 	for v := range r.nodes {
 		spec.Nodes = append(spec.Nodes, sim.NodeSpec{ID: fmt.Sprintf("n%d", v), Region: "loopback", Speed: 1, MemoryGiB: 1,
@@ -205,4 +215,47 @@ func (r *stagedRun) predictAllReduce(net *sim.Network) (float64, error) {
 		worst = max(worst, sim.ButterflySeconds(up, down, lat, pace, float64(len(wire)), fp32))
 	}
 	return worst, nil
+}
+
+// handoffs collects the compute tasks of every microbatch, by iteration
+// and microbatch, as the nodes run them (one process, one clock): the gap
+// between one task's end and the next one's start on another node is a
+// handoff, what the simulator models as latency, serialization and pace.
+type handoffs struct {
+	mu    sync.Mutex
+	spans map[[2]uint64][]taskSpan
+}
+
+func (h *handoffs) add(iter uint64, mb int, sp taskSpan) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	k := [2]uint64{iter, uint64(mb)}
+	h.spans[k] = append(h.spans[k], sp)
+}
+
+// pace is the median handoff beyond the link's latency and the bytes'
+// serialization at the emulated rate (with sim.Goodput), at least 0:
+// encoding, the stream, QUIC's pacing, decoding and the wait for the
+// receiver's compute goroutine, all of which the link model leaves out.
+func (h *handoffs) pace(l wan.Link, bytes float64) float64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ser := 0.0
+	if l.Rate > 0 {
+		ser = bytes * 8 / (l.Rate * sim.Goodput)
+	}
+	var extra []float64
+	for _, spans := range h.spans {
+		slices.SortFunc(spans, func(a, b taskSpan) int { return a.began.Compare(b.began) })
+		for i := 0; i+1 < len(spans); i++ {
+			if spans[i].node != spans[i+1].node {
+				extra = append(extra, spans[i+1].began.Sub(spans[i].ended).Seconds()-l.Latency.Seconds()-ser)
+			}
+		}
+	}
+	if len(extra) == 0 {
+		return 0
+	}
+	slices.Sort(extra)
+	return max(0, extra[len(extra)/2])
 }

@@ -251,7 +251,7 @@ func (r *jobRun) done(v int, w waiting, d float64) {
 }
 
 // send moves a chain's next task to its node: through v's uplink queue, then
-// the link's latency (and its pace, if serialization took less). Bytes still leaving v when it dies are lost with it.
+// the link's latency and pace. Bytes still leaving v when it dies are lost with it.
 func (r *jobRun) send(v int, bytes float64, next waiting) {
 	to := r.job.Chains[next.chain][next.index].Node
 	if to == v {
@@ -260,12 +260,10 @@ func (r *jobRun) send(v int, bytes float64, next waiting) {
 	}
 	link := r.net.Link(v, to)
 	start := max(r.eng.Now(), r.upFree[v])
-	ser := link.Serialize(bytes)
-	end := start + ser
+	end := start + link.Serialize(bytes)
 	r.upFree[v] = end
 	r.res.UplinkBusy[v] += end - start
-	// Pacing delays the message, not the uplink's next one.
-	r.eng.At(end+link.Latency+max(0, link.Pace-ser), func() {
+	r.eng.At(end+link.Latency+link.Pace, func() {
 		if r.failAt[v] < end {
 			r.lost[next.chain] = true
 			return

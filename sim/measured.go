@@ -55,16 +55,6 @@ const LossFactor = 0.25
 // 0.14; the loss-free link 0.93 with 16 connections.)
 const Goodput = 0.88
 
-// MessageRTTFraction is what one message of 64-256 KB costs beyond the
-// one-way latency on a QUIC connection that is idle between bursts, as a
-// fraction of the round trip: pacing and the congestion window, which
-// latency + bytes/rate leaves out. BenchmarkMessageWAN (node), 30 ms one
-// way, no rate limit: 0.29 at 64 KiB, 0.33 at 256 KiB (0.09 at 16 KiB,
-// 1.39 at 1 MiB, where slow start takes more round trips). Networks of
-// short messages (pipeline hops, a small model's collective) set
-// Spec.MessageRTT to it; the projection's bulk transfers do not.
-const MessageRTTFraction = 0.3
-
 // Codec figures: "Compression codecs", row minmax8 (the collective's codec),
 // per core, on the fp32 input bytes.
 const (

@@ -26,16 +26,15 @@ type Node struct {
 type Link struct {
 	Latency float64 // one way, seconds
 	Rate    float64 // bytes per second a bulk transfer achieves (goodput applied)
-	// Pace is the least a message takes to leave beyond the latency, on a
-	// connection idle between bursts (QUIC's pacing and congestion window:
-	// Spec.MessageRTT of the round trip). A message whose serialization
-	// takes longer pays only that.
+	// Pace is what a message takes beyond its serialization and the
+	// latency (Spec.MessagePaceMs): it delays the message, not the
+	// uplink's next one.
 	Pace float64
 }
 
 // Seconds returns how long b bytes take over the link: serialization at the
-// link's rate (at least Pace), then the latency.
-func (l Link) Seconds(b float64) float64 { return l.Latency + max(l.Serialize(b), l.Pace) }
+// link's rate, then the latency and the pace.
+func (l Link) Seconds(b float64) float64 { return l.Latency + l.Serialize(b) + l.Pace }
 
 // Serialize returns the time b bytes occupy the sender's uplink.
 func (l Link) Serialize(b float64) float64 {
@@ -47,8 +46,7 @@ func (l Link) Serialize(b float64) float64 {
 
 // Network is an immutable set of nodes and the links between them. Links are
 // derived, not stored: latency(i, j) = access_i + region latency + access_j,
-// rate(i, j) = goodput * min(up_i, down_j), pace(i, j) = Spec.MessageRTT
-// times the round trip.
+// rate(i, j) = goodput * min(up_i, down_j), pace = Spec.MessagePaceMs.
 // So a network of n nodes costs O(n + regions^2) memory, and a node joining
 // or leaving changes no other node's links.
 type Network struct {
@@ -57,7 +55,7 @@ type Network struct {
 	region    []int       // per node: index into regionLatency
 	latency   [][]float64 // region to region, one way, seconds
 	goodput   float64
-	pace      float64 // Spec.MessageRTT
+	pace      float64 // Spec.MessagePaceMs, in seconds
 	indexByID map[string]int
 }
 
@@ -90,7 +88,7 @@ func (n *Network) Link(i, j int) Link {
 	return Link{
 		Latency: lat,
 		Rate:    n.goodput * min(a.UpBps, b.DownBps),
-		Pace:    n.pace * 2 * lat,
+		Pace:    n.pace,
 	}
 }
 
@@ -128,7 +126,7 @@ func NewNetwork(s Spec) (*Network, error) {
 		region:    make([]int, len(s.Nodes)),
 		latency:   make([][]float64, len(s.Regions)),
 		goodput:   s.goodput(),
-		pace:      s.MessageRTT,
+		pace:      s.MessagePaceMs / 1e3,
 		indexByID: make(map[string]int, len(s.Nodes)),
 	}
 	for i, row := range s.LatencyMs {

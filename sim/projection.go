@@ -462,12 +462,12 @@ func (p *population) butterfly(wire, fp32 float64) float64 {
 
 // ButterflySeconds is the model of one butterfly all-reduce (as in the
 // projection) among members with the given goodput up- and downlinks in
-// bytes/s, the longest one-way latency between two of them, the least a
-// message takes beyond it (Link.Pace), wire bytes of each member's encoded
-// contribution and fp32 bytes of it unencoded (the codec's cost, at the
-// minmax8 codec's measured speed). Of the five exchanges on its critical
-// path, three carry a few bytes (ready, group, cross-check: they pay the
-// pace) and two the data (scatter, gather: at least the pace).
+// bytes/s, the longest one-way latency between two of them, what a message
+// takes beyond serialization and latency (Link.Pace), wire bytes of each
+// member's encoded contribution and fp32 bytes of it unencoded (the
+// codec's cost, at the minmax8 codec's measured speed). Each of the five
+// exchanges on its critical path (ready, group, scatter, cross-check,
+// gather) pays the latency and the pace.
 func ButterflySeconds(up, down []float64, latency, pace, wire, fp32 float64) float64 {
 	if len(up) < 2 || len(up) != len(down) {
 		return 0
@@ -479,7 +479,7 @@ func ButterflySeconds(up, down []float64, latency, pace, wire, fp32 float64) flo
 		scatter = max(scatter, 2*share*wire/up[i], 2*share*wire/down[i])
 		gather = max(gather, share*wire/up[i], share*wire/down[i])
 	}
-	return 5*latency + 3*pace + max(scatter, pace) + max(gather, pace) + fp32/MinMax8EncodeBps + (2*share+1)*fp32/MinMax8DecodeBps
+	return 5*(latency+pace) + scatter + gather + fp32/MinMax8EncodeBps + (2*share+1)*fp32/MinMax8DecodeBps
 }
 
 func butterflyTime(up, down []float64, lat, wire, fp32 float64) float64 {

@@ -108,11 +108,11 @@
 //
 //	# Optional: a model split into pipeline stages (SkipPipe, CheckFree). Left
 //	# out, the run is data parallel (stages = 1) and its hash is unchanged.
-//	[pipeline]
-//	stages = 3             # S: stage 0 (embedding, head, loss) and S-1 stages of layers
-//	skip_ratio = 0.3333333 # k: each microbatch visits S(1-k) stages (a whole number)
-//	microbatches = 4       # microbatches per step, each of model.batch sequences
-//	checkfree_plus = true  # swap stages 1, 2 on odd microbatches: edge stages become rebuildable
+//	# [pipeline]
+//	# stages = 3             # S: stage 0 (embedding, head, loss) and S-1 stages of layers
+//	# skip_ratio = 0.3333333 # k: each microbatch visits S(1-k) stages (a whole number)
+//	# microbatches = 4       # microbatches per step, each of model.batch sequences
+//	# checkfree_plus = true  # swap stages 1, 2 on odd microbatches: edge stages become rebuildable
 //
 // # Admission
 //
