@@ -47,6 +47,20 @@ func StagedArms() []StagedArm {
 			c.Stages, c.SkipRatio = 4, 0
 			c.Failure = &StageFailure{Step: f, Stage: 2, Recovery: RandomInit}
 		}},
+		// CheckFree+ on 3 stages (layers 1, 1, 2): the edge stage 2 is
+		// rebuilt as a copy of its swap partner, stage 1. Its reference
+		// trains with the same swaps.
+		{Name: "s3plus-nofail", Description: "3 stages x 2 replicas, CheckFree+ swaps, no failure (reference)", configure: func(c *StagedConfig, _ int) {
+			c.Stages, c.SkipRatio, c.CheckFreePlus = 3, 0, true
+		}},
+		{Name: "s3plus-checkfree", Description: "3 stages x 2 replicas, CheckFree+ swaps, stage 2 wiped, copied from stage 1", configure: func(c *StagedConfig, f int) {
+			c.Stages, c.SkipRatio, c.CheckFreePlus = 3, 0, true
+			c.Failure = &StageFailure{Step: f, Stage: 2, Recovery: CheckFree}
+		}},
+		{Name: "s3plus-random", Description: "3 stages x 2 replicas, CheckFree+ swaps, stage 2 wiped, random re-init", configure: func(c *StagedConfig, f int) {
+			c.Stages, c.SkipRatio, c.CheckFreePlus = 3, 0, true
+			c.Failure = &StageFailure{Step: f, Stage: 2, Recovery: RandomInit}
+		}},
 	}
 }
 
