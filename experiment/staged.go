@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -78,8 +79,18 @@ type StagedConfig struct {
 	// fit the schedule, ceil(Microbatches/Replicas)).
 	Mu int
 
-	AdamW  optimizer.AdamWConfig // TotalSteps is set to Steps
-	DiLoCo optimizer.DiLoCoConfig
+	AdamW optimizer.AdamWConfig // TotalSteps is set to Steps
+	// StageOuter is how each stage's replicas average every InnerSteps:
+	// DiLoCo (the default; the butterfly all-reduce among them) or NoLoCo
+	// (each replica with a random group of its stage, no all-reduce).
+	StageOuter Algorithm
+	DiLoCo     optimizer.DiLoCoConfig
+	NoLoCo     optimizer.NoLoCoConfig
+	// RandomRouting sends each microbatch to a random replica of each
+	// stage on its path (a fresh permutation per stage and iteration,
+	// seeded, so every replica still gets its share), as NoLoCo routes
+	// between replicas; false: a round robin that rotates each iteration.
+	RandomRouting bool
 	// Activations is the codec of activations and their gradients on the
 	// relay (bf16 by default, ALGORITHMS.md 5).
 	Activations compression.Codec
@@ -151,7 +162,8 @@ func DefaultStagedConfig() StagedConfig {
 	a := optimizer.DefaultAdamW()
 	a.LR, a.Warmup = 1e-3, 10
 	return StagedConfig{Preset: "tiny", Stages: 3, Replicas: 2, SkipRatio: 0, Microbatches: 4, Batch: 4, SeqLen: 64,
-		Steps: 100, InnerSteps: 10, EvalBatches: 4, Seed: 1, Threads: 1, AdamW: a, DiLoCo: optimizer.DefaultDiLoCo(),
+		Steps: 100, InnerSteps: 10, EvalBatches: 4, Seed: 1, Threads: 1, AdamW: a, StageOuter: DiLoCo,
+		DiLoCo: optimizer.DefaultDiLoCo(), NoLoCo: optimizer.DefaultNoLoCo(),
 		Activations: compression.BF16, Outer: compression.FP32}
 }
 
@@ -224,7 +236,13 @@ func (c StagedConfig) Validate() error {
 	if err := a.Validate(); err != nil {
 		return err
 	}
-	return c.DiLoCo.Validate()
+	switch c.StageOuter {
+	case DiLoCo:
+		return c.DiLoCo.Validate()
+	case NoLoCo:
+		return c.NoLoCo.Validate()
+	}
+	return bad("stage outer optimizer %q (want %q or %q)", c.StageOuter, DiLoCo, NoLoCo)
 }
 
 // StagedPoint is one validation of a staged run.
@@ -368,8 +386,8 @@ type stagedRun struct {
 	relay   *optimizer.MemNetwork   // nil with a StagedNetwork
 	sw      *stagedSwarm            // nil without
 	outer   []*optimizer.MemNetwork // one per stage
-	colls   []optimizer.Collective  // per node
-	dilocos []*optimizer.DiLoCo     // per node
+	colls   []optimizer.Collective  // per node (DiLoCo)
+	outers  []stageOuter            // per node
 	eval    *trainer.Setup
 	rctx    context.Context // the drivers' context
 	cancel  context.CancelFunc
@@ -588,7 +606,7 @@ func (r *stagedRun) stopRelays() {
 // MemNetwork, or the stage's protocol on p2p), so that the butterfly's
 // members are that stage's replicas only, as in the swarm.
 func (r *stagedRun) startOuter() error {
-	r.colls, r.dilocos = make([]optimizer.Collective, len(r.nodes)), make([]*optimizer.DiLoCo, len(r.nodes))
+	r.colls, r.outers = make([]optimizer.Collective, len(r.nodes)), make([]stageOuter, len(r.nodes))
 	r.stageClosers = make([][]func(), r.cfg.Stages)
 	if r.cfg.Replicas < 2 {
 		return nil // a lone replica has nothing to average
@@ -631,6 +649,20 @@ func (r *stagedRun) startStageOuter(s int) error {
 			p = net.Join(members[k])
 			signer = swarmSigner{p.Self()}
 		}
+		phi := make([]float32, node.n)
+		node.params(phi)
+		if r.cfg.StageOuter == NoLoCo {
+			nc := r.cfg.NoLoCo
+			nc.DeltaCodec = codecConfig(r.cfg.Outer)
+			nc.Logger = r.log
+			n, err := optimizer.NewNoLoCo(r.rctx, nc, p, phi)
+			if err != nil {
+				return err
+			}
+			r.stageClosers[s] = append(r.stageClosers[s], n.Close)
+			r.outers[v] = nolocoOuter{n}
+			continue
+		}
 		bc := optimizer.DefaultButterflyConfig(node.n, signer, swarmTick.Seconds())
 		bc.Codec = codecConfig(r.cfg.Outer)
 		bc.Robust = optimizer.RobustConfig{} // the plain mean, as in the paper
@@ -641,14 +673,60 @@ func (r *stagedRun) startStageOuter(s int) error {
 		}
 		d.Start(r.rctx)
 		r.stageClosers[s] = append(r.stageClosers[s], d.Close)
-		phi := make([]float32, node.n)
-		node.params(phi)
-		if r.dilocos[v], err = optimizer.NewDiLoCo(r.cfg.DiLoCo, d, phi); err != nil {
+		dl, err := optimizer.NewDiLoCo(r.cfg.DiLoCo, d, phi)
+		if err != nil {
 			return err
 		}
+		r.outers[v] = &dilocoOuter{d: dl, cfg: r.cfg.DiLoCo, coll: d}
 		r.colls[v] = d
 	}
 	return nil
+}
+
+// stageOuter is one replica's outer optimizer among its stage's replicas.
+type stageOuter interface {
+	// step takes the outer step from theta, the replica's weights after
+	// its inner steps, and leaves the new weights in theta.
+	step(ctx context.Context, theta []float32) error
+	round() uint64
+	// restart makes w the outer state at round, with no momentum: a
+	// rebuilt stage's replicas start from it.
+	restart(round uint64, w []float32) error
+}
+
+type dilocoOuter struct {
+	d    *optimizer.DiLoCo
+	cfg  optimizer.DiLoCoConfig
+	coll optimizer.Collective
+}
+
+func (o *dilocoOuter) step(ctx context.Context, theta []float32) error {
+	_, err := o.d.OuterStep(ctx, theta)
+	return err
+}
+
+func (o *dilocoOuter) round() uint64 { return o.d.Round }
+
+func (o *dilocoOuter) restart(round uint64, w []float32) error {
+	d, err := optimizer.NewDiLoCo(o.cfg, o.coll, w) // fresh: no history of norms
+	if err != nil {
+		return err
+	}
+	o.d = d
+	return d.SetState(round, w, make([]float32, len(w)))
+}
+
+type nolocoOuter struct{ n *optimizer.NoLoCo }
+
+func (o nolocoOuter) step(ctx context.Context, theta []float32) error {
+	_, err := o.n.OuterStep(ctx, theta)
+	return err
+}
+
+func (o nolocoOuter) round() uint64 { return o.n.Step }
+
+func (o nolocoOuter) restart(round uint64, w []float32) error {
+	return o.n.SetState(round, w, make([]float32, len(w)))
 }
 
 // stopStageOuter stops stage s's collective (its drivers, then their
@@ -703,6 +781,13 @@ func (r *stagedRun) close() {
 func (r *stagedRun) paths(iter uint64) ([]pipeline.Path, error) {
 	S, R, skip := r.cfg.Stages, r.cfg.Replicas, r.cfg.Skip()
 	seen := make([]int, S)
+	perms := make([][]int, S)
+	if r.cfg.RandomRouting {
+		rng := rand.New(rand.NewPCG(r.cfg.Seed, iter))
+		for s := range perms {
+			perms[s] = rng.Perm(R)
+		}
+	}
 	paths := make([]pipeline.Path, r.cfg.Microbatches)
 	for m := range paths {
 		skipped := map[int]bool{}
@@ -717,7 +802,11 @@ func (r *stagedRun) paths(iter uint64) ([]pipeline.Path, error) {
 			k := seen[s]
 			seen[s]++
 			p.Stages = append(p.Stages, s)
-			p.Nodes = append(p.Nodes, s*R+(k+s*int(iter%uint64(R)))%R)
+			if perm := perms[s]; perm != nil {
+				p.Nodes = append(p.Nodes, s*R+perm[k%R])
+			} else {
+				p.Nodes = append(p.Nodes, s*R+(k+s*int(iter%uint64(R)))%R)
+			}
 		}
 		if r.cfg.CheckFreePlus {
 			p = pipeline.CheckFreePlus(p, m, S)
@@ -798,8 +887,8 @@ func (r *stagedRun) outerStep(ctx context.Context) error {
 		wg.Go(func() {
 			theta := make([]float32, node.n)
 			node.params(theta)
-			if _, err := r.dilocos[v].OuterStep(ctx, theta); err != nil {
-				errs[v] = fmt.Errorf("stage %d replica %d: DiLoCo: %w", node.stage, node.replica, err)
+			if err := r.outers[v].step(ctx, theta); err != nil {
+				errs[v] = fmt.Errorf("stage %d replica %d: %s: %w", node.stage, node.replica, r.cfg.StageOuter, err)
 				return
 			}
 			node.setParams(theta)
@@ -967,8 +1056,8 @@ func (r *stagedRun) neighbour(ctx context.Context, self, s int) ([]float32, floa
 func (r *stagedRun) fail(ctx context.Context, f StageFailure, done int) error {
 	R := r.cfg.Replicas
 	round := uint64(0)
-	if d := r.dilocos[f.Stage*R]; d != nil {
-		round = d.Round
+	if o := r.outers[f.Stage*R]; o != nil {
+		round = o.round()
 	}
 	if r.sw != nil {
 		began := time.Now()
@@ -1035,19 +1124,10 @@ func (r *stagedRun) fail(ctx context.Context, f StageFailure, done int) error {
 				return err
 			}
 		}
-	} else if R > 1 {
-		for k := range R {
-			v := f.Stage*R + k
-			d, err := optimizer.NewDiLoCo(r.cfg.DiLoCo, r.colls[v], w)
-			if err != nil {
-				return err
-			}
-			r.dilocos[v] = d
-		}
 	}
 	for k := range R {
-		if d := r.dilocos[f.Stage*R+k]; d != nil {
-			if err := d.SetState(round, w, make([]float32, len(w))); err != nil {
+		if o := r.outers[f.Stage*R+k]; o != nil {
+			if err := o.restart(round, w); err != nil {
 				return err
 			}
 		}
@@ -1057,7 +1137,8 @@ func (r *stagedRun) fail(ctx context.Context, f StageFailure, done int) error {
 }
 
 // StagedConfigOf is the staged run a manifest describes ([pipeline] with
-// stages of 2 or more, DiLoCo among each stage's replicas): the model,
+// stages of 2 or more; DiLoCo among each stage's replicas, or NoLoCo with
+// its random routing between them): the model,
 // batch and sequence length, AdamW, the outer step, the wire codec of the
 // collective and the pipeline's stages, skip ratio, microbatches and
 // CheckFree+. What a manifest leaves to the volunteers (replicas per
@@ -1071,9 +1152,9 @@ func StagedConfigOf(m manifest.Manifest) (StagedConfig, error) {
 	switch {
 	case !p.Staged():
 		return StagedConfig{}, fmt.Errorf("%w: manifest %s is not staged (pipeline.stages = %d)", ErrConfig, m.ShortHash(), p.Stages)
-	case o.Kind != manifest.KindDiLoCo || !o.Nesterov || o.Delayed:
-		return StagedConfig{}, fmt.Errorf("%w: a staged run averages each stage's replicas with Nesterov DiLoCo (optimizer.kind = %q, nesterov = %v, delayed = %v)",
-			ErrConfig, o.Kind, o.Nesterov, o.Delayed)
+	case o.Kind == manifest.KindDiLoCo && (!o.Nesterov || o.Delayed):
+		return StagedConfig{}, fmt.Errorf("%w: a staged run's DiLoCo is Nesterov and not delayed (optimizer.nesterov = %v, delayed = %v)",
+			ErrConfig, o.Nesterov, o.Delayed)
 	}
 	c := DefaultStagedConfig()
 	c.Preset, c.Seed, c.Batch, c.SeqLen = m.Model.Preset, m.Model.Seed, m.Model.Batch, m.SeqLen()
@@ -1081,6 +1162,12 @@ func StagedConfigOf(m manifest.Manifest) (StagedConfig, error) {
 	c.InnerSteps = o.InnerSteps
 	c.AdamW.LR, c.AdamW.Warmup, c.AdamW.WeightDecay, c.AdamW.Clip = o.InnerLR, o.Warmup, o.WeightDecay, o.GradClip
 	c.DiLoCo.OuterLR, c.DiLoCo.Momentum = o.OuterLR, o.OuterMomentum
+	if o.Kind == manifest.KindNoLoCo {
+		// NoLoCo within each stage, and its random routing between the
+		// replicas of the next stage.
+		c.StageOuter, c.RandomRouting = NoLoCo, true
+		c.NoLoCo.OuterLR, c.NoLoCo.Momentum, c.NoLoCo.Gamma, c.NoLoCo.GroupSize = o.OuterLR, o.OuterMomentum, o.Gamma, o.GroupSize
+	}
 	c.Outer = m.Codec()
 	return c, nil
 }

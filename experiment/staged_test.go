@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"os"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -170,6 +171,51 @@ func TestStagedOverP2PMatchesMemory(t *testing.T) {
 	}
 	if mem.PostFailure != net.PostFailure || !strings.Contains(progress.String(), "fetched over the network") {
 		t.Fatalf("rebuilt stage: loss %v in memory, %v over p2p", mem.PostFailure, net.PostFailure)
+	}
+}
+
+// NoLoCo within each stage, with random routing between replicas: every
+// path still passes the rules, the routing is not the round robin and
+// changes between iterations, and the model learns.
+func TestStagedNoLoCoRandomRouting(t *testing.T) {
+	cfg := smallStaged()
+	cfg.StageOuter, cfg.RandomRouting = NoLoCo, true
+	cfg.Steps = 6
+	r, err := newStagedRun(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr := &stagedRun{cfg: cfg, pl: r.pl, rules: r.rules} // paths needs only these
+	rr.cfg.RandomRouting = false
+	differs := 0
+	var prev []pipeline.Path
+	for iter := uint64(1); iter <= 20; iter++ {
+		random, err := r.paths(iter) // validated inside
+		if err != nil {
+			t.Fatal(err)
+		}
+		fixed, err := rr.paths(iter)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(random, fixed) {
+			differs++
+		}
+		if prev != nil && !reflect.DeepEqual(random, prev) {
+			differs++
+		}
+		prev = random
+	}
+	r.close()
+	if differs < 10 {
+		t.Fatalf("random routing matches the round robin or repeats itself (%d differences in 20 iterations)", differs)
+	}
+	res, err := RunStaged(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !(res.FinalValLoss < res.Curve[0].ValLoss-0.5) {
+		t.Fatalf("validation loss %v -> %v: NoLoCo stages did not learn", res.Curve[0].ValLoss, res.FinalValLoss)
 	}
 }
 

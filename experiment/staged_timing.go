@@ -31,7 +31,8 @@ type StagedTiming struct {
 	// forward and backward along its path.
 	IterSeconds          float64 `json:"iter_seconds"`
 	PredictedIterSeconds float64 `json:"predicted_iter_seconds"`
-	// AllReduceSeconds is the mean DiLoCo all-reduce (all stages at once).
+	// AllReduceSeconds is the mean outer exchange, all stages at once: the
+	// DiLoCo all-reduce, or NoLoCo's exchange with a group.
 	Rounds                    int     `json:"rounds"`
 	AllReduceSeconds          float64 `json:"allreduce_seconds"`
 	PredictedAllReduceSeconds float64 `json:"predicted_allreduce_seconds"`
@@ -58,7 +59,7 @@ func (t StagedTiming) Error() (iter, round float64) {
 func (t StagedTiming) String() string {
 	ie, re := t.Error()
 	return fmt.Sprintf("simulator vs measured (%d iterations, %d rounds; measured compute, %.0f-byte messages paced %.1f ms): "+
-		"iteration %.3fs predicted, %.3fs measured (%+.0f%%); all-reduce %.3fs predicted, %.3fs measured; "+
+		"iteration %.3fs predicted, %.3fs measured (%+.0f%%); outer exchange %.3fs predicted, %.3fs measured; "+
 		"round of H steps %.2fs predicted, %.2fs measured (%+.0f%%)",
 		t.Iterations, t.Rounds, t.ActivationBytes, t.MessagePaceMs, t.PredictedIterSeconds, t.IterSeconds, 100*ie,
 		t.PredictedAllReduceSeconds, t.AllReduceSeconds, t.PredictedRoundSeconds, t.RoundSeconds, 100*re)
@@ -184,8 +185,9 @@ func (r *stagedRun) simNetwork(pace float64) (*sim.Network, error) {
 	return sim.NewNetwork(spec)
 }
 
-// predictAllReduce models every stage's butterfly (they run at once, each
-// among its own replicas) and returns the slowest.
+// predictAllReduce models every stage's outer exchange (they run at once,
+// each among its own replicas): the butterfly (DiLoCo) or one exchange
+// with the group (NoLoCo); it returns the slowest.
 func (r *stagedRun) predictAllReduce(net *sim.Network) (float64, error) {
 	R := r.cfg.Replicas
 	var worst float64
@@ -211,6 +213,14 @@ func (r *stagedRun) predictAllReduce(net *sim.Network) (float64, error) {
 		fp32 := 4 * float64(n)
 		if r.cfg.Outer == compression.FP32 {
 			fp32 = 0 // no codec to run
+		}
+		if r.cfg.StageOuter == NoLoCo {
+			// One exchange with the group: phi (bf16, 2 bytes a value)
+			// and the outer gradient on the wire, to each partner.
+			partners := float64(min(r.cfg.NoLoCo.GroupSize, R) - 1)
+			bytes := partners * (2*float64(n) + float64(len(wire)))
+			worst = max(worst, lat+pace+bytes/up[0])
+			continue
 		}
 		worst = max(worst, sim.ButterflySeconds(up, down, lat, pace, float64(len(wire)), fp32))
 	}

@@ -35,7 +35,8 @@ func demoCommand() *cli.Command {
 			"the network in bf16; each stage's replicas average with DiLoCo. Halfway through, every node of\n" +
 			"--fail-stage is killed; new nodes join, take their neighbours' weights over the network and rebuild\n" +
 			"the stage with CheckFree, and training goes on. Ends with the loss, the bytes sent and the network\n" +
-			"simulator's prediction of the iteration and round times against the measured ones.",
+			"simulator's prediction of the iteration and round times against the measured ones. With\n" +
+			"--optimizer noloco each stage's replicas use NoLoCo, and microbatches go to random replicas.",
 		Flags: []cli.Flag{
 			&cli.IntFlag{Name: "volunteers", Value: d.Volunteers, Usage: "volunteer processes"},
 			&cli.StringFlag{Name: "optimizer", Value: d.Manifest.Optimizer.Kind, Usage: "outer optimizer: diloco or noloco"},

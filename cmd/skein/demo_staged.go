@@ -27,6 +27,13 @@ func stagedDemo(c *cli.Context, log *slog.Logger) error {
 	if c.IsSet("inner-steps") {
 		m.Optimizer.InnerSteps = c.Int("inner-steps")
 	}
+	switch kind := c.String("optimizer"); kind {
+	case manifest.KindDiLoCo:
+	case manifest.KindNoLoCo: // within each stage, and its random routing between replicas
+		m.UseNoLoCo()
+	default:
+		return fmt.Errorf("--optimizer %q: want %s or %s", kind, manifest.KindDiLoCo, manifest.KindNoLoCo)
+	}
 	S := c.Int("stages")
 	if S < 2 {
 		return fmt.Errorf("--stages %d: a staged run needs 2 or more (stage 0 holds the embedding, head and loss)", S)
@@ -69,11 +76,15 @@ func stagedDemo(c *cli.Context, log *slog.Logger) error {
 		return err
 	}
 	L := cfg.Stages - cfg.Skip()
+	routing := ""
+	if cfg.RandomRouting {
+		routing = " (a random replica of each)"
+	}
 	fmt.Fprintf(out, "run %q: manifest %s\n", m.RunID, m.ShortHash())
 	fmt.Fprintf(out, "staged run: the %s model in %d stages x %d replicas = %d libp2p nodes on loopback (QUIC), every link %s one way at %s;\n"+
-		"each of %d microbatches of %dx%d tokens per step visits %d of %d stages; DiLoCo every %d steps; %d steps\n",
+		"each of %d microbatches of %dx%d tokens per step visits %d of %d stages%s; %s among each stage's replicas every %d steps; %d steps\n",
 		cfg.Preset, cfg.Stages, cfg.Replicas, cfg.Stages*cfg.Replicas, c.Duration("latency"), rateString(c.Float64("rate")),
-		cfg.Microbatches, cfg.Batch, cfg.SeqLen, L, cfg.Stages, cfg.InnerSteps, cfg.Steps)
+		cfg.Microbatches, cfg.Batch, cfg.SeqLen, L, cfg.Stages, routing, cfg.StageOuter, cfg.InnerSteps, cfg.Steps)
 	if f := cfg.Failure; f != nil {
 		fmt.Fprintf(out, "after step %d every node of stage %d is killed and replaced; the stage is rebuilt by %s\n", f.Step, f.Stage, f.Recovery)
 	}
