@@ -68,20 +68,7 @@ func bytesSent(tr *p2pTrainers) int64 {
 //	go test ./node -run '^$' -bench MessageWAN -benchtime 20x
 func BenchmarkMessageWAN(b *testing.B) {
 	const latency = 30 * time.Millisecond
-	e, err := wan.New(wan.Link{Latency: latency}, 1)
-	if err != nil {
-		b.Fatal(err)
-	}
-	e.SetKeyFunc(func(local, _ net.Addr) [2]string { return [2]string{local.String(), "uplink"} })
-	sw := p2ptest.NewSwarm(b, 3, p2ptest.Options{Listen: []string{"/ip4/127.0.0.1/udp/0/quic-v1"}, ListenUDP: e.ListenUDP, Timing: p2p.LANTiming()})
-	src, err := NewP2PPeers(sw.Nodes[1], p2p.ProtoActivations, 1<<22, time.Minute)
-	if err != nil {
-		b.Fatal(err)
-	}
-	dst, err := NewP2PPeers(sw.Nodes[2], p2p.ProtoActivations, 1<<22, time.Minute)
-	if err != nil {
-		b.Fatal(err)
-	}
+	src, dst := wanPair(b, latency)
 	ctx := context.Background()
 	send := func(n int) time.Duration {
 		began := time.Now()

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"net"
 	"os"
 	"slices"
 	"sync"
@@ -217,19 +218,7 @@ func TestSendDoesNotWaitForTheReceiver(t *testing.T) {
 		t.Skip("starts a libp2p swarm")
 	}
 	const latency = 200 * time.Millisecond
-	e, err := wan.New(wan.Link{Latency: latency}, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sw := p2ptest.NewSwarm(t, 3, p2ptest.Options{Listen: []string{"/ip4/127.0.0.1/udp/0/quic-v1"}, ListenUDP: e.ListenUDP, Timing: p2p.LANTiming()})
-	a, err := NewP2PPeers(sw.Nodes[1], p2p.ProtoActivations, 1<<20, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := NewP2PPeers(sw.Nodes[2], p2p.ProtoActivations, 1<<20, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, b := wanPair(t, latency)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// Connection up and the protocol known to the sender's peerstore.
@@ -259,4 +248,23 @@ func TestSendDoesNotWaitForTheReceiver(t *testing.T) {
 	if len(got) != 5 {
 		t.Fatalf("messages %v", got)
 	}
+}
+
+// wanPair is two volunteers (and a seed) on loopback QUIC with every UDP
+// packet through the WAN emulator at latency one way (one shaper per
+// sending socket), and their endpoints of the activations protocol.
+func wanPair(tb testing.TB, latency time.Duration) (a, b *P2PPeers) {
+	tb.Helper()
+	e, err := wan.New(wan.Link{Latency: latency}, 1)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	e.SetKeyFunc(func(local, _ net.Addr) [2]string { return [2]string{local.String(), "uplink"} })
+	sw := p2ptest.NewSwarm(tb, 3, p2ptest.Options{Listen: []string{"/ip4/127.0.0.1/udp/0/quic-v1"}, ListenUDP: e.ListenUDP, Timing: p2p.LANTiming()})
+	for i, p := range []**P2PPeers{&a, &b} {
+		if *p, err = NewP2PPeers(sw.Nodes[1+i], p2p.ProtoActivations, 1<<22, time.Minute); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return a, b
 }

@@ -472,14 +472,7 @@ func ButterflySeconds(up, down []float64, latency, pace, wire, fp32 float64) flo
 	if len(up) < 2 || len(up) != len(down) {
 		return 0
 	}
-	M := float64(len(up))
-	share := (M - 1) / M
-	var scatter, gather float64
-	for i := range up {
-		scatter = max(scatter, 2*share*wire/up[i], 2*share*wire/down[i])
-		gather = max(gather, share*wire/up[i], share*wire/down[i])
-	}
-	return 5*(latency+pace) + scatter + gather + fp32/MinMax8EncodeBps + (2*share+1)*fp32/MinMax8DecodeBps
+	return butterflyTime(up, down, latency+pace, wire, fp32)
 }
 
 func butterflyTime(up, down []float64, lat, wire, fp32 float64) float64 {
