@@ -400,9 +400,11 @@ type stagedRun struct {
 	// What the run measured for the simulator's comparison (timing): each
 	// step's relay phase, each DiLoCo round's all-reduce, and whether the
 	// relays were just (re)started.
-	iters   []stagedIter
-	reduces []float64
-	cold    bool
+	iters     []stagedIter
+	last      []pipeline.Path // the last step's schedule
+	crossings int             // node boundaries the schedules crossed, all steps
+	reduces   []float64
+	cold      bool
 	// For StagedView: how each stage was last rebuilt, and the membership
 	// changes not yet reported.
 	rebuiltNote []string
@@ -416,9 +418,7 @@ func (r *stagedRun) view(done int, loss, val float32) StagedView {
 		Tokens:  r.cfg.Microbatches * r.cfg.Batch * r.T,
 		Rebuilt: slices.Clone(r.rebuiltNote), Events: r.events}
 	r.events = nil
-	if len(r.iters) > 0 {
-		v.Paths = r.iters[len(r.iters)-1].paths
-	}
+	v.Paths = r.last
 	for i, node := range r.nodes {
 		n := StagedNode{Peer: string(r.peerID(i)), Stage: node.stage, Replica: node.replica}
 		for k := range 3 {
@@ -838,8 +838,13 @@ func (r *stagedRun) step(ctx context.Context, step int) (float32, error) {
 		wg.Go(func() { outs[v], errs[v] = d.Run(rctx, iter, paths) })
 	}
 	wg.Wait()
-	r.iters = append(r.iters, stagedIter{paths: paths, seconds: time.Since(began).Seconds(), cold: r.cold})
-	r.cold = false
+	if len(r.iters) < maxTimedIters {
+		r.iters = append(r.iters, stagedIter{paths: paths, seconds: time.Since(began).Seconds(), cold: r.cold})
+	}
+	r.last, r.cold = paths, false
+	if r.sw != nil {
+		r.crossings += crossings(paths)
+	}
 	if err := errors.Join(errs...); err != nil {
 		return 0, fmt.Errorf("experiment: staged step %d: %w", step, err)
 	}

@@ -110,21 +110,11 @@ func (r *stagedRun) timing() (*StagedTiming, error) {
 		return t.TaskSeconds[s][taskBackward]
 	}
 	// Bytes per crossing: what the relay sent, over the boundaries the
-	// schedules crossed.
-	var crossings int
-	for _, it := range r.iters {
-		for _, ch := range pipeline.JobOf(it.paths, cost, 1).Chains {
-			for i := 0; i+1 < len(ch); i++ {
-				if ch[i].Bytes > 0 && ch[i].Node != ch[i+1].Node {
-					crossings++
-				}
-			}
-		}
-	}
-	if crossings == 0 {
+	// schedules crossed (counted for every step, r.crossings).
+	if r.crossings == 0 {
 		return nil, nil
 	}
-	t.ActivationBytes = float64(r.sw.activationBytes()) / float64(crossings)
+	t.ActivationBytes = float64(r.sw.activationBytes()) / float64(r.crossings)
 	t.MessagePaceMs = 1e3 * r.handoffs.pace(r.cfg.Network.Link, t.ActivationBytes)
 	net, err := r.simNetwork(t.MessagePaceMs / 1e3)
 	if err != nil {
@@ -240,6 +230,9 @@ func (h *handoffs) add(iter uint64, mb int, sp taskSpan) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	k := [2]uint64{iter, uint64(mb)}
+	if _, ok := h.spans[k]; !ok && len(h.spans) >= maxHandoffMicrobatches {
+		return
+	}
 	h.spans[k] = append(h.spans[k], sp)
 }
 
@@ -269,3 +262,25 @@ func (h *handoffs) pace(l wan.Link, bytes float64) float64 {
 	slices.Sort(extra)
 	return max(0, extra[len(extra)/2])
 }
+
+// crossings counts the boundaries between two nodes that paths cross:
+// one message each (an activation forward or a gradient back).
+func crossings(paths []pipeline.Path) int {
+	n := 0
+	for _, ch := range pipeline.JobOf(paths, func(int, sim.TaskKind) float64 { return 0 }, 1).Chains {
+		for i := 0; i+1 < len(ch); i++ {
+			if ch[i].Bytes > 0 && ch[i].Node != ch[i+1].Node {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// Bounds on what a long run keeps for the comparison: the first
+// maxTimedIters steps' schedules and times, and the handoffs of the first
+// maxHandoffMicrobatches microbatches, far more than the means need.
+const (
+	maxTimedIters          = 5000
+	maxHandoffMicrobatches = 20000
+)
