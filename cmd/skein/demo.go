@@ -63,12 +63,12 @@ func demoCommand() *cli.Command {
 			&cli.StringFlag{Name: "recovery", Value: string(experiment.CheckFree), Usage: "with --stages: how the lost stage is rebuilt: checkfree (from its neighbours; CheckFree+ for edge stages) or random"},
 		},
 		Action: func(c *cli.Context) error {
+			if c.Int("stages") > 0 {
+				return stagedDemo(c)
+			}
 			log, err := logger(c)
 			if err != nil {
 				return err
-			}
-			if c.Int("stages") > 0 {
-				return stagedDemo(c, log)
 			}
 			cfg := d
 			cfg.Volunteers, cfg.Duration, cfg.TargetLoss = c.Int("volunteers"), c.Duration("duration"), c.Float64("target-loss")

@@ -17,7 +17,12 @@ import (
 
 // stagedDemo is `skein demo --stages S`: a staged run over libp2p on
 // loopback through the WAN emulator, with a stage lost and rebuilt halfway.
-func stagedDemo(c *cli.Context, log *slog.Logger) error {
+func stagedDemo(c *cli.Context) error {
+	for _, f := range []string{"volunteers", "duration", "target-loss", "corpus", "delayed", "chaos", "chaos-every", "chaos-pause", "hostile"} {
+		if c.IsSet(f) {
+			return fmt.Errorf("--%s applies to the data-parallel demo, not to --stages", f)
+		}
+	}
 	out := c.App.Writer
 	// The run, as a manifest: what a bootstrap would serve for it.
 	m := manifest.Default()
@@ -57,7 +62,7 @@ func stagedDemo(c *cli.Context, log *slog.Logger) error {
 	if err := lvl.UnmarshalText([]byte(c.String("child-log-level"))); err != nil {
 		return fmt.Errorf("--child-log-level %q: want debug, info, warn or error", c.String("child-log-level"))
 	}
-	log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
 	cfg.Replicas, cfg.Steps = c.Int("replicas"), c.Int("steps")
 	cfg.Threads, cfg.Logger, cfg.Progress = max(c.Int("threads"), 1), log, out
 	cfg.Network = &experiment.StagedNetwork{Link: wan.Link{Latency: c.Duration("latency"), Rate: c.Float64("rate") * 1e6}}

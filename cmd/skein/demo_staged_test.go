@@ -80,6 +80,8 @@ func TestStagedDemoRefusesBadSettings(t *testing.T) {
 		{[]string{"--stages", "3", "--skip-ratio", "0.7"}, "pipeline.skip_ratio"},
 		{[]string{"--stages", "3", "--fail-stage", "7", "--steps", "40"}, "stage 7"},
 		{[]string{"--stages", "3", "--recovery", "pray", "--steps", "40"}, `recovery "pray"`},
+		{[]string{"--stages", "3", "--chaos"}, "--chaos applies to the data-parallel demo"},
+		{[]string{"--stages", "3", "--optimizer", "sgd"}, `--optimizer "sgd"`},
 	} {
 		var out bytes.Buffer
 		app := newApp()
