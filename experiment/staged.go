@@ -85,7 +85,9 @@ type StagedConfig struct {
 	// (each replica with a random group of its stage, no all-reduce).
 	StageOuter Algorithm
 	DiLoCo     optimizer.DiLoCoConfig
-	NoLoCo     optimizer.NoLoCoConfig
+	// NoLoCo's settings (it holds callbacks: the record, results.json,
+	// carries its numbers through writeStaged).
+	NoLoCo optimizer.NoLoCoConfig `json:"-"`
 	// RandomRouting sends each microbatch to a random replica of each
 	// stage on its path (a fresh permutation per stage and iteration,
 	// seeded, so every replica still gets its share), as NoLoCo routes

@@ -134,7 +134,10 @@ func writeStaged(cfg StagedBenchConfig, results []StagedArmResult) error {
 	}
 	base := cfg.Base
 	base.Logger, base.OnEval = nil, nil
-	js, err := json.MarshalIndent(map[string]any{"config": base, "fail_step": cfg.FailStep, "arms": results}, "", "  ")
+	n := base.NoLoCo
+	record := map[string]any{"config": base, "fail_step": cfg.FailStep, "arms": results,
+		"noloco": map[string]any{"outer_lr": n.OuterLR, "momentum": n.Momentum, "gamma": n.Gamma, "group_size": n.GroupSize}}
+	js, err := json.MarshalIndent(record, "", "  ")
 	if err != nil {
 		return fmt.Errorf("experiment: encoding the staged results: %w", err)
 	}

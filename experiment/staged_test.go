@@ -2,9 +2,11 @@ package experiment
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"math"
 	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
@@ -426,5 +428,29 @@ func TestStagedCheckFreePlusCopiesLayers(t *testing.T) {
 				t.Fatalf("replica %d: %s is not a copy of stage 1's layer", k, name)
 			}
 		}
+	}
+}
+
+// The benchmark's record encodes whatever the configuration holds (a
+// NoLoCo configuration has callbacks JSON cannot encode).
+func TestWriteStaged(t *testing.T) {
+	cfg := StagedBenchConfig{Base: DefaultStagedConfig(), FailStep: 10, Out: t.TempDir()}
+	cfg.Base.StageOuter = NoLoCo
+	res := []StagedArmResult{{Arm: "a", Result: &StagedResult{Curve: []StagedPoint{{Step: 0, ValLoss: 5}, {Step: 10, ValLoss: 4}}, FinalValLoss: 4}}}
+	if err := writeStaged(cfg, res); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(cfg.Out, "results.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Config StagedConfig `json:"config"`
+		NoLoCo struct {
+			GroupSize int `json:"group_size"`
+		} `json:"noloco"`
+	}
+	if err := json.Unmarshal(b, &got); err != nil || got.Config.StageOuter != NoLoCo || got.NoLoCo.GroupSize != cfg.Base.NoLoCo.GroupSize {
+		t.Fatalf("results.json %s: %v", b, err)
 	}
 }
