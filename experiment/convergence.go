@@ -210,7 +210,10 @@ func writeConvergence(cfg ConvergenceConfig, results []ArmResult) error {
 	if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
 		return fmt.Errorf("node: creating %s: %w", cfg.Out, err)
 	}
-	js, _ := json.MarshalIndent(map[string]any{"config": cfg, "arms": results}, "", "  ")
+	js, err := json.MarshalIndent(map[string]any{"config": cfg, "arms": results}, "", "  ")
+	if err != nil {
+		return fmt.Errorf("experiment: encoding the convergence results: %w", err)
+	}
 	if err := os.WriteFile(filepath.Join(cfg.Out, "results.json"), js, 0o644); err != nil {
 		return err
 	}
