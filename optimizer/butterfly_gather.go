@@ -141,29 +141,26 @@ func (b *Butterfly) settle(c *bfRound, p uint32, pt *bfPart, start, due int64) {
 	case pt.audit:
 		b.settleAudit(c, p, pt, due)
 	case pt.b == "" && pt.frameA != nil:
-		pt.accepted = pt.frameA
+		pt.accepted = pt.frameA // one owner per part (Replicas 1): no cross-check by design
 	case pt.frameA != nil && pt.gotDigest:
 		d := sha256.Sum256(pt.frameA)
 		if bytes.Equal(d[:], pt.digestB) {
 			pt.accepted, pt.verified = pt.frameA, true
 			return
 		}
-		pt.audit, pt.auditAt = true, b.now
-		h.kind = kindAudit
-		for _, o := range []PeerID{pt.a, pt.b} {
-			if o == b.self {
-				b.auditSelf(c, p, pt)
-			} else {
-				b.send(o, h, nil)
-			}
-		}
-	case pt.frameA == nil && pt.frameB != nil && (late || gone(pt.a)):
-		// Only once the first owner is gone or past every deadline: a member
-		// that took the second owner's aggregate while the first was merely
-		// slow could end with other bits than those who audit.
-		pt.accepted = pt.frameB // the first owner is gone: the second's, unconfirmed
+		b.startAudit(c, p, pt)
+	case pt.frameA == nil && pt.frameB != nil && gone(pt.a):
+		// Only once the first owner is gone (or, below, past every deadline
+		// and asked again): a member that took the second owner's aggregate
+		// while the first was merely slow could end with other bits than
+		// those who audit. And never on the second owner's word alone: it is
+		// checked against the inputs it declared (an audit of one owner), so
+		// that a hostile owner whose co-owner is gone or stalled cannot hand
+		// some members a forged aggregate while others, who heard the
+		// co-owner, reject it.
+		b.startAudit(c, p, pt)
 	case pt.frameA != nil && pt.b != "" && gone(pt.b):
-		pt.accepted = pt.frameA // the second owner is gone: the first's, unconfirmed
+		b.startAudit(c, p, pt) // the second owner is gone: check the first's claim alone
 	case pt.fetchAt == 0 && (late || aSilent || (pt.frameA == nil && gone(pt.a))):
 		pt.fetchAt = b.now
 		h.kind = kindFetch
@@ -175,15 +172,28 @@ func (b *Butterfly) settle(c *bfRound, p uint32, pt *bfPart, start, due int64) {
 			}
 		}
 	case pt.fetchAt != 0 && b.now >= pt.fetchAt+due:
-		if pt.frameA != nil {
-			pt.accepted = pt.frameA // the second owner is gone: the first's, unconfirmed
-			return
-		}
-		if pt.frameB != nil {
-			pt.accepted = pt.frameB
+		if pt.frameA != nil || pt.frameB != nil {
+			b.startAudit(c, p, pt) // one owner's aggregate, unconfirmed: check it
 			return
 		}
 		b.finish(c, fmt.Errorf("%w: no aggregate of part %d from %s nor %s", ErrRoundFailed, p, short(pt.a), short(pt.b)))
+	}
+}
+
+// startAudit asks part p's owners for the signed inputs they declared
+// (this member's own answer, when it owns the part, directly);
+// settleAudit then recomputes each owner's claim from them.
+func (b *Butterfly) startAudit(c *bfRound, p uint32, pt *bfPart) {
+	pt.audit, pt.auditAt = true, b.now
+	h := header{kind: kindAudit, round: c.round, group: c.gh, step: c.attempt, chunk: p}
+	for _, o := range []PeerID{pt.a, pt.b} {
+		switch {
+		case o == "":
+		case o == b.self:
+			b.auditSelf(c, p, pt)
+		default:
+			b.send(o, h, nil)
+		}
 	}
 }
 
@@ -214,23 +224,32 @@ func (b *Butterfly) auditSelf(c *bfRound, p uint32, pt *bfPart) {
 // settleAudit recomputes each owner's aggregate from the signed inputs it
 // declared and takes the one whose claim holds.
 func (b *Butterfly) settleAudit(c *bfRound, p uint32, pt *bfPart, due int64) {
-	// Wait for both owners' inputs: deciding on one answer alone would let
-	// members that heard from different owners in time end with different
-	// bits. Only an owner that is gone, or silent far past the deadline, is
-	// decided without.
-	if !(pt.gotAudA || b.gone(pt.a)) || !(pt.gotAudB || b.gone(pt.b)) {
+	// An owner has a claim when this member holds its aggregate (the first
+	// owner's frame; the second's digest, or its frame for a digest). Wait
+	// for the inputs of every owner with a claim: deciding on one answer
+	// alone would let members that heard from different owners in time end
+	// with different bits. Only an owner that is gone, or silent far past
+	// the deadline, is decided without.
+	claimA := pt.frameA != nil
+	claimB := pt.b != "" && (pt.gotDigest || pt.frameB != nil)
+	if (claimA && !pt.gotAudA && !b.gone(pt.a)) || (claimB && !pt.gotAudB && !b.gone(pt.b)) {
 		if b.now < pt.auditAt+4*due {
 			return
 		}
 	}
-	dA := sha256.Sum256(pt.frameA)
 	var okA, okB bool
 	var frameA, frameB []byte
-	if pt.gotAudA {
+	if claimA && pt.gotAudA {
+		dA := sha256.Sum256(pt.frameA)
 		okA, frameA = b.check(c, p, pt.declA, pt.auditA, dA[:])
 	}
-	if pt.gotAudB {
-		okB, frameB = b.check(c, p, pt.declB, pt.auditB, pt.digestB)
+	if claimB && pt.gotAudB {
+		dB := pt.digestB
+		if !pt.gotDigest {
+			d := sha256.Sum256(pt.frameB)
+			dB = d[:]
+		}
+		okB, frameB = b.check(c, p, pt.declB, pt.auditB, dB)
 	}
 	switch {
 	case okA:
@@ -238,16 +257,22 @@ func (b *Butterfly) settleAudit(c *bfRound, p uint32, pt *bfPart, due int64) {
 		// inputs: one did not hear the other's list in time): the first
 		// owner's, as every member decides.
 		pt.accepted = frameA
-		if !okB && pt.gotAudB {
+		if claimB && !okB && pt.gotAudB {
 			b.offend(pt.b, "its digest of part %d of round %d does not match its inputs", p, c.round)
 		}
 	case okB:
 		pt.accepted = frameB
-		if pt.gotAudA {
+		if claimA && pt.gotAudA {
 			b.offend(pt.a, "its aggregate of part %d of round %d does not match its inputs", p, c.round)
 		}
 	default:
-		b.finish(c, fmt.Errorf("%w: neither owner of part %d (%s, %s) has a consistent aggregate", ErrRoundFailed, p, short(pt.a), short(pt.b)))
+		if claimA && pt.gotAudA {
+			b.offend(pt.a, "its aggregate of part %d of round %d does not match its inputs", p, c.round)
+		}
+		if claimB && pt.gotAudB {
+			b.offend(pt.b, "its aggregate of part %d of round %d does not match its inputs", p, c.round)
+		}
+		b.finish(c, fmt.Errorf("%w: no owner of part %d (%s, %s) has a consistent aggregate", ErrRoundFailed, p, short(pt.a), short(pt.b)))
 		return
 	}
 	pt.verified = true
