@@ -312,12 +312,31 @@ func (v *Volunteer) resynced(ctx context.Context) bool {
 func (v *Volunteer) adopted(ctx context.Context, ph phase) {
 	v.install(ctx)
 	if v.dl.Round == v.lastReported {
+		v.corrected()
 		return
 	}
 	v.lastReported = v.dl.Round
 	rep := RoundReport{Round: v.dl.Round, Loss: ph.meanLoss(), Members: len(v.peers.Members()),
 		StateHash: v.stateHash, Adopted: true}
 	v.report(rep, ph, 0)
+}
+
+// corrected tells the bootstrap, when this member has just taken the run's
+// state for the round it last reported with another state (it ended that
+// round apart from the others: it was cut off or stalled while they
+// decided; DESIGN.md, consistency), the state it holds for that round now:
+// the report replaces the earlier one, so the run's history shows what
+// every member went on from.
+func (v *Volunteer) corrected() {
+	sent := v.lastSent
+	if sent.Round != v.dl.Round || sent.StateHash == 0 || sent.StateHash == v.stateHash || v.stateHash == 0 {
+		return
+	}
+	say(v.cfg.Progress, "round %d: ended it apart from the run (state %016x); took the run's state (state %016x)",
+		sent.Round, sent.StateHash, v.stateHash)
+	sent.StateHash, sent.UnixMS = v.stateHash, time.Now().UnixMilli()
+	v.lastSent = sent
+	v.reporter.send(sent)
 }
 
 // catchUp adopts the run's state when a quorum of the other volunteers

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"io"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/skein-ml/skein/bootstrap/telemetry"
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/p2p/p2ptest"
@@ -163,5 +165,51 @@ func TestAdoptRefusesForgedState(t *testing.T) {
 	err := adoptFrom(context.Background(), me, nil, mine, n, []optimizer.PeerID{id}, honest.StateHash(), nil)
 	if !errors.Is(err, ErrBadState) || mine.Round != 0 {
 		t.Fatalf("forged state: err %v, round %d; want ErrBadState and nothing adopted", err, mine.Round)
+	}
+}
+
+// A member that reported a round with one state and then took the run's
+// other state for that round reports the round again with the state it
+// goes on from (the bootstrap replaces its earlier report); nothing is sent
+// when the state did not change or belongs to another round.
+func TestCorrectedReport(t *testing.T) {
+	dl, err := optimizer.NewDiLoCo(optimizer.DefaultDiLoCo(), nil, make([]float32, 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dl.Round = 7
+	var out bytes.Buffer
+	v := &Volunteer{dl: dl, reporter: &reporter{queue: make(chan telemetry.Report, 1)}}
+	v.cfg.Progress = &out
+	v.lastSent = telemetry.Report{Round: 7, StateHash: 0xaaaa, Tokens: 640, TrainLoss: 3.5}
+	for _, c := range []struct {
+		name  string
+		round uint64
+		hash  uint64
+		want  bool
+	}{
+		{"same state", 7, 0xaaaa, false},
+		{"another round", 8, 0xbbbb, false},
+		{"taken the run's state", 7, 0xbbbb, true},
+		{"already corrected", 7, 0xbbbb, false},
+	} {
+		dl.Round, v.stateHash = c.round, c.hash
+		v.corrected()
+		select {
+		case rep := <-v.reporter.queue:
+			if !c.want {
+				t.Fatalf("%s: sent %+v", c.name, rep)
+			}
+			if rep.Round != 7 || rep.StateHash != 0xbbbb || rep.Tokens != 640 || rep.TrainLoss != 3.5 {
+				t.Fatalf("%s: sent %+v, want round 7's report with state bbbb", c.name, rep)
+			}
+		default:
+			if c.want {
+				t.Fatalf("%s: nothing sent", c.name)
+			}
+		}
+	}
+	if !strings.Contains(out.String(), "round 7: ended it apart from the run") {
+		t.Fatalf("console: %q", out.String())
 	}
 }

@@ -279,8 +279,10 @@ type Volunteer struct {
 	innerStep int       // inner steps trained so far (the AdamW schedule's clock)
 	rollbacks int       // inner phases dropped in a row for non-finite values (rollback.go)
 	ckPath    string    // local checkpoint; "" = none
-	// lastReported is the last round told to the user and OnRound.
+	// lastReported is the last round told to the user and OnRound, and
+	// lastSent the report sent for it (corrected resends it).
 	lastReported uint64
+	lastSent     telemetry.Report
 	// stateHash is the hash of the shared state as last announced (SHA-256
 	// over the whole state: computed once per change, in announce).
 	stateHash uint64
@@ -827,10 +829,11 @@ func (v *Volunteer) report(rep RoundReport, ph phase, group int) {
 		say(v.cfg.Progress, "round %d: loss %.4f%s, %s tok/s, %d in group, %.1f kB sent, %.1fs%s", rep.Round,
 			rep.Loss, val, trainer.HumanRate(tps), group, float64(rep.Stats.BytesSent)/1e3, wall, state)
 	}
-	v.reporter.send(telemetry.Report{Round: rep.Round, StateHash: rep.StateHash, Adopted: rep.Adopted,
+	v.lastSent = telemetry.Report{Round: rep.Round, StateHash: rep.StateHash, Adopted: rep.Adopted,
 		TrainLoss: measured(rep.Loss), ValLoss: measured(rep.ValLoss), Tokens: tokens, TokensPerSec: tps,
 		BytesSent: uint64(max(sent, 0)), BytesRecv: uint64(max(recv, 0)), ComputeSeconds: ph.computeSec, WallSeconds: wall,
-		Members: rep.Members, Device: v.device, Version: v.cfg.Version, UnixMS: time.Now().UnixMilli()})
+		Members: rep.Members, Device: v.device, Version: v.cfg.Version, UnixMS: time.Now().UnixMilli()}
+	v.reporter.send(v.lastSent)
 	if v.cfg.OnRound != nil {
 		v.cfg.OnRound(rep)
 	}
