@@ -383,7 +383,7 @@ type stagedRun struct {
 	pl      pipeline.Placement
 	rules   pipeline.Rules
 	corpus  *data.Corpus
-	nodes   []*stageReplica // node v = stage v/R, replica v%R
+	nodes   []*trainer.StageReplica // node v = stage v/R, replica v%R
 	drivers []*pipeline.RelayDriver
 	relay   *optimizer.MemNetwork   // nil with a StagedNetwork
 	sw      *stagedSwarm            // nil without
@@ -422,9 +422,9 @@ func (r *stagedRun) view(done int, loss, val float32) StagedView {
 	r.events = nil
 	v.Paths = r.last
 	for i, node := range r.nodes {
-		n := StagedNode{Peer: string(r.peerID(i)), Stage: node.stage, Replica: node.replica}
+		n := StagedNode{Peer: string(r.peerID(i)), Stage: node.Stage(), Replica: node.Replica()}
 		for k := range 3 {
-			b, _ := node.rec.taskTimes(k)
+			b, _ := node.TaskTimes(k)
 			n.ComputeSeconds += b.Seconds()
 		}
 		if r.sw != nil {
@@ -492,19 +492,19 @@ func newStagedRun(ctx context.Context, cfg StagedConfig) (_ *stagedRun, err erro
 		if err != nil {
 			return nil, err
 		}
-		node := newStageReplica(s, v%R, dev, runner)
-		node.rec.trace = func(iter uint64, mb int, sp taskSpan) {
-			sp.node = v
+		node := trainer.NewStageReplica(s, v%R, dev, runner)
+		node.SetTrace(func(iter uint64, mb int, sp trainer.TaskSpan) {
+			sp.Node = v
 			r.handoffs.add(iter, mb, sp)
-		}
+		})
 		r.nodes = append(r.nodes, node)
 	}
-	r.handoffs.spans = map[[2]uint64][]taskSpan{}
+	r.handoffs.spans = map[[2]uint64][]trainer.TaskSpan{}
 	if cfg.Network != nil {
 		relayMax := r.relayConfig(0).MaxMessage()
 		outerMax := int64(0)
 		for _, n := range r.nodes {
-			outerMax = max(outerMax, 8*int64(n.n)+1<<20) // a butterfly part, fp32 at most, and headers
+			outerMax = max(outerMax, 8*int64(n.Len())+1<<20) // a butterfly part, fp32 at most, and headers
 		}
 		if r.sw, err = newStagedSwarm(r.rctx, *cfg.Network, S*R, relayMax, outerMax, r.log); err != nil {
 			return nil, err
@@ -550,7 +550,7 @@ func (r *stagedRun) batchSource() (pipeline.BatchSource, error) {
 
 // relayConfig is node v's relay.
 func (r *stagedRun) relayConfig(v int) pipeline.RelayConfig {
-	rc := pipeline.DefaultRelayConfig(r.pl, v, r.nodes[v].runner.ActivationLen(), relayTick.Seconds())
+	rc := pipeline.DefaultRelayConfig(r.pl, v, r.nodes[v].Runner().ActivationLen(), relayTick.Seconds())
 	rc.Codec.Codec, rc.Mu = r.cfg.Activations, r.cfg.mu()
 	rc.HopWait = int64(relayHopSeconds / relayTick.Seconds())
 	return rc
@@ -583,7 +583,7 @@ func (r *stagedRun) startRelays() error {
 		} else {
 			peers = r.relay.Join(ids[v])
 		}
-		d, err := pipeline.NewRelayDriver(peers, ids, node.rec, r.relayConfig(v), pipeline.RelayOptions{Tick: relayTick, Logger: r.log})
+		d, err := pipeline.NewRelayDriver(peers, ids, node.Recorder(), r.relayConfig(v), pipeline.RelayOptions{Tick: relayTick, Logger: r.log})
 		if err != nil {
 			return err
 		}
@@ -651,8 +651,8 @@ func (r *stagedRun) startStageOuter(s int) error {
 			p = net.Join(members[k])
 			signer = swarmSigner{p.Self()}
 		}
-		phi := make([]float32, node.n)
-		node.params(phi)
+		phi := make([]float32, node.Len())
+		node.Params(phi)
 		if r.cfg.StageOuter == NoLoCo {
 			nc := r.cfg.NoLoCo
 			nc.DeltaCodec = codecConfig(r.cfg.Outer)
@@ -665,7 +665,7 @@ func (r *stagedRun) startStageOuter(s int) error {
 			r.outers[v] = nolocoOuter{n}
 			continue
 		}
-		bc := optimizer.DefaultButterflyConfig(node.n, signer, swarmTick.Seconds())
+		bc := optimizer.DefaultButterflyConfig(node.Len(), signer, swarmTick.Seconds())
 		bc.Codec = codecConfig(r.cfg.Outer)
 		bc.Robust = optimizer.RobustConfig{} // the plain mean, as in the paper
 		bc.ReadyWait, bc.LeaderWait = int64(time.Hour/swarmTick), int64(2*time.Hour/swarmTick)
@@ -748,9 +748,9 @@ func (r *stagedRun) publish() {
 		return
 	}
 	for v, node := range r.nodes {
-		w := make([]float32, node.n)
-		node.params(w)
-		r.sw.publish(v, node.lastNorm, w)
+		w := make([]float32, node.Len())
+		node.Params(w)
+		r.sw.publish(v, node.LastNorm(), w)
 	}
 }
 
@@ -867,7 +867,7 @@ func (r *stagedRun) step(ctx context.Context, step int) (float32, error) {
 		return 0, fmt.Errorf("experiment: staged step %d: %d of %d microbatches reported a loss", step, n, r.cfg.Microbatches)
 	}
 	for _, node := range r.nodes {
-		if _, err := node.step(r.adamW, step); err != nil {
+		if _, err := node.Step(r.adamW, step); err != nil {
 			return 0, err
 		}
 	}
@@ -892,13 +892,13 @@ func (r *stagedRun) outerStep(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for v, node := range r.nodes {
 		wg.Go(func() {
-			theta := make([]float32, node.n)
-			node.params(theta)
+			theta := make([]float32, node.Len())
+			node.Params(theta)
 			if err := r.outers[v].step(ctx, theta); err != nil {
-				errs[v] = fmt.Errorf("stage %d replica %d: %s: %w", node.stage, node.replica, r.cfg.StageOuter, err)
+				errs[v] = fmt.Errorf("stage %d replica %d: %s: %w", node.Stage(), node.Replica(), r.cfg.StageOuter, err)
 				return
 			}
-			node.setParams(theta)
+			node.SetParams(theta)
 		})
 	}
 	wg.Wait()
@@ -913,7 +913,7 @@ func (r *stagedRun) wholeParams() ([]float32, error) {
 	for _, t := range model.Layout(r.mc, model.FullSpec(r.mc)) {
 		var x []float32
 		for s := range r.cfg.Stages {
-			if x = r.nodes[s*R].tensor(t.Name); x != nil {
+			if x = r.nodes[s*R].Tensor(t.Name); x != nil {
 				break
 			}
 		}
@@ -948,19 +948,12 @@ func (r *stagedRun) evaluate() (float32, error) {
 func (r *stagedRun) rebuilt(ctx context.Context, f StageFailure) ([]float32, error) {
 	R := r.cfg.Replicas
 	lost := r.nodes[f.Stage*R]
-	dst := make([]float32, lost.n)
+	dst := make([]float32, lost.Len())
 	switch f.Recovery {
 	case RandomInit:
 		// The stage's own tensors, freshly drawn with another seed: what a
 		// replacement node with no checkpoint would start from.
-		st, err := model.NewStage(lost.dev, r.mc, r.specs[f.Stage], 1, 1, r.cfg.Seed^0x5eed_dead_beef)
-		if err != nil {
-			return nil, err
-		}
-		for _, v := range lost.views {
-			lost.dev.CopyOut(dst[v.off:v.off+v.size], st.ParamView(v.name))
-		}
-		return dst, nil
+		return lost.FreshWeights(r.mc, r.specs[f.Stage], r.cfg.Seed^0x5eed_dead_beef)
 	case CheckFree:
 		rec, err := pipeline.Recover(f.Stage, r.cfg.Stages, r.cfg.CheckFreePlus)
 		if err != nil {
@@ -971,12 +964,12 @@ func (r *stagedRun) rebuilt(ctx context.Context, f StageFailure) ([]float32, err
 			if err != nil {
 				return nil, err
 			}
-			return copyLayers(lost, r.specs[f.Stage], r.nodes[rec.From[0]*R], r.specs[rec.From[0]], w)
+			return trainer.CopyLayers(lost, r.specs[f.Stage], r.nodes[rec.From[0]*R], r.specs[rec.From[0]], w)
 		}
 		prev, next := r.nodes[rec.From[0]*R], r.nodes[rec.From[1]*R]
-		if prev.n != lost.n || next.n != lost.n {
+		if prev.Len() != lost.Len() || next.Len() != lost.Len() {
 			return nil, fmt.Errorf("%w: stage %d (%d parameters) cannot be rebuilt from stages %d and %d (%d and %d)",
-				ErrConfig, f.Stage, lost.n, rec.From[0], rec.From[1], prev.n, next.n)
+				ErrConfig, f.Stage, lost.Len(), rec.From[0], rec.From[1], prev.Len(), next.Len())
 		}
 		pw, pn, err := r.neighbour(ctx, f.Stage*R, rec.From[0])
 		if err != nil {
@@ -994,48 +987,15 @@ func (r *stagedRun) rebuilt(ctx context.Context, f StageFailure) ([]float32, err
 	return nil, fmt.Errorf("%w: recovery %q", ErrConfig, f.Recovery)
 }
 
-// copyLayers is CheckFree+'s copy of a lost stage from its swap partner's
-// flat weights src: layer j of the lost stage's L layers takes the
-// partner's layer j*P/L of its P (one for one when the two hold equally
-// many; an uneven split, such as 4 layers in 3 stages, gives one stage
-// two layers that both start from the partner's one, or one layer that
-// starts from the first of the partner's two, the one the swap ran in its
-// place).
-func copyLayers(lost *stageReplica, lostSpec model.StageSpec, partner *stageReplica, partnerSpec model.StageSpec, src []float32) ([]float32, error) {
-	if len(src) != partner.n {
-		return nil, fmt.Errorf("experiment: %d partner weights, want %d", len(src), partner.n)
-	}
-	L, P := lostSpec.LastLayer-lostSpec.FirstLayer, partnerSpec.LastLayer-partnerSpec.FirstLayer
-	byName := make(map[string]trainView, len(partner.views))
-	for _, v := range partner.views {
-		byName[v.name] = v
-	}
-	dst := make([]float32, lost.n)
-	for _, v := range lost.views {
-		var l int
-		var rest string
-		if n, err := fmt.Sscanf(v.name, "h.%d.%s", &l, &rest); n != 2 || err != nil || P == 0 {
-			return nil, fmt.Errorf("%w: CheckFree+ copies transformer layers; stage tensor %s has no counterpart", ErrConfig, v.name)
-		}
-		from := fmt.Sprintf("h.%d.%s", partnerSpec.FirstLayer+(l-lostSpec.FirstLayer)*P/L, rest)
-		pv, ok := byName[from]
-		if !ok || pv.size != v.size {
-			return nil, fmt.Errorf("%w: CheckFree+: tensor %s has no counterpart %s in the partner stage", ErrConfig, v.name, from)
-		}
-		copy(dst[v.off:v.off+v.size], src[pv.off:pv.off+pv.size])
-	}
-	return dst, nil
-}
-
 // neighbour is stage s's weights (replica 0's) and the mean of its
 // replicas' last gradient norms, as node self (the replacement) gets them.
 func (r *stagedRun) neighbour(ctx context.Context, self, s int) ([]float32, float64, error) {
 	R := r.cfg.Replicas
-	w := make([]float32, r.nodes[s*R].n)
+	w := make([]float32, r.nodes[s*R].Len())
 	var sum float64
 	for k := range R {
 		if r.sw == nil {
-			sum += r.nodes[s*R+k].lastNorm
+			sum += r.nodes[s*R+k].LastNorm()
 			continue
 		}
 		norm, got, err := r.sw.fetchWeights(ctx, self, s*R+k, len(w))
@@ -1048,7 +1008,7 @@ func (r *stagedRun) neighbour(ctx context.Context, self, s int) ([]float32, floa
 		sum += norm
 	}
 	if r.sw == nil {
-		r.nodes[s*R].params(w)
+		r.nodes[s*R].Params(w)
 	}
 	return w, sum / float64(R), nil
 }
@@ -1119,8 +1079,8 @@ func (r *stagedRun) fail(ctx context.Context, f StageFailure, done int) error {
 	}
 	for k := range R {
 		node := r.nodes[f.Stage*R+k]
-		node.setParams(w)
-		node.freshOptimizer(done, pipeline.RebuildLRFactor)
+		node.SetParams(w)
+		node.FreshOptimizer(done, pipeline.RebuildLRFactor)
 	}
 	if r.sw != nil {
 		if err := r.startRelays(); err != nil {

@@ -279,8 +279,8 @@ func testStagedCheckFreeRebuild(t *testing.T, network bool) {
 	R := cfg.Replicas
 	flat := func(s, k int) []float32 {
 		n := r.nodes[s*R+k]
-		x := make([]float32, n.n)
-		n.params(x)
+		x := make([]float32, n.Len())
+		n.Params(x)
 		return x
 	}
 	prev, next := flat(1, 0), flat(3, 0)
@@ -290,7 +290,7 @@ func testStagedCheckFreeRebuild(t *testing.T, network bool) {
 	meanNorm := func(s int) float64 {
 		var sum float64
 		for k := range R {
-			sum += r.nodes[s*R+k].lastNorm
+			sum += r.nodes[s*R+k].LastNorm()
 		}
 		return sum / float64(R)
 	}
@@ -324,12 +324,11 @@ func testStagedCheckFreeRebuild(t *testing.T, network bool) {
 			}
 		}
 		node := r.nodes[2*R+k]
-		if node.lrFactor != pipeline.RebuildLRFactor || node.born != 2 {
-			t.Errorf("replica %d: lr factor %v, born %d: not a fresh optimizer", k, node.lrFactor, node.born)
+		if lr, born := node.Optimizer(); lr != pipeline.RebuildLRFactor || born != 2 {
+			t.Errorf("replica %d: lr factor %v, born %d: not a fresh optimizer", k, lr, born)
 		}
-		m := make([]float32, node.views[0].size)
-		node.dev.CopyOut(m, node.views[0].m)
-		if slices.ContainsFunc(m, func(x float32) bool { return x != 0 }) {
+		m, v := node.Moments()
+		if slices.ContainsFunc(append(m, v...), func(x float32) bool { return x != 0 }) {
 			t.Errorf("replica %d: AdamW moments survived the rebuild", k)
 		}
 	}
@@ -406,7 +405,7 @@ func TestStagedCheckFreePlusCopiesLayers(t *testing.T) {
 	}
 	R := cfg.Replicas
 	const w = "attn.c_attn.weight"
-	layer1, layer2 := r.nodes[1*R].tensor("h.1."+w), r.nodes[2*R].tensor("h.2."+w)
+	layer1, layer2 := r.nodes[1*R].Tensor("h.1."+w), r.nodes[2*R].Tensor("h.2."+w)
 	if layer1 == nil || layer2 == nil || slices.Equal(layer1, layer2) {
 		t.Fatal("the test needs two distinct trained layers h.1 and h.2")
 	}
@@ -414,7 +413,7 @@ func TestStagedCheckFreePlusCopiesLayers(t *testing.T) {
 		t.Fatal(err)
 	}
 	for k := range R {
-		if got := r.nodes[R+k].tensor("h.1." + w); !slices.Equal(got, layer2) {
+		if got := r.nodes[R+k].Tensor("h.1." + w); !slices.Equal(got, layer2) {
 			t.Fatalf("replica %d: stage 1 is not a copy of stage 2's first layer", k)
 		}
 	}
@@ -424,7 +423,7 @@ func TestStagedCheckFreePlusCopiesLayers(t *testing.T) {
 	}
 	for k := range R {
 		for _, name := range []string{"h.2." + w, "h.3." + w} {
-			if got := r.nodes[2*R+k].tensor(name); !slices.Equal(got, layer2) {
+			if got := r.nodes[2*R+k].Tensor(name); !slices.Equal(got, layer2) {
 				t.Fatalf("replica %d: %s is not a copy of stage 1's layer", k, name)
 			}
 		}

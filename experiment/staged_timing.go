@@ -11,6 +11,7 @@ import (
 	"github.com/skein-ml/skein/p2p/wan"
 	"github.com/skein-ml/skein/pipeline"
 	"github.com/skein-ml/skein/sim"
+	"github.com/skein-ml/skein/trainer"
 )
 
 // StagedTiming compares a staged run over a StagedNetwork with what the
@@ -82,7 +83,7 @@ func (r *stagedRun) taskCost() [][3]float64 {
 			var busy time.Duration
 			var calls int
 			for j := range R {
-				b, c := r.nodes[s*R+j].rec.taskTimes(k)
+				b, c := r.nodes[s*R+j].TaskTimes(k)
 				busy, calls = busy+b, calls+c
 			}
 			if calls > 0 {
@@ -103,11 +104,11 @@ func (r *stagedRun) timing() (*StagedTiming, error) {
 	cost := func(s int, k sim.TaskKind) float64 {
 		switch k {
 		case sim.Forward:
-			return t.TaskSeconds[s][taskForward]
+			return t.TaskSeconds[s][trainer.TaskForward]
 		case sim.Loss:
-			return t.TaskSeconds[0][taskLoss]
+			return t.TaskSeconds[0][trainer.TaskLoss]
 		}
-		return t.TaskSeconds[s][taskBackward]
+		return t.TaskSeconds[s][trainer.TaskBackward]
 	}
 	// Bytes per crossing: what the relay sent, over the boundaries the
 	// schedules crossed (counted for every step, r.crossings).
@@ -182,7 +183,7 @@ func (r *stagedRun) predictAllReduce(net *sim.Network) (float64, error) {
 	R := r.cfg.Replicas
 	var worst float64
 	for s := range r.cfg.Stages {
-		n := r.nodes[s*R].n
+		n := r.nodes[s*R].Len()
 		enc, err := compression.NewEncoder(codecConfig(r.cfg.Outer))
 		if err != nil {
 			return 0, err
@@ -223,10 +224,10 @@ func (r *stagedRun) predictAllReduce(net *sim.Network) (float64, error) {
 // handoff, what the simulator models as latency, serialization and pace.
 type handoffs struct {
 	mu    sync.Mutex
-	spans map[[2]uint64][]taskSpan
+	spans map[[2]uint64][]trainer.TaskSpan
 }
 
-func (h *handoffs) add(iter uint64, mb int, sp taskSpan) {
+func (h *handoffs) add(iter uint64, mb int, sp trainer.TaskSpan) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	k := [2]uint64{iter, uint64(mb)}
@@ -249,10 +250,10 @@ func (h *handoffs) pace(l wan.Link, bytes float64) float64 {
 	}
 	var extra []float64
 	for _, spans := range h.spans {
-		slices.SortFunc(spans, func(a, b taskSpan) int { return a.began.Compare(b.began) })
+		slices.SortFunc(spans, func(a, b trainer.TaskSpan) int { return a.Began.Compare(b.Began) })
 		for i := 0; i+1 < len(spans); i++ {
-			if spans[i].node != spans[i+1].node {
-				extra = append(extra, spans[i+1].began.Sub(spans[i].ended).Seconds()-l.Latency.Seconds()-ser)
+			if spans[i].Node != spans[i+1].Node {
+				extra = append(extra, spans[i+1].Began.Sub(spans[i].Ended).Seconds()-l.Latency.Seconds()-ser)
 			}
 		}
 	}
