@@ -66,6 +66,9 @@ type Config struct {
 	Out io.Writer
 	// Ready, if set, is called once the server listens.
 	Ready func(Info)
+	// PlanTiming is how a staged run's placement reacts to membership
+	// (zero: DefaultPlanTiming).
+	PlanTiming PlanTiming
 
 	// A closed run's bootstrap is a member like any other and needs a join
 	// token of role bootstrap for its peer ID (Token), or the run key
@@ -98,12 +101,10 @@ func (c Config) Validate() error {
 	if err := c.Manifest.ValidateTemplate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	if p := c.Manifest.Pipeline; p.Staged() {
+	if err := StagedSupported(c.Manifest); err != nil {
 		// Said here, at the operator's terminal, not by every volunteer
 		// that would join and refuse.
-		return fmt.Errorf("%w: the manifest splits the model into %d pipeline stages, which volunteers do not run yet "+
-			"(`skein demo --stages %d` runs a staged run on this machine); leave [pipeline] out for a data-parallel run",
-			ErrConfig, p.Stages, p.Stages)
+		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	if c.DataDir == "" {
 		return fmt.Errorf("%w: a data directory is required (the identity must survive restarts)", ErrConfig)
@@ -152,6 +153,7 @@ type server struct {
 	store  *status.Store
 	status *status.Server
 	limits reportLimits
+	plan   *stagePlanner // a staged run's placement; nil otherwise
 }
 
 // Run serves the run until ctx ends, then leaves the membership gracefully.
@@ -226,6 +228,15 @@ func Run(ctx context.Context, cfg Config) error {
 			info.Addrs = append(info.Addrs, a.String())
 		}
 	}
+	if s.run.Pipeline.Staged() {
+		timing := cfg.PlanTiming
+		if timing == (PlanTiming{}) {
+			timing = DefaultPlanTiming()
+		}
+		if s.plan, err = newStagePlanner(s.run, s.seed, s.log, s.out, timing); err != nil {
+			return err
+		}
+	}
 	if cfg.HTTPAddr != "" {
 		stop, url, err := s.serveHTTP(info)
 		if err != nil {
@@ -238,6 +249,17 @@ func Run(ctx context.Context, cfg Config) error {
 	// handler counts refusals on it.
 	if err := s.serve(); err != nil {
 		return err
+	}
+	if s.plan != nil {
+		if err := s.plan.serve(); err != nil {
+			return err
+		}
+		if s.status != nil {
+			s.plan.notify = s.status.Notify
+		}
+		pctx, stop := context.WithCancel(ctx)
+		defer stop()
+		go s.plan.loop(pctx)
 	}
 	printAddrs(s.out, cfg, info)
 	if cfg.Ready != nil {
@@ -378,7 +400,7 @@ func (s *server) serveHTTP(info Info) (stop func(), url string, err error) {
 	}
 	s.status = status.NewServer(s.store, status.RunInfo{RunID: s.run.RunID, ManifestHash: s.run.HashString(),
 		Preset: s.run.Model.Preset, ParamCount: params, InnerSteps: s.run.Optimizer.InnerSteps,
-		Optimizer: s.run.Optimizer.Kind, BootstrapAddrs: publicAddrs(info.Addrs), Started: time.Now()}, s.members, status.WithLogger(s.log))
+		Optimizer: s.run.Optimizer.Kind, BootstrapAddrs: publicAddrs(info.Addrs), Started: time.Now()}, s.members, s.statusOptions()...)
 	hs := s.status.HTTPServer(s.cfg.HTTPAddr)
 	go func() {
 		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -394,6 +416,14 @@ func (s *server) serveHTTP(info Info) (stop func(), url string, err error) {
 		defer cancel()
 		hs.Shutdown(ctx)
 	}, "http://" + host + "/", nil
+}
+
+func (s *server) statusOptions() []status.Option {
+	opts := []status.Option{status.WithLogger(s.log)}
+	if s.plan != nil {
+		opts = append(opts, status.WithPipeline(s.plan.pipelineView))
+	}
+	return opts
 }
 
 // watch records membership changes until ctx ends.

@@ -168,16 +168,25 @@ func TestBootstrapRemovesStaleTempFiles(t *testing.T) {
 	}
 }
 
-// A staged run is refused at the operator's terminal with what to do
-// instead: volunteers would refuse it one by one.
-func TestConfigRefusesStagedRun(t *testing.T) {
+// A staged DiLoCo run is served (the bootstrap places its volunteers); a
+// staged run the volunteers cannot run yet is refused at the operator's
+// terminal with what to do instead, not by every volunteer one by one.
+func TestConfigStagedRuns(t *testing.T) {
 	c := DefaultConfig(t.TempDir())
 	if err := c.Validate(); err != nil {
 		t.Fatalf("default: %v", err)
 	}
 	c.Manifest.Pipeline.Stages, c.Manifest.Pipeline.SkipRatio = 3, 1.0/3
+	if err := c.Validate(); err != nil {
+		t.Fatalf("staged DiLoCo: %v", err)
+	}
+	c.Manifest.Optimizer.Kind = manifest.KindNoLoCo
 	err := c.Validate()
 	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "skein demo --stages 3") {
-		t.Fatalf("staged manifest: %v, want ErrConfig naming the demo", err)
+		t.Fatalf("staged NoLoCo: %v, want ErrConfig naming the demo", err)
+	}
+	c.Manifest.Optimizer.Kind, c.Manifest.Optimizer.Delayed = manifest.KindDiLoCo, true
+	if err := c.Validate(); !errors.Is(err, ErrConfig) {
+		t.Fatalf("staged delayed DiLoCo: %v, want ErrConfig", err)
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"math/rand/v2"
 	"slices"
 	"sync"
 	"time"
@@ -781,40 +780,9 @@ func (r *stagedRun) close() {
 // replicas and changes which replicas work together from one iteration
 // to the next.
 func (r *stagedRun) paths(iter uint64) ([]pipeline.Path, error) {
-	S, R, skip := r.cfg.Stages, r.cfg.Replicas, r.cfg.Skip()
-	seen := make([]int, S)
-	perms := make([][]int, S)
-	if r.cfg.RandomRouting {
-		rng := rand.New(rand.NewPCG(r.cfg.Seed, iter))
-		for s := range perms {
-			perms[s] = rng.Perm(R)
-		}
-	}
-	paths := make([]pipeline.Path, r.cfg.Microbatches)
-	for m := range paths {
-		skipped := map[int]bool{}
-		for j := range skip {
-			skipped[1+(m*skip+j)%(S-1)] = true
-		}
-		var p pipeline.Path
-		for s := range S {
-			if skipped[s] {
-				continue
-			}
-			k := seen[s]
-			seen[s]++
-			p.Stages = append(p.Stages, s)
-			if perm := perms[s]; perm != nil {
-				p.Nodes = append(p.Nodes, s*R+perm[k%R])
-			} else {
-				p.Nodes = append(p.Nodes, s*R+(k+s*int(iter%uint64(R)))%R)
-			}
-		}
-		if r.cfg.CheckFreePlus {
-			p = pipeline.CheckFreePlus(p, m, S)
-		}
-		paths[m] = p
-	}
+	rs := pipeline.RotatingSchedule{Microbatches: r.cfg.Microbatches, Skip: r.cfg.Skip(), Seed: r.cfg.Seed,
+		Random: r.cfg.RandomRouting, CheckFreePlus: r.cfg.CheckFreePlus}
+	paths := rs.Paths(r.pl, iter)
 	if err := pipeline.Validate(paths, r.pl, r.rules); err != nil {
 		return nil, fmt.Errorf("experiment: the staged schedule of iteration %d: %w", iter, err)
 	}

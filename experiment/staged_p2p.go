@@ -3,7 +3,6 @@ package experiment
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +20,7 @@ import (
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/p2p/wan"
+	"github.com/skein-ml/skein/pipeline"
 )
 
 // StagedNetwork moves a staged run's traffic over real libp2p instead of
@@ -205,7 +205,7 @@ func (sw *stagedSwarm) signer(v int) optimizer.Signer { return node.NodeSigner(s
 
 // publish makes norm and params what node v serves to a replacement.
 func (sw *stagedSwarm) publish(v int, norm float64, params []float32) {
-	b := encodeStageWeights(norm, params)
+	b := pipeline.EncodeStageWeights(norm, params)
 	sw.mu.Lock()
 	sw.weights[v] = b
 	sw.mu.Unlock()
@@ -215,13 +215,13 @@ func (sw *stagedSwarm) publish(v int, norm float64, params []float32) {
 // from node self: n parameters and the gradient norm.
 func (sw *stagedSwarm) fetchWeights(ctx context.Context, self, v, n int) (float64, []float32, error) {
 	nodes := sw.live()
-	buf := make(memBuffer, stageWeightsSize(n))
+	buf := make(memBuffer, pipeline.StageWeightsSize(n))
 	fctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
 	if _, err := nodes[self].Fetch(fctx, nodes[v].ID(), stageWeightsKey, buf, p2p.FetchOptions{Length: int64(len(buf))}); err != nil {
 		return 0, nil, fmt.Errorf("experiment: weights of node %d: %w", v, err)
 	}
-	return decodeStageWeights(buf, n)
+	return pipeline.DecodeStageWeights(buf, n)
 }
 
 // kill closes node v (its peers see it leave); start brings up its
@@ -279,37 +279,6 @@ type stagePeers struct {
 }
 
 func (p stagePeers) Members() []optimizer.PeerID { return slices.Clone(p.members) }
-
-// The weights a node serves to a replacement of a neighbouring stage,
-// little-endian: the float64 gradient norm, then n fp32 parameters. Its
-// size is fixed by n, which both sides know; decodeStageWeights checks it
-// before reading.
-func stageWeightsSize(n int) int { return 8 + 4*n }
-
-func encodeStageWeights(norm float64, params []float32) []byte {
-	b := make([]byte, 0, stageWeightsSize(len(params)))
-	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(norm))
-	for _, x := range params {
-		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(x))
-	}
-	return b
-}
-
-// decodeStageWeights parses n parameters' weights; it never panics.
-func decodeStageWeights(b []byte, n int) (float64, []float32, error) {
-	if n < 0 || n > len(b)/4 || len(b) != stageWeightsSize(n) { // n first: 4n must not overflow
-		return 0, nil, fmt.Errorf("experiment: stage weights of %d bytes cannot hold %d parameters", len(b), n)
-	}
-	norm := math.Float64frombits(binary.LittleEndian.Uint64(b))
-	if math.IsNaN(norm) || math.IsInf(norm, 0) || norm < 0 {
-		return 0, nil, fmt.Errorf("experiment: stage weights with gradient norm %v", norm)
-	}
-	out := make([]float32, n)
-	for i := range out {
-		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[8+4*i:]))
-	}
-	return norm, out, nil
-}
 
 // memBuffer is an io.WriterAt over a fixed buffer.
 type memBuffer []byte

@@ -48,6 +48,10 @@ var (
 	// its join token and learns the run's policy. The only protocol a peer
 	// that is not admitted may open.
 	ProtoAdmission = Protocol{"admission", 1}
+	// ProtoStagePlan serves a staged run's placement (pipeline.Assignment):
+	// which volunteer serves which stage from which iteration on. The
+	// bootstrap answers; volunteers ask it.
+	ProtoStagePlan = Protocol{"stage-plan", 1}
 )
 
 // ProtoStageReduce carries the DiLoCo collective of stage s's replicas in a

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 )
@@ -127,4 +128,35 @@ func swapPair(p Path, a, b int) {
 			return
 		}
 	}
+}
+
+// The weights a node serves to a replacement of a neighbouring stage,
+// little-endian: the float64 gradient norm, then n fp32 parameters. Its
+// size is fixed by n, which both sides know; DecodeStageWeights checks it
+// before reading.
+func StageWeightsSize(n int) int { return 8 + 4*n }
+
+func EncodeStageWeights(norm float64, params []float32) []byte {
+	b := make([]byte, 0, StageWeightsSize(len(params)))
+	b = binary.LittleEndian.AppendUint64(b, math.Float64bits(norm))
+	for _, x := range params {
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(x))
+	}
+	return b
+}
+
+// DecodeStageWeights parses n parameters' weights; it never panics.
+func DecodeStageWeights(b []byte, n int) (float64, []float32, error) {
+	if n < 0 || n > len(b)/4 || len(b) != StageWeightsSize(n) { // n first: 4n must not overflow
+		return 0, nil, fmt.Errorf("pipeline: stage weights of %d bytes cannot hold %d parameters", len(b), n)
+	}
+	norm := math.Float64frombits(binary.LittleEndian.Uint64(b))
+	if math.IsNaN(norm) || math.IsInf(norm, 0) || norm < 0 {
+		return 0, nil, fmt.Errorf("pipeline: stage weights with gradient norm %v", norm)
+	}
+	out := make([]float32, n)
+	for i := range out {
+		out[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[8+4*i:]))
+	}
+	return norm, out, nil
 }

@@ -103,3 +103,22 @@ func (w Workload) Memory(s, stages, mu int) float64 {
 
 func positive(v float64) bool    { return v > 0 && !math.IsInf(v, 0) }
 func nonNegative(v float64) bool { return v >= 0 && !math.IsInf(v, 0) }
+
+// WorkloadOf is the workload of a model of the given shape trained on
+// microbatches of b sequences of t tokens, scaled from DefaultWorkload's
+// measured layer: a layer's forward by its multiply-adds (12C^2 per token),
+// the activations crossing a stage boundary as bf16.
+func WorkloadOf(layers, c, heads, b, t int) Workload {
+	ref := DefaultWorkload()
+	const refC, refN = 384, 8 * 256
+	n := b * t
+	return Workload{
+		Layers:             layers,
+		LayerForward:       ref.LayerForward * float64(c*c) * float64(n) / (refC * refC * refN),
+		BackwardRatio:      ref.BackwardRatio,
+		LossFactor:         ref.LossFactor,
+		ActivationBytes:    2 * float64(n*c),
+		ParamBytesPerLayer: 16 * float64(12*c*c+13*c),
+		StashBytesPerLayer: 4 * float64(18*n*c+4*n+b*heads*t*t),
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
+	"github.com/skein-ml/skein/pipeline"
 )
 
 // Errors. Every error of Parse, Load (other than the file's I/O) and Validate
@@ -350,4 +351,12 @@ func decodeRunKey(s string) (ed25519.PublicKey, error) {
 		return nil, errors.New("not the base64 of 32 bytes")
 	}
 	return ed25519.PublicKey(b), nil
+}
+
+// Schedule is the schedule every member of a staged run computes for each
+// iteration from its placement (pipeline.RotatingSchedule): the pipeline
+// section's microbatches, skips and CheckFree+, seeded by the model's seed.
+func (m Manifest) Schedule() pipeline.RotatingSchedule {
+	return pipeline.RotatingSchedule{Microbatches: m.Pipeline.Microbatches, Skip: m.Pipeline.Skip(), Seed: m.Model.Seed,
+		CheckFreePlus: m.Pipeline.CheckFreePlus}
 }

@@ -1,4 +1,4 @@
-package experiment
+package pipeline
 
 import (
 	"math"
@@ -11,8 +11,8 @@ import (
 // non-negative number is refused.
 func TestStageWeights(t *testing.T) {
 	params := []float32{1, -2.5, float32(math.Inf(1)), 0}
-	b := encodeStageWeights(0.75, params)
-	norm, got, err := decodeStageWeights(b, len(params))
+	b := EncodeStageWeights(0.75, params)
+	norm, got, err := DecodeStageWeights(b, len(params))
 	if err != nil || norm != 0.75 || !slices.Equal(got[:2], params[:2]) || !math.IsInf(float64(got[2]), 1) {
 		t.Fatalf("round trip: %v %v %v", norm, got, err)
 	}
@@ -24,10 +24,10 @@ func TestStageWeights(t *testing.T) {
 		"long":          {append(slices.Clone(b), 0), len(params)},
 		"other n":       {b, len(params) + 1},
 		"negative n":    {b, -1},
-		"NaN norm":      {encodeStageWeights(math.NaN(), params), len(params)},
-		"negative norm": {encodeStageWeights(-1, params), len(params)},
+		"NaN norm":      {EncodeStageWeights(math.NaN(), params), len(params)},
+		"negative norm": {EncodeStageWeights(-1, params), len(params)},
 	} {
-		if _, _, err := decodeStageWeights(c.b, c.n); err == nil {
+		if _, _, err := DecodeStageWeights(c.b, c.n); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
@@ -36,15 +36,15 @@ func TestStageWeights(t *testing.T) {
 // FuzzStageWeights: any bytes, any claimed size: an error or a decode whose
 // re-encoding is the input, never a panic.
 func FuzzStageWeights(f *testing.F) {
-	f.Add(encodeStageWeights(1.5, []float32{1, 2, 3}), 3)
+	f.Add(EncodeStageWeights(1.5, []float32{1, 2, 3}), 3)
 	f.Add([]byte{}, 0)
 	f.Add(make([]byte, 7), 0)
 	f.Fuzz(func(t *testing.T, b []byte, n int) {
-		norm, w, err := decodeStageWeights(b, n)
+		norm, w, err := DecodeStageWeights(b, n)
 		if err != nil {
 			return
 		}
-		if again := encodeStageWeights(norm, w); !slices.Equal(again, b) {
+		if again := EncodeStageWeights(norm, w); !slices.Equal(again, b) {
 			t.Fatalf("decode of %x re-encodes to %x", b, again)
 		}
 	})

@@ -1,0 +1,419 @@
+package bootstrap
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/skein-ml/skein/bootstrap/manifest"
+	"github.com/skein-ml/skein/bootstrap/status"
+	"github.com/skein-ml/skein/model"
+	"github.com/skein-ml/skein/p2p"
+	"github.com/skein-ml/skein/pipeline"
+	"github.com/skein-ml/skein/sim"
+)
+
+// A staged run's placement (DESIGN.md, pipeline): the bootstrap places the
+// volunteers in stages with pipeline.Plan from what they gossip (compute,
+// bandwidth, memory caps), and re-plans when one leaves or joins, moving
+// as few as it can. Each plan is a pipeline.Assignment with a higher epoch
+// and a first iteration a few iterations ahead of the run, so that every
+// volunteer, asking every half second, switches between the same two
+// iterations. A member new to a stage takes its weights from a survivor of
+// the stage or, when the stage lost every member, rebuilds it from its
+// neighbours (CheckFree); the volunteers do that, the bootstrap only says
+// who is new where.
+
+// StagePlanFrame is the frame type of an encoded pipeline.Assignment on
+// p2p.ProtoStagePlan; StagePlanNone answers while there is no plan yet.
+const (
+	StagePlanFrame byte = 0x50
+	StagePlanNone  byte = 0x51
+)
+
+// PlanTiming is how the bootstrap's placement reacts to membership.
+type PlanTiming struct {
+	// Settle is how long the volunteers' membership must stay unchanged
+	// before a plan is made: joins come in bursts.
+	Settle time.Duration
+	// Lead is how far ahead of the run, in wall-clock time at its measured
+	// pace, a new plan starts: the volunteers must all have it by then.
+	Lead time.Duration
+}
+
+// DefaultPlanTiming suits volunteers that ask for the plan every half second.
+func DefaultPlanTiming() PlanTiming {
+	return PlanTiming{Settle: 2 * time.Second, Lead: 3 * time.Second}
+}
+
+// stagePlanner keeps a staged run's Assignment.
+type stagePlanner struct {
+	run    manifest.Manifest
+	seed   *p2p.Seed
+	log    *slog.Logger
+	out    io.Writer
+	timing PlanTiming
+	holds  []string // per stage, what it holds ("embedding, head, layer 0")
+	wl     pipeline.Workload
+	notify func()
+
+	mu      sync.Mutex
+	cur     *pipeline.Assignment
+	enc     []byte
+	rebuilt map[int]string // stage -> how it was last rebuilt
+	waiting string         // why no new plan could be made, said once
+
+	view      string // the volunteers last seen, sorted and joined
+	changedAt time.Time
+	pace      paceMeter
+}
+
+func newStagePlanner(run manifest.Manifest, seed *p2p.Seed, log *slog.Logger, out io.Writer, timing PlanTiming) (*stagePlanner, error) {
+	mc, err := model.Preset(run.Model.Preset)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	specs, err := pipeline.SplitLayers(mc, run.Pipeline.Stages)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	p := &stagePlanner{run: run, seed: seed, log: log, out: out, timing: timing, rebuilt: map[int]string{},
+		wl: pipeline.WorkloadOf(mc.Layers, mc.C, mc.Heads, run.Model.Batch, run.SeqLen())}
+	for _, sp := range specs {
+		p.holds = append(p.holds, holds(sp))
+	}
+	return p, nil
+}
+
+// holds says what a stage holds, for the status page.
+func holds(sp model.StageSpec) string {
+	var parts []string
+	if sp.Embedding {
+		parts = append(parts, "embedding")
+	}
+	if sp.Head {
+		parts = append(parts, "head")
+	}
+	switch n := sp.LastLayer - sp.FirstLayer; {
+	case n == 1:
+		parts = append(parts, fmt.Sprintf("layer %d", sp.FirstLayer))
+	case n > 1:
+		parts = append(parts, fmt.Sprintf("layers %d-%d", sp.FirstLayer, sp.LastLayer-1))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// serve answers plan requests on the seed.
+func (p *stagePlanner) serve() error {
+	return p.seed.Handle(p2p.ProtoStagePlan, p2p.MessageFrameConfig(pipeline.MaxAssignmentBytes), func(_ context.Context, st *p2p.Stream) error {
+		p.mu.Lock()
+		enc := p.enc
+		p.mu.Unlock()
+		if enc == nil {
+			return st.WriteFrame(StagePlanNone, nil)
+		}
+		return st.WriteFrame(StagePlanFrame, enc)
+	})
+}
+
+// loop re-plans every tick until ctx ends.
+func (p *stagePlanner) loop(ctx context.Context) {
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			p.step(now)
+		}
+	}
+}
+
+// volunteer is what the planner knows of one volunteer.
+type volunteer struct {
+	id   string
+	meta p2p.Meta
+}
+
+func (p *stagePlanner) volunteers() []volunteer {
+	var out []volunteer
+	for _, m := range p.seed.Members() {
+		if m.Meta.Role == p2p.RoleVolunteer && m.ID != p.seed.ID() {
+			out = append(out, volunteer{m.ID.String(), m.Meta})
+		}
+	}
+	slices.SortFunc(out, func(a, b volunteer) int { return strings.Compare(a.id, b.id) })
+	return out
+}
+
+// step makes a new plan when the volunteers have changed and settled.
+func (p *stagePlanner) step(now time.Time) {
+	vols := p.volunteers()
+	ids := make([]string, len(vols))
+	var ahead uint64
+	for i, v := range vols {
+		ids[i] = v.id
+		ahead = max(ahead, v.meta.Round)
+	}
+	p.pace.observe(now, ahead)
+	if view := strings.Join(ids, ","); view != p.view {
+		p.view, p.changedAt = view, now
+		return
+	}
+	if now.Sub(p.changedAt) < p.timing.Settle {
+		return
+	}
+	p.mu.Lock()
+	cur := p.cur
+	p.mu.Unlock()
+	if cur != nil && slices.Equal(sortedPeers(cur.Peers), ids) {
+		return // the plan covers exactly the volunteers there are
+	}
+	a, err := p.plan(cur, vols, ahead)
+	if err != nil {
+		p.wait(err.Error())
+		return
+	}
+	enc, err := a.MarshalBinary()
+	if err != nil {
+		p.log.Error("staged plan does not encode", "err", err)
+		return
+	}
+	p.mu.Lock()
+	p.cur, p.enc, p.waiting = &a, enc, ""
+	p.mu.Unlock()
+	fmt.Fprintf(p.out, "skein bootstrap: stage plan %d from iteration %d: %s\n", a.Epoch, a.Start, describe(a))
+	p.log.Info("stage plan", "epoch", a.Epoch, "start", a.Start, "members", len(a.Peers))
+	if p.notify != nil {
+		p.notify()
+	}
+}
+
+func (p *stagePlanner) wait(why string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if why != p.waiting {
+		p.waiting = why
+		fmt.Fprintf(p.out, "skein bootstrap: %s\n", why)
+	}
+}
+
+func sortedPeers(ids []string) []string {
+	out := slices.Clone(ids)
+	slices.Sort(out)
+	return out
+}
+
+// plan places vols: from scratch when there is no plan yet, else moving
+// as few members as it can (pipeline.Plan with the previous placement),
+// starting far enough ahead of the run's iteration (ahead) that every
+// volunteer has the plan before it starts.
+func (p *stagePlanner) plan(cur *pipeline.Assignment, vols []volunteer, ahead uint64) (pipeline.Assignment, error) {
+	S := p.run.Pipeline.Stages
+	if len(vols) < S {
+		return pipeline.Assignment{}, fmt.Errorf("waiting for volunteers: %d of the %d a %d-stage run needs", len(vols), S, S)
+	}
+	net, err := networkOf(vols)
+	if err != nil {
+		return pipeline.Assignment{}, err
+	}
+	n0 := max(1, len(vols)/S)
+	cfg := pipeline.PlanConfig{Stages: S, Mu: (p.run.Pipeline.Microbatches + n0 - 1) / n0, Workload: p.wl}
+	var prev map[string]int
+	if cur != nil {
+		prev = map[string]int{}
+		for i, id := range cur.Peers {
+			if _, ok := net.Index(id); ok {
+				prev[id] = cur.StageOf[i]
+			}
+		}
+	}
+	pl, err := pipeline.Plan(net, cfg, prev)
+	if err != nil {
+		return pipeline.Assignment{}, fmt.Errorf("cannot place the %d volunteers in %d stages: %w", len(vols), S, err)
+	}
+	a := pipeline.Assignment{Epoch: 1, Start: 1, Stages: S}
+	if cur != nil {
+		a.Epoch, a.Start = cur.Epoch+1, ahead+1+p.pace.lead(p.timing.Lead)
+	}
+	for v, s := range pl.StageOf {
+		if s == pipeline.Unassigned {
+			continue
+		}
+		id := net.Node(v).ID
+		since := a.Epoch
+		if cur != nil {
+			if i := cur.Index(id); i >= 0 && cur.StageOf[i] == s {
+				since = cur.Since[i]
+			}
+		}
+		a.Peers, a.StageOf, a.Since = append(a.Peers, id), append(a.StageOf, s), append(a.Since, since)
+	}
+	if cur != nil {
+		p.noteRebuilds(a)
+	}
+	return a, a.Validate()
+}
+
+// noteRebuilds records, for the status page, the stages a plans hands to
+// members that are all new to them after the first plan: they rebuild
+// them with CheckFree (pipeline.Recover says from which neighbours).
+func (p *stagePlanner) noteRebuilds(a pipeline.Assignment) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for s := range a.Stages {
+		if len(a.Survivors(s)) > 0 {
+			continue
+		}
+		how := "CheckFree"
+		if rec, err := pipeline.Recover(s, a.Stages, p.run.Pipeline.CheckFreePlus); err == nil {
+			if rec.Copy() {
+				how = fmt.Sprintf("CheckFree+: copy of stage %d", rec.From[0])
+			} else {
+				how = fmt.Sprintf("CheckFree from stages %d and %d", rec.From[0], rec.From[1])
+			}
+		}
+		p.rebuilt[s] = fmt.Sprintf("%s, at iteration %d", how, a.Start)
+	}
+}
+
+// describe is a plan in one line: stage: members.
+func describe(a pipeline.Assignment) string {
+	var parts []string
+	for s := range a.Stages {
+		var ids []string
+		for _, v := range a.Members(s) {
+			ids = append(ids, status.ShortID(a.Peers[v]))
+		}
+		parts = append(parts, fmt.Sprintf("stage %d: %s", s, strings.Join(ids, " ")))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// networkOf is the simulator's view of the volunteers, from what they
+// gossip: compute relative to the reference machine when measured,
+// bandwidth caps or measurements, memory caps; what is not known is taken
+// as a home machine's (one region: the bootstrap does not measure the
+// latencies between volunteers).
+func networkOf(vols []volunteer) (*sim.Network, error) {
+	spec := sim.Spec{Name: "volunteers", Regions: []string{"internet"}, LatencyMs: [][]float64{{20}}}
+	for _, v := range vols {
+		m := v.meta
+		n := sim.NodeSpec{ID: v.id, Region: "internet", Speed: 1, MemoryGiB: 16, UpMbps: 100, DownMbps: 100, AccessMs: 5}
+		if m.ComputeTFLOPS > 0 {
+			n.Speed = float64(m.ComputeTFLOPS) / refTFLOPS
+		}
+		if m.CapMemMiB > 0 {
+			n.MemoryGiB = float64(m.CapMemMiB) / 1024
+		}
+		n.UpMbps = firstPositive(m.CapUpMbps, m.UpMbps, 100)
+		n.DownMbps = firstPositive(m.CapDownMbps, m.DownMbps, 100)
+		spec.Nodes = append(spec.Nodes, n)
+	}
+	return sim.NewNetwork(spec)
+}
+
+// refTFLOPS is the reference machine's training throughput (sim's
+// measured step at 6 flops per parameter and token).
+const refTFLOPS = 6 * sim.RefParams * sim.RefTokens / sim.RefStepSeconds / 1e12
+
+func firstPositive(xs ...float32) float64 {
+	for _, x := range xs {
+		if x > 0 && !math.IsInf(float64(x), 0) && !math.IsNaN(float64(x)) {
+			return float64(x)
+		}
+	}
+	return 0
+}
+
+// pipeline is the status page's pipeline card: the plan's stages and
+// members, and the paths of the run's latest iteration (the volunteers
+// compute the same schedule from the plan).
+func (p *stagePlanner) pipelineView() *status.Pipeline {
+	p.mu.Lock()
+	cur := p.cur
+	rebuilt := make(map[int]string, len(p.rebuilt))
+	for s, how := range p.rebuilt {
+		rebuilt[s] = how
+	}
+	p.mu.Unlock()
+	if cur == nil {
+		return nil
+	}
+	var iter uint64
+	for _, m := range p.seed.Members() {
+		if cur.Index(m.ID.String()) >= 0 {
+			iter = max(iter, m.Meta.Round)
+		}
+	}
+	pv := &status.Pipeline{SkipRatio: p.run.Pipeline.SkipRatio, Iteration: iter}
+	for s := range cur.Stages {
+		sv := status.StageView{Stage: s, Holds: p.holds[s], Rebuilt: rebuilt[s]}
+		for _, v := range cur.Members(s) {
+			sv.Replicas = append(sv.Replicas, status.ShortID(cur.Peers[v]))
+		}
+		pv.Stages = append(pv.Stages, sv)
+	}
+	if iter >= cur.Start {
+		for m, path := range p.run.Schedule().Paths(cur.Placement(), iter) {
+			view := status.PathView{Microbatch: m, Stages: path.Stages}
+			for _, v := range path.Nodes {
+				view.Peers = append(view.Peers, status.ShortID(cur.Peers[v]))
+			}
+			pv.Paths = append(pv.Paths, view)
+		}
+	}
+	return pv
+}
+
+// paceMeter estimates the run's iterations per second from the highest
+// iteration the volunteers announce.
+type paceMeter struct {
+	at   []time.Time
+	iter []uint64
+}
+
+func (m *paceMeter) observe(now time.Time, iter uint64) {
+	m.at, m.iter = append(m.at, now), append(m.iter, iter)
+	for len(m.at) > 1 && now.Sub(m.at[0]) > 10*time.Second {
+		m.at, m.iter = m.at[1:], m.iter[1:]
+	}
+}
+
+// lead is how many iterations the run goes in d at its pace, plus two.
+func (m *paceMeter) lead(d time.Duration) uint64 {
+	if len(m.at) < 2 {
+		return 3
+	}
+	dt := m.at[len(m.at)-1].Sub(m.at[0]).Seconds()
+	di := float64(m.iter[len(m.iter)-1]) - float64(m.iter[0])
+	if dt <= 0 || di <= 0 {
+		return 3
+	}
+	return 2 + uint64(math.Ceil(di/dt*d.Seconds()))
+}
+
+// StagedSupported says whether volunteers can run m's pipeline: a staged
+// run averages each stage's replicas with Nesterov DiLoCo, not delayed
+// (NoLoCo between a stage's replicas runs in `skein demo --stages`, not
+// yet over `skein node join`). nil for a data-parallel run.
+func StagedSupported(m manifest.Manifest) error {
+	p, o := m.Pipeline, m.Optimizer
+	switch {
+	case !p.Staged():
+		return nil
+	case o.Kind != manifest.KindDiLoCo:
+		return fmt.Errorf("a staged run's volunteers average each stage's replicas with DiLoCo; optimizer.kind = %q runs staged only in `skein demo --stages %d`",
+			o.Kind, p.Stages)
+	case !o.Nesterov || o.Delayed:
+		return fmt.Errorf("a staged run's DiLoCo is Nesterov and not delayed (optimizer.nesterov = %v, delayed = %v)", o.Nesterov, o.Delayed)
+	}
+	return nil
+}
