@@ -436,6 +436,24 @@ func (r *Relay) Step(from int, payload []byte) {
 	}
 }
 
+// Stashed is a message a Relay keeps for an iteration it has not begun.
+type Stashed struct {
+	From    int // node index in the Relay's placement
+	Payload []byte
+}
+
+// TakeStash removes and returns the messages kept for an iteration not
+// begun yet: a driver that moves to a new placement between two iterations
+// hands them to the new machine (RelayDriver.Switch).
+func (r *Relay) TakeStash() []Stashed {
+	out := make([]Stashed, len(r.stash))
+	for i, s := range r.stash {
+		out[i] = Stashed{From: s.from, Payload: s.payload}
+	}
+	r.stash, r.stashBytes = nil, 0
+	return out
+}
+
 // stashMsg keeps a message for the next iteration within the budget.
 func (r *Relay) stashMsg(from int, payload []byte) {
 	mine := 0

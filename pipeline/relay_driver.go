@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/skein-ml/skein/optimizer"
@@ -23,16 +24,17 @@ type RelayDriver struct {
 	ids    []optimizer.PeerID // node index -> peer
 	index  map[optimizer.PeerID]int
 	m      *Relay
-	runner StageRunner
+	runner atomic.Pointer[StageRunner] // read by the compute goroutine; Switch replaces it
 	tick   time.Duration
 	log    *slog.Logger
 
-	reqs    chan relayRequest
-	results chan Result
-	done    chan struct{} // closed when the loop exits
-	stop    context.CancelFunc
-	wg      sync.WaitGroup
-	out     *optimizer.Outbox
+	reqs     chan relayRequest
+	switches chan relaySwitch
+	results  chan Result
+	done     chan struct{} // closed when the loop exits
+	stop     context.CancelFunc
+	wg       sync.WaitGroup
+	out      *optimizer.Outbox
 }
 
 // RelayOptions are the driver's settings.
@@ -46,6 +48,15 @@ type relayRequest struct {
 	paths  []Path
 	cancel bool // the caller of Run for iter gave up waiting
 	reply  chan relayReply
+}
+
+// relaySwitch is a Switch waiting for the loop.
+type relaySwitch struct {
+	nodes  []optimizer.PeerID
+	index  map[optimizer.PeerID]int
+	m      *Relay
+	runner StageRunner
+	reply  chan error
 }
 
 type relayReply struct {
@@ -62,6 +73,32 @@ const relaySendQueue = 64
 // NewRelayDriver builds the driver of the node nodes[cfg.Self], which must
 // be peers.Self(); nodes maps the placement's node indices to peers.
 func NewRelayDriver(peers optimizer.Peers, nodes []optimizer.PeerID, runner StageRunner, cfg RelayConfig, opt RelayOptions) (*RelayDriver, error) {
+	index, err := relayIndex(peers, nodes, runner, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if opt.Tick <= 0 {
+		opt.Tick = 50 * time.Millisecond
+	}
+	if opt.Logger == nil {
+		opt.Logger = slog.New(slog.DiscardHandler)
+	}
+	m, err := NewRelay(cfg)
+	if err != nil {
+		return nil, err
+	}
+	d := &RelayDriver{peers: peers, ids: slices.Clone(nodes), index: index, m: m,
+		tick: opt.Tick, log: opt.Logger.With("node", cfg.Self, "stage", m.Stage()),
+		reqs: make(chan relayRequest), switches: make(chan relaySwitch), results: make(chan Result), done: make(chan struct{}),
+		out: optimizer.NewOutbox(peers, relaySendQueue, opt.Logger)}
+	d.setRunner(runner)
+	return d, nil
+}
+
+func (d *RelayDriver) setRunner(r StageRunner) { d.runner.Store(&r) }
+
+// relayIndex checks a driver's settings and maps peers to node indices.
+func relayIndex(peers optimizer.Peers, nodes []optimizer.PeerID, runner StageRunner, cfg RelayConfig) (map[optimizer.PeerID]int, error) {
 	if len(nodes) != len(cfg.Placement.StageOf) {
 		return nil, fmt.Errorf("%w: %d peers for a placement of %d nodes", ErrConfig, len(nodes), len(cfg.Placement.StageOf))
 	}
@@ -78,20 +115,36 @@ func NewRelayDriver(peers optimizer.Peers, nodes []optimizer.PeerID, runner Stag
 		}
 		index[id] = i
 	}
-	if opt.Tick <= 0 {
-		opt.Tick = 50 * time.Millisecond
-	}
-	if opt.Logger == nil {
-		opt.Logger = slog.New(slog.DiscardHandler)
+	return index, nil
+}
+
+// Switch moves the driver to a new placement between two iterations (a
+// staged run re-planned after a member left or joined): the machine is
+// rebuilt for cfg over nodes with runner (the same or another stage's),
+// and the messages the old machine kept for an iteration it had not begun
+// are handed to the new one, re-indexed by peer, so that a member that
+// switches a moment after the others loses none of their first messages.
+// It fails while an iteration runs.
+func (d *RelayDriver) Switch(ctx context.Context, nodes []optimizer.PeerID, runner StageRunner, cfg RelayConfig) error {
+	index, err := relayIndex(d.peers, nodes, runner, cfg)
+	if err != nil {
+		return err
 	}
 	m, err := NewRelay(cfg)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return &RelayDriver{peers: peers, ids: slices.Clone(nodes), index: index, m: m, runner: runner,
-		tick: opt.Tick, log: opt.Logger.With("node", cfg.Self, "stage", m.Stage()),
-		reqs: make(chan relayRequest), results: make(chan Result), done: make(chan struct{}),
-		out: optimizer.NewOutbox(peers, relaySendQueue, opt.Logger)}, nil
+	sw := relaySwitch{nodes: slices.Clone(nodes), index: index, m: m, runner: runner, reply: make(chan error, 1)}
+	select {
+	case d.switches <- sw:
+	case <-ctx.Done():
+		m.Close()
+		return ctx.Err()
+	case <-d.done:
+		m.Close()
+		return errors.New("pipeline: switching placement: the relay is closed")
+	}
+	return <-sw.reply
 }
 
 // Start runs the driver until ctx ends or Close.
@@ -156,7 +209,7 @@ func (d *RelayDriver) compute(ctx context.Context, work <-chan Work) {
 		case <-ctx.Done():
 			return
 		case w := <-work:
-			res, ok := w.Run(d.runner)
+			res, ok := w.Run(*d.runner.Load())
 			if !ok {
 				continue
 			}
@@ -200,6 +253,23 @@ func (d *RelayDriver) loop(ctx context.Context, recv <-chan optimizer.Message, w
 			d.m.Done(res)
 		case feed <- head:
 			queue = queue[1:]
+		case sw := <-d.switches:
+			if waiting != nil {
+				sw.m.Close()
+				sw.reply <- fmt.Errorf("pipeline: switching placement during iteration %d", waiting.iter)
+				continue
+			}
+			stash := d.m.TakeStash()
+			old := d.ids
+			d.m.Close()
+			d.m, d.ids, d.index, queue = sw.m, sw.nodes, sw.index, nil
+			d.setRunner(sw.runner)
+			for _, st := range stash {
+				if j, ok := d.index[old[st.From]]; ok {
+					d.m.Step(j, st.Payload)
+				}
+			}
+			sw.reply <- nil
 		case r := <-d.reqs:
 			if r.cancel {
 				if waiting != nil && waiting.iter == r.iter {

@@ -465,3 +465,63 @@ func TestRelayDriverRun(t *testing.T) {
 		t.Fatal(o.Err)
 	}
 }
+
+// A re-plan between two iterations: node 1 leaves, node 3 takes its stage.
+// Node 0 switches first and starts the next iteration at once; its first
+// activation reaches node 3 while node 3 still runs the old placement,
+// which keeps it for the iteration it has not begun; Switch hands it to the
+// new machine, so the microbatch goes through without waiting out a hop's
+// deadline.
+func TestRelayDriverSwitch(t *testing.T) {
+	s := newSwarm(t, swarmOptions{stages: 3, stageOf: []int{0, 1, 2, 1}, codec: compression.FP32, mu: 1, hopWait: 500})
+	out := s.iterate(t, 1, []Path{fullPath()})
+	if o := out[0][0]; o.Err != nil {
+		t.Fatal(o.Err)
+	}
+	nodes := []optimizer.PeerID{s.ids[0], s.ids[3], s.ids[2]}
+	pl := Placement{Stages: 3, StageOf: []int{0, 1, 2}}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	switchTo := func(v, self int) {
+		t.Helper()
+		cfg := DefaultRelayConfig(pl, self, s.runners[v].ActivationLen(), 0.002)
+		cfg.Codec.Codec, cfg.Mu, cfg.HopWait = compression.FP32, 1, 500
+		if err := s.drivers[v].Switch(ctx, nodes, s.runners[v], cfg); err != nil {
+			t.Fatalf("node %d: %v", v, err)
+		}
+	}
+	bad := DefaultRelayConfig(pl, 0, s.runners[1].ActivationLen(), 0.002)
+	if err := s.drivers[1].Switch(ctx, nodes, s.runners[1], bad); !errors.Is(err, ErrConfig) {
+		t.Fatalf("a node not in the new placement switched: %v", err)
+	}
+	paths := []Path{fullPath()}
+	switchTo(0, 0)
+	began := time.Now()
+	first := make(chan []Outcome, 1)
+	go func() {
+		o, err := s.drivers[0].Run(ctx, 2, paths)
+		if err != nil {
+			t.Error(err)
+		}
+		first <- o
+	}()
+	time.Sleep(500 * time.Millisecond) // node 0's forward is done and sent
+	switchTo(3, 1)
+	switchTo(2, 2)
+	var wg sync.WaitGroup
+	for _, v := range []int{3, 2} {
+		wg.Go(func() {
+			if _, err := s.drivers[v].Run(ctx, 2, paths); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	o := <-first
+	if len(o) != 1 || o[0].Err != nil {
+		t.Fatalf("outcomes %+v", o)
+	}
+	if d := time.Since(began); d > 3*time.Second {
+		t.Fatalf("the iteration took %v: node 3 lost node 0's activation and it was resent or timed out", d)
+	}
+}
