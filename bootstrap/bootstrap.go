@@ -101,7 +101,7 @@ func (c Config) Validate() error {
 	if err := c.Manifest.ValidateTemplate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
-	if err := StagedSupported(c.Manifest); err != nil {
+	if err := c.Manifest.CheckStaged(); err != nil {
 		// Said here, at the operator's terminal, not by every volunteer
 		// that would join and refuse.
 		return fmt.Errorf("%w: %w", ErrConfig, err)

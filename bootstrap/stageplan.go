@@ -30,13 +30,6 @@ import (
 // neighbours (CheckFree); the volunteers do that, the bootstrap only says
 // who is new where.
 
-// StagePlanFrame is the frame type of an encoded pipeline.Assignment on
-// p2p.ProtoStagePlan; StagePlanNone answers while there is no plan yet.
-const (
-	StagePlanFrame byte = 0x50
-	StagePlanNone  byte = 0x51
-)
-
 // PlanTiming is how the bootstrap's placement reacts to membership.
 type PlanTiming struct {
 	// Settle is how long the volunteers' membership must stay unchanged
@@ -69,6 +62,7 @@ type stagePlanner struct {
 	rebuilt map[int]string // stage -> how it was last rebuilt
 	waiting string         // why no new plan could be made, said once
 
+	at        uint64 // the run's iteration when the last plan was made
 	view      string // the volunteers last seen, sorted and joined
 	changedAt time.Time
 	pace      paceMeter
@@ -116,9 +110,9 @@ func (p *stagePlanner) serve() error {
 		enc := p.enc
 		p.mu.Unlock()
 		if enc == nil {
-			return st.WriteFrame(StagePlanNone, nil)
+			return st.WriteFrame(pipeline.NoAssignmentFrame, nil)
 		}
-		return st.WriteFrame(StagePlanFrame, enc)
+		return st.WriteFrame(pipeline.AssignmentFrame, enc)
 	})
 }
 
@@ -189,7 +183,8 @@ func (p *stagePlanner) step(now time.Time) {
 	p.mu.Lock()
 	p.cur, p.enc, p.waiting = &a, enc, ""
 	p.mu.Unlock()
-	fmt.Fprintf(p.out, "skein bootstrap: stage plan %d from iteration %d: %s\n", a.Epoch, a.Start, describe(a))
+	fmt.Fprintf(p.out, "skein bootstrap: stage plan %d from iteration %d (the run is at %d, %.1f iterations/s): %s\n",
+		a.Epoch, a.Start, p.at, p.pace.rate(), describe(a))
 	p.log.Info("stage plan", "epoch", a.Epoch, "start", a.Start, "members", len(a.Peers))
 	if p.notify != nil {
 		p.notify()
@@ -243,6 +238,7 @@ func (p *stagePlanner) plan(cur *pipeline.Assignment, vols []volunteer, ahead ui
 	if cur != nil {
 		a.Epoch, a.Start = cur.Epoch+1, ahead+1+p.pace.lead(p.timing.Lead)
 	}
+	p.at = ahead
 	for v, s := range pl.StageOf {
 		if s == pipeline.Unassigned {
 			continue
@@ -387,33 +383,21 @@ func (m *paceMeter) observe(now time.Time, iter uint64) {
 	}
 }
 
-// lead is how many iterations the run goes in d at its pace, plus two.
-func (m *paceMeter) lead(d time.Duration) uint64 {
+// rate is the run's iterations per second over the last seconds (0 when
+// it did not move).
+func (m *paceMeter) rate() float64 {
 	if len(m.at) < 2 {
-		return 3
+		return 0
 	}
 	dt := m.at[len(m.at)-1].Sub(m.at[0]).Seconds()
 	di := float64(m.iter[len(m.iter)-1]) - float64(m.iter[0])
 	if dt <= 0 || di <= 0 {
-		return 3
+		return 0
 	}
-	return 2 + uint64(math.Ceil(di/dt*d.Seconds()))
+	return di / dt
 }
 
-// StagedSupported says whether volunteers can run m's pipeline: a staged
-// run averages each stage's replicas with Nesterov DiLoCo, not delayed
-// (NoLoCo between a stage's replicas runs in `skein demo --stages`, not
-// yet over `skein node join`). nil for a data-parallel run.
-func StagedSupported(m manifest.Manifest) error {
-	p, o := m.Pipeline, m.Optimizer
-	switch {
-	case !p.Staged():
-		return nil
-	case o.Kind != manifest.KindDiLoCo:
-		return fmt.Errorf("a staged run's volunteers average each stage's replicas with DiLoCo; optimizer.kind = %q runs staged only in `skein demo --stages %d`",
-			o.Kind, p.Stages)
-	case !o.Nesterov || o.Delayed:
-		return fmt.Errorf("a staged run's DiLoCo is Nesterov and not delayed (optimizer.nesterov = %v, delayed = %v)", o.Nesterov, o.Delayed)
-	}
-	return nil
+// lead is how many iterations the run goes in d at its pace, plus three.
+func (m *paceMeter) lead(d time.Duration) uint64 {
+	return 3 + uint64(math.Ceil(m.rate()*d.Seconds()))
 }

@@ -171,7 +171,7 @@ func (r *nolocoRun) join(name, dir string, rounds, minPeers int, onRound func(Ro
 			return
 		}
 		tv.mu.Lock()
-		tv.id = v.peers.Self()
+		tv.id = optimizer.PeerID(v.pn.ID().String())
 		tv.addr = v.pn.Addrs()[0].String()
 		tv.mu.Unlock()
 		err = v.Run(ctx)

@@ -306,7 +306,8 @@ type Volunteer struct {
 	// stats of the last round, for telemetry and metrics
 	last roundMeasure
 
-	nl *nolocoState // set for a NoLoCo run (noloco.go); the DiLoCo fields above are nil then
+	nl *nolocoState     // set for a NoLoCo run (noloco.go); the DiLoCo fields above are nil then
+	st *stagedVolunteer // set for a staged run (staged.go); the DiLoCo and NoLoCo fields are nil then
 
 	cancelRing context.CancelFunc
 	mu         sync.Mutex
@@ -404,6 +405,13 @@ func NewVolunteer(ctx context.Context, cfg VolunteerConfig) (_ *Volunteer, err e
 	if err != nil {
 		return nil, err
 	}
+	if m.Pipeline.Staged() {
+		if err := v.initStaged(corpus); err != nil {
+			corpus.Close()
+			return nil, err
+		}
+		return v, v.serveAll(cfg)
+	}
 
 	a := optimizer.DefaultAdamW()
 	a.LR, a.Warmup, a.TotalSteps, a.WeightDecay, a.Clip = m.Optimizer.InnerLR, m.Optimizer.Warmup,
@@ -431,16 +439,22 @@ func NewVolunteer(ctx context.Context, cfg VolunteerConfig) (_ *Volunteer, err e
 	if err != nil {
 		return nil, err
 	}
+	return v, v.serveAll(cfg)
+}
+
+// serveAll serves the bulk keys (state, shards), and starts telemetry and
+// the metrics endpoint.
+func (v *Volunteer) serveAll(cfg VolunteerConfig) (err error) {
 	if err := v.pn.ServeBulk(v.serveBulk, 0); err != nil {
-		return nil, err
+		return err
 	}
 	v.reporter = newReporter(v.pn, v.log)
 	if cfg.MetricsAddr != "" {
 		if v.metrics, err = serveMetrics(cfg.MetricsAddr, v); err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return v, nil
+	return nil
 }
 
 // admissionAgrees checks the admission policy this volunteer was let in
@@ -485,10 +499,8 @@ func (v *Volunteer) takeManifest(ctx context.Context) error {
 	if err := m.Check(v.cfg.Local); err != nil {
 		return fmt.Errorf("refused by run %q: %w", m.RunID, err)
 	}
-	if p := m.Pipeline; p.Staged() {
-		return fmt.Errorf("%w: run %q splits the model into %d pipeline stages; this volunteer trains whole-model runs only "+
-			"(a staged run's volunteers are not built yet: `skein demo --stages %d` runs one on this machine)",
-			ErrStagedRun, m.RunID, p.Stages, p.Stages)
+	if err := m.CheckStaged(); err != nil {
+		return fmt.Errorf("%w: run %q: %w", ErrStagedRun, m.RunID, err)
 	}
 	if err := saveManifest(v.cfg.DataDir, m); err != nil {
 		return err
@@ -562,6 +574,16 @@ func (v *Volunteer) serveBulk(_ context.Context, from peer.ID, key string) (io.R
 	}
 	if hash, ok := data.ParseShardKey(key); ok && v.shards != nil {
 		return v.shards.Open(hash)
+	}
+	if v.st != nil {
+		if m.Meta.Role != p2p.RoleVolunteer {
+			return nil, 0, fmt.Errorf("node: a stage's weights are for volunteers, not %s (%s)", from, m.Meta.Role)
+		}
+		r, n, ok, err := v.st.serve(key)
+		if !ok {
+			return nil, 0, fmt.Errorf("node: no bulk key %q", key)
+		}
+		return r, n, err
 	}
 	if _, _, ok := parseStateKey(key); !ok {
 		return nil, 0, fmt.Errorf("node: no bulk key %q", key)
@@ -647,6 +669,9 @@ func (v *Volunteer) close() error {
 // first it waits for enough volunteers, then runs the manifest's optimizer
 // round after round.
 func (v *Volunteer) Run(ctx context.Context) error {
+	if v.st != nil {
+		return v.runStaged(ctx) // the bootstrap's plan waits for the volunteers
+	}
 	if !v.waitForPeers(ctx) {
 		return nil
 	}

@@ -37,6 +37,13 @@ const (
 	assignmentHeader   = 4 + 8 + 8 + 2 + 2
 )
 
+// AssignmentFrame is the frame type of an encoded Assignment on the wire
+// (p2p.ProtoStagePlan); NoAssignmentFrame answers while there is no plan.
+const (
+	AssignmentFrame   byte = 0x50
+	NoAssignmentFrame byte = 0x51
+)
+
 // ErrBadAssignment is returned (wrapped) for an invalid or undecodable
 // Assignment.
 var ErrBadAssignment = errors.New("pipeline: bad assignment")

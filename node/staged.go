@@ -1,0 +1,882 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/skein-ml/skein/bootstrap/telemetry"
+	"github.com/skein-ml/skein/data"
+	"github.com/skein-ml/skein/kernels"
+	"github.com/skein-ml/skein/model"
+	"github.com/skein-ml/skein/optimizer"
+	"github.com/skein-ml/skein/p2p"
+	"github.com/skein-ml/skein/pipeline"
+	"github.com/skein-ml/skein/trainer"
+)
+
+// The staged side of a volunteer (a manifest with [pipeline] stages > 1):
+// the bootstrap places the volunteers in stages (bootstrap/stageplan.go)
+// and publishes the placement as a pipeline.Assignment; this volunteer asks
+// for it every half second, holds the stage it is given, and runs the
+// run's iterations in step with the others: every member computes the same
+// schedule for an iteration (the manifest's RotatingSchedule over the
+// placement), the SkipPipe relay carries activations and their gradients
+// along the paths over p2p.ProtoActivations, and each member takes an
+// AdamW step on the gradient of the microbatches that visited it. Every H
+// iterations the replicas of a stage average with DiLoCo among themselves
+// (a butterfly over p2p.ProtoStageReduce(s)).
+//
+// A re-plan takes effect at the iteration the Assignment names. A member
+// new to its stage takes the stage's outer state from a member that held
+// it before (bulk key stageStateKey); when the stage lost every member, the
+// newcomers rebuild it with CheckFree from the weights and last gradient
+// norms the neighbouring stages serve (stageWeightsKey), with a fresh
+// optimizer at pipeline.RebuildLRFactor times the learning rate.
+//
+// Not built yet: local checkpoints of a stage (a restarted volunteer is a
+// newcomer), NoLoCo between a stage's replicas, and the whole model's
+// validation loss (no member holds it).
+
+// Bulk keys of a staged volunteer.
+const (
+	stageWeightsKey = "stage-weights" // pipeline.EncodeStageWeights: last gradient norm, parameters
+	stageStateKey   = "stage-state"   // encodeState: the stage's DiLoCo round, phi, momentum
+)
+
+// Timing of a staged volunteer.
+const (
+	planPoll      = 500 * time.Millisecond // how often the bootstrap is asked for the plan
+	relayTick     = 5 * time.Millisecond
+	minHopWait    = 1500 * time.Millisecond // the least budget of one hop (hopWait)
+	failedPause   = time.Second             // the wait after an iteration where every microbatch failed
+	announceEvery = 500 * time.Millisecond
+	stagedOuterW  = 2 * time.Minute // a stage's collective: how long a message may take
+)
+
+// stagedVolunteer is a volunteer's part in a staged run.
+type stagedVolunteer struct {
+	v      *Volunteer
+	mc     model.Config
+	specs  []model.StageSpec
+	adamW  optimizer.AdamWConfig
+	sched  pipeline.RotatingSchedule
+	loader *data.Loader // stage 0's microbatches
+	T      int
+
+	newest atomic.Pointer[pipeline.Assignment] // the newest plan the bootstrap served
+
+	plan  *pipeline.Assignment // the plan iterations run under now
+	self  int                  // this member's node index in plan
+	rep   *trainer.StageReplica
+	relay *pipeline.RelayDriver
+	relP  *P2PPeers
+	outP  *P2PPeers
+	coll  *optimizer.ButterflyDriver
+	ctx   context.Context // the stage's drivers run under it (runCtx)
+	stopC context.CancelFunc
+	dl    *optimizer.DiLoCo
+	iter  uint64 // the last iteration run
+	// stalled is set while a member of the plan is gone (gone).
+	stalled   bool
+	announced time.Time // the last announce
+
+	mu      sync.Mutex
+	weights []byte // served under stageWeightsKey
+	state   []byte // served under stageStateKey
+
+	// Since the last report.
+	losses   []float32
+	started  int // microbatches started here
+	failed   int
+	compute  float64
+	reportAt time.Time
+}
+
+// initStaged prepares a staged run's volunteer: the model's stages and the
+// data stream; the stage itself waits for the bootstrap's plan.
+func (v *Volunteer) initStaged(corpus *data.Corpus) error {
+	m := v.run
+	if err := m.CheckStaged(); err != nil {
+		return fmt.Errorf("%w: run %q: %w", ErrUnsupported, m.RunID, err)
+	}
+	mc, err := model.Preset(m.Model.Preset)
+	if err != nil {
+		return err
+	}
+	specs, err := pipeline.SplitLayers(mc, m.Pipeline.Stages)
+	if err != nil {
+		return err
+	}
+	st := &stagedVolunteer{v: v, mc: mc, specs: specs, sched: m.Schedule(), T: m.SeqLen(), reportAt: time.Now()}
+	st.adamW = optimizer.DefaultAdamW()
+	st.adamW.LR, st.adamW.Warmup, st.adamW.TotalSteps, st.adamW.WeightDecay, st.adamW.Clip = m.Optimizer.InnerLR,
+		m.Optimizer.Warmup, m.Optimizer.TotalSteps, m.Optimizer.WeightDecay, m.Optimizer.GradClip
+	if st.loader, err = data.NewLoader(corpus, data.Train, data.LoaderConfig{Seed: m.Model.Seed, Workers: 1, B: m.Model.Batch, T: st.T}); err != nil {
+		return err
+	}
+	v.corpus, v.st = corpus, st
+	return nil
+}
+
+// batch is stage 0's microbatch mb of iteration iter: batch iter*M + mb of
+// the run's one training stream, whichever stage-0 member starts it.
+func (st *stagedVolunteer) batch(iter uint64, mb int) ([]int32, []int32, error) {
+	n := st.v.run.Model.Batch * st.T
+	tok, tgt := make([]int32, n), make([]int32, n)
+	if err := st.loader.Batch(int(iter)*st.sched.Microbatches+mb, tok, tgt); err != nil {
+		return nil, nil, err
+	}
+	return tok, tgt, nil
+}
+
+// runStaged trains until ctx ends or cfg.Rounds outer rounds are done.
+func (v *Volunteer) runStaged(ctx context.Context) error {
+	st := v.st
+	defer st.close()
+	pctx, stopPoll := context.WithCancel(ctx)
+	defer stopPoll()
+	go st.pollPlans(pctx)
+	say(v.cfg.Progress, "staged run: waiting for the bootstrap to place this volunteer in one of %d stages", v.run.Pipeline.Stages)
+	waiting := false
+	for ctx.Err() == nil {
+		next := st.iter + 1
+		// A newer plan is taken at its first iteration; at once by a member
+		// the current plan leaves out, or whose plan has lost a member (it
+		// waits instead of running iterations whose microbatches cannot
+		// get through: it skips ahead to the new plan's first iteration).
+		if a := st.newest.Load(); a != nil && (st.plan == nil || a.Epoch > st.plan.Epoch) &&
+			(st.plan == nil || st.self < 0 || st.stalled || a.Start <= next) {
+			if err := st.take(ctx, *a); err != nil {
+				if ctx.Err() != nil {
+					break
+				}
+				v.log.Warn("taking the stage plan", "epoch", a.Epoch, "err", err)
+				say(v.cfg.Progress, "could not take stage plan %d (%v); retrying", a.Epoch, err)
+				sleep(ctx, failedPause)
+				continue
+			}
+			next = st.iter + 1
+		}
+		if st.plan == nil || st.self < 0 {
+			if st.plan != nil && !waiting {
+				say(v.cfg.Progress, "not placed in plan %d (a spare); waiting for a re-plan", st.plan.Epoch)
+				waiting = true
+			}
+			sleep(ctx, planPoll)
+			continue
+		}
+		waiting = false
+		if gone := st.gone(); len(gone) > 0 {
+			// A member of the plan has left: wait for the bootstrap's
+			// re-plan instead of running iterations that cannot complete.
+			if !st.stalled {
+				say(v.cfg.Progress, "iteration %d: %s left the run; waiting for the bootstrap to re-plan", next, strings.Join(gone, ", "))
+				st.stalled = true
+				st.announce(ctx, true)
+			}
+			st.announce(ctx, false)
+			sleep(ctx, planPoll)
+			continue
+		}
+		st.stalled = false
+		// Members run the same iteration at about the same time: one that
+		// is behind (it joined on an old count, or was slow) jumps to
+		// where the others are instead of failing every microbatch.
+		if r := st.ahead(*st.plan); r >= next {
+			say(v.cfg.Progress, "behind the run: skipping from iteration %d to %d", next, r+1)
+			st.iter, next = r, r+1
+		}
+		if err := st.iterate(ctx, next); err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			return err
+		}
+		if v.cfg.Rounds > 0 && st.iter/uint64(v.run.Optimizer.InnerSteps) >= uint64(v.cfg.Rounds) {
+			return nil
+		}
+	}
+	return nil
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+// announce gossips this member's stage and last iteration (the bootstrap
+// plans from them), at most every announceEvery unless now is set. It does
+// not wait for the broadcast: the update is queued, and gossip carries it.
+func (st *stagedVolunteer) announce(ctx context.Context, now bool) {
+	if !now && time.Since(st.announced) < announceEvery {
+		return
+	}
+	st.announced = time.Now()
+	stage := int16(-1)
+	if st.plan != nil && st.self >= 0 {
+		stage = int16(st.plan.StageOf[st.self])
+	}
+	actx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	if err := st.v.pn.UpdateMeta(actx, func(m *p2p.Meta) { m.Stage, m.Round = stage, st.iter }); err != nil {
+		st.v.log.Debug("announcing the stage", "err", err)
+	}
+}
+
+// ahead is the latest iteration another member of a announces.
+func (st *stagedVolunteer) ahead(a pipeline.Assignment) uint64 {
+	var r uint64
+	self := st.v.pn.ID()
+	for _, m := range st.v.pn.Members() {
+		if m.ID != self && m.Meta.Role == p2p.RoleVolunteer && a.Index(m.ID.String()) >= 0 {
+			r = max(r, m.Meta.Round)
+		}
+	}
+	return r
+}
+
+// waitFor waits until member id announces iteration iter or later, or is
+// gone, or a minute has passed.
+func (st *stagedVolunteer) waitFor(ctx context.Context, id string, iter uint64) {
+	deadline := time.Now().Add(time.Minute)
+	for ctx.Err() == nil && time.Now().Before(deadline) {
+		m, ok := st.v.pn.Member(peerID(id))
+		if !ok || m.Meta.Round >= iter {
+			return
+		}
+		sleep(ctx, 50*time.Millisecond)
+	}
+}
+
+// gone lists the members of the plan that are not in the membership any
+// more, by short ID.
+func (st *stagedVolunteer) gone() []string {
+	live := map[string]bool{}
+	for _, m := range st.v.pn.Members() {
+		live[m.ID.String()] = true
+	}
+	var out []string
+	for _, id := range st.plan.Peers {
+		if !live[id] {
+			out = append(out, shortPeer(peerID(id)))
+		}
+	}
+	return out
+}
+
+// pollPlans asks the run's bootstraps for the plan every planPoll and
+// keeps the newest.
+func (st *stagedVolunteer) pollPlans(ctx context.Context) {
+	for ctx.Err() == nil {
+		for _, m := range st.v.pn.Members() {
+			if m.Meta.Role != p2p.RoleBootstrap {
+				continue
+			}
+			a, err := fetchPlan(ctx, st.v.pn, m.ID)
+			if err != nil {
+				st.v.log.Debug("stage plan", "bootstrap", m.ID, "err", err)
+				continue
+			}
+			if a != nil {
+				if cur := st.newest.Load(); cur == nil || a.Epoch > cur.Epoch {
+					st.newest.Store(a)
+				}
+			}
+		}
+		sleep(ctx, planPoll)
+	}
+}
+
+// fetchPlan asks one bootstrap for its plan; nil when it has none yet.
+func fetchPlan(ctx context.Context, n *p2p.Node, id peer.ID) (*pipeline.Assignment, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	s, err := n.Open(ctx, id, p2p.ProtoStagePlan, p2p.MessageFrameConfig(pipeline.MaxAssignmentBytes))
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	typ, b, err := s.ReadFrame()
+	if err != nil {
+		s.Reset()
+		return nil, err
+	}
+	switch typ {
+	case pipeline.NoAssignmentFrame:
+		return nil, nil
+	case pipeline.AssignmentFrame:
+		a, err := pipeline.ParseAssignment(b)
+		if err != nil {
+			return nil, err
+		}
+		return &a, nil
+	}
+	return nil, fmt.Errorf("node: %s answered the stage plan with frame type %d", id, typ)
+}
+
+// take makes a the plan iterations run under from a.Start on: this
+// member's stage (built, or taken from a survivor, or rebuilt), the relay
+// over the new placement, and the stage's collective among its members.
+func (st *stagedVolunteer) take(ctx context.Context, a pipeline.Assignment) error {
+	v := st.v
+	self := a.Index(v.pn.ID().String())
+	// The plan's first iteration, or where its members are if the plan
+	// came late (a run that started without us, or a slow re-plan).
+	st.iter = max(st.iter, a.Start-1, st.ahead(a))
+	if self < 0 {
+		st.stopStage()
+		st.plan, st.self = &a, -1
+		return nil
+	}
+	s := a.StageOf[self]
+	how := ""
+	if st.rep == nil || st.rep.Stage() != s {
+		// New to the stage: the relay goes up first (it keeps what the
+		// others send for the plan's first iteration until this member
+		// begins it), then the weights come.
+		st.stopStage()
+		rep, err := st.newReplica(s)
+		if err != nil {
+			return err
+		}
+		st.rep = rep
+		from, err := func() (start, error) {
+			if err := st.startRelay(ctx, a, self); err != nil {
+				return start{}, err
+			}
+			from, err := st.startingWeights(ctx, a, s, rep)
+			if err != nil {
+				return start{}, err
+			}
+			rep.SetParams(from.w)
+			if from.lr != 1 {
+				rep.FreshOptimizer(int(st.iter), from.lr)
+			}
+			if from.mom == nil {
+				from.mom = make([]float32, len(from.w))
+			}
+			return from, st.startOuter(a, s, from)
+		}()
+		if err != nil {
+			st.stopStage()
+			return err
+		}
+		how = from.how
+	} else {
+		if err := st.restartOuter(a, s); err != nil {
+			return err
+		}
+		if err := st.startRelay(ctx, a, self); err != nil {
+			return err
+		}
+	}
+	st.plan, st.self = &a, self
+	st.publish()
+	st.announce(ctx, true)
+	line := fmt.Sprintf("stage plan %d: stage %d of %d (%s) with %d replica(s), from iteration %d", a.Epoch, s, a.Stages,
+		stageHolds(st.specs[s]), len(a.Members(s)), a.Start)
+	if how != "" {
+		line += "; " + how
+	}
+	say(v.cfg.Progress, "%s", line)
+	return nil
+}
+
+// newReplica builds this member's replica of stage s from the run's seed
+// (every member draws the same initial weights for a stage).
+func (st *stagedVolunteer) newReplica(s int) (*trainer.StageReplica, error) {
+	m := st.v.run
+	dev := kernels.NewCPU(st.v.cfg.Threads)
+	mr := pipeline.ModelRunnerConfig{Device: dev, Model: st.mc, Specs: st.specs, Stage: s, B: m.Model.Batch, T: st.T,
+		Seed: m.Model.Seed, Mu: st.sched.Microbatches}
+	if s == 0 {
+		mr.Batch = st.batch
+	}
+	runner, err := pipeline.NewModelRunner(mr)
+	if err != nil {
+		return nil, err
+	}
+	return trainer.NewStageReplica(s, 0, dev, runner), nil
+}
+
+// start is what a member new to its stage starts from.
+type start struct {
+	w, mom []float32 // the weights (phi) and the outer momentum (nil: zero)
+	round  uint64    // the stage's outer round
+	lr     float64   // the factor on the learning rate (a fresh optimizer when not 1)
+	how    string    // how it got them, for the console
+}
+
+// startingWeights are the weights a member new to stage s starts from, the
+// stage's outer state, the factor on its learning rate and how it got
+// them: the seed's in the first plan; a survivor's outer state (phi) when
+// the stage has one; else CheckFree's rebuild from the neighbouring
+// stages (fresh optimizer, RebuildLRFactor).
+func (st *stagedVolunteer) startingWeights(ctx context.Context, a pipeline.Assignment, s int, rep *trainer.StageReplica) (start, error) {
+	w := make([]float32, rep.Len())
+	rep.Params(w)
+	round := st.iter / uint64(st.v.run.Optimizer.InnerSteps)
+	if a.Epoch == 1 && a.Start == 1 {
+		return start{w: w, lr: 1}, nil
+	}
+	self := st.v.pn.ID().String()
+	for _, u := range a.Survivors(s) {
+		if a.Peers[u] == self {
+			continue
+		}
+		// The survivor's outer state as it enters the plan: this member
+		// must start the stage's next outer round from the same state
+		// (round, phi, momentum), and the survivor may take rounds alone
+		// until the plan's first iteration.
+		st.waitFor(ctx, a.Peers[u], a.Start-1)
+		r, phi, mom, err := st.fetchState(ctx, a.Peers[u], rep.Len())
+		if err != nil {
+			st.v.log.Warn("stage state", "peer", a.Peers[u], "err", err)
+			continue
+		}
+		return start{w: phi, mom: mom, round: r, lr: 1, how: fmt.Sprintf("took the stage's weights from %s", shortPeer(peerID(a.Peers[u])))}, nil
+	}
+	// The stage lost every member: CheckFree from its neighbours.
+	rec, err := pipeline.Recover(s, a.Stages, st.v.run.Pipeline.CheckFreePlus)
+	if err != nil {
+		return start{}, fmt.Errorf("stage %d lost every member and cannot be rebuilt: %w", s, err)
+	}
+	neighbour := func(ns, n int) ([]float32, float64, error) {
+		var w []float32
+		var sum float64
+		var k int
+		for _, u := range a.Survivors(ns) {
+			norm, got, err := st.fetchWeights(ctx, a.Peers[u], n)
+			if err != nil {
+				st.v.log.Warn("neighbour weights", "stage", ns, "peer", a.Peers[u], "err", err)
+				continue
+			}
+			if w == nil {
+				w = got
+			}
+			sum += norm
+			k++
+		}
+		if k == 0 {
+			return nil, 0, fmt.Errorf("no member of stage %d serves its weights", ns)
+		}
+		return w, sum / float64(k), nil
+	}
+	if rec.Copy() {
+		partner, err := st.newReplica(rec.From[0])
+		if err != nil {
+			return start{}, err
+		}
+		pw, _, err := neighbour(rec.From[0], partner.Len())
+		if err != nil {
+			return start{}, err
+		}
+		w, err := trainer.CopyLayers(rep, st.specs[s], partner, st.specs[rec.From[0]], pw)
+		if err != nil {
+			return start{}, err
+		}
+		return start{w: w, round: round, lr: pipeline.RebuildLRFactor,
+			how: fmt.Sprintf("stage %d was lost: rebuilt by CheckFree+ as a copy of stage %d", s, rec.From[0])}, nil
+	}
+	pw, pn, err := neighbour(rec.From[0], rep.Len())
+	if err != nil {
+		return start{}, err
+	}
+	nw, nn, err := neighbour(rec.From[1], rep.Len())
+	if err != nil {
+		return start{}, err
+	}
+	if err := pipeline.Rebuild(w, pw, nw, pn, nn); err != nil {
+		return start{}, err
+	}
+	return start{w: w, round: round, lr: pipeline.RebuildLRFactor,
+		how: fmt.Sprintf("stage %d was lost: rebuilt by CheckFree from stages %d and %d", s, rec.From[0], rec.From[1])}, nil
+}
+
+func (st *stagedVolunteer) fetch(ctx context.Context, id, key string, size int) ([]byte, error) {
+	p, err := peer.Decode(id)
+	if err != nil {
+		return nil, err
+	}
+	buf := make(memWriterAt, size)
+	fctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if _, err := st.v.pn.Fetch(fctx, p, key, buf, p2p.FetchOptions{Length: int64(size)}); err != nil {
+		return nil, err
+	}
+	return buf, nil
+}
+
+func (st *stagedVolunteer) fetchState(ctx context.Context, id string, n int) (uint64, []float32, []float32, error) {
+	b, err := st.fetch(ctx, id, stageStateKey, int(stateSize(n)))
+	if err != nil {
+		return 0, nil, nil, err
+	}
+	return decodeState(b, n)
+}
+
+func (st *stagedVolunteer) fetchWeights(ctx context.Context, id string, n int) (float64, []float32, error) {
+	b, err := st.fetch(ctx, id, stageWeightsKey, pipeline.StageWeightsSize(n))
+	if err != nil {
+		return 0, nil, err
+	}
+	return pipeline.DecodeStageWeights(b, n)
+}
+
+// startRelay starts the relay over a's placement, or switches the running
+// one to it.
+func (st *stagedVolunteer) startRelay(ctx context.Context, a pipeline.Assignment, self int) error {
+	v := st.v
+	ids := make([]optimizer.PeerID, len(a.Peers))
+	for i, id := range a.Peers {
+		ids[i] = optimizer.PeerID(id)
+	}
+	pl := a.Placement()
+	cfg := pipeline.DefaultRelayConfig(pl, self, st.rep.Runner().ActivationLen(), relayTick.Seconds())
+	cfg.Mu = st.sched.Microbatches
+	cfg.HopWait = int64(st.hopWait() / relayTick)
+	if st.relay != nil {
+		return st.relay.Switch(ctx, ids, st.rep.Recorder(), cfg)
+	}
+	var err error
+	if st.relP, err = NewP2PPeers(v.pn, p2p.ProtoActivations, uint32(min(cfg.MaxMessage(), math.MaxUint32)), time.Minute); err != nil {
+		return err
+	}
+	if st.relay, err = pipeline.NewRelayDriver(st.relP, ids, st.rep.Recorder(), cfg, pipeline.RelayOptions{Tick: relayTick, Logger: v.log}); err != nil {
+		return err
+	}
+	st.relay.Start(st.runCtx())
+	return nil
+}
+
+// hopWait is one hop's budget in the relay (a microbatch's deadline is a
+// few of them): minHopWait plus four times the estimated compute of a
+// stage's share of the iteration on the reference machine (pipeline's
+// workload model of the manifest's model), so that a tiny model gives up
+// on a lost member within seconds and a large one does not give up on a
+// busy one.
+func (st *stagedVolunteer) hopWait() time.Duration {
+	m := st.v.run
+	w := pipeline.WorkloadOf(st.mc.Layers, st.mc.C, st.mc.Heads, m.Model.Batch, st.T)
+	layers := float64(st.mc.Layers) / float64(m.Pipeline.Stages)
+	est := w.LayerForward * layers * (1 + w.BackwardRatio) * float64(st.sched.Microbatches)
+	return minHopWait + time.Duration(4*est*float64(time.Second))
+}
+
+// runCtx is the context of the stage's background drivers, canceled by
+// stopStage and close.
+func (st *stagedVolunteer) runCtx() context.Context {
+	if st.stopC == nil {
+		var ctx context.Context
+		ctx, st.stopC = context.WithCancel(context.Background())
+		st.ctx = ctx
+	}
+	return st.ctx
+}
+
+// startOuter starts the stage's DiLoCo among its members from from's
+// outer state.
+func (st *stagedVolunteer) startOuter(a pipeline.Assignment, s int, from start) error {
+	st.dl = nil
+	if err := st.restartOuter(a, s); err != nil {
+		return err
+	}
+	return st.dl.SetState(from.round, from.w, from.mom)
+}
+
+// restartOuter (re)starts the stage's collective among a's members of
+// stage s; the DiLoCo state carries over (a new DiLoCo over the new
+// collective, with the old one's round, phi and momentum).
+func (st *stagedVolunteer) restartOuter(a pipeline.Assignment, s int) error {
+	v := st.v
+	if st.coll != nil {
+		st.coll.Close()
+		st.coll = nil
+	}
+	if st.outP != nil {
+		st.outP.Close()
+		st.outP = nil
+	}
+	var members []optimizer.PeerID
+	for _, u := range a.Members(s) {
+		members = append(members, optimizer.PeerID(a.Peers[u]))
+	}
+	n := st.rep.Len()
+	p, err := NewP2PPeers(v.pn, p2p.ProtoStageReduce(s), uint32(min(stateSize(n)+1<<20, 1<<30)), stagedOuterW)
+	if err != nil {
+		return err
+	}
+	st.outP = p
+	rc := v.cfg.Collective
+	bc := optimizer.DefaultButterflyConfig(n, nodeSigner{v.pn}, butterflyTick.Seconds())
+	bc.Codec.Codec = v.run.Codec()
+	bc.MaxAbs = rc.MaxAbs
+	ticks := func(d time.Duration) int64 { return max(1, int64(d/butterflyTick)) }
+	bc.PhaseWait, bc.MinPhase, bc.MaxPhase = ticks(rc.InitialDeadline), ticks(rc.MinDeadline), ticks(rc.MaxDeadline)
+	bc.MaxStashBytes = max(rc.MaxStashBytes, 8*int64(n))
+	coll, err := optimizer.NewButterflyDriver(stageMembers{P2PPeers: p, members: members}, bc,
+		optimizer.ButterflyOptions{Tick: butterflyTick, Logger: v.log})
+	if err != nil {
+		return err
+	}
+	coll.Start(st.runCtx())
+	st.coll = coll
+	d := optimizer.DefaultDiLoCo()
+	d.OuterLR, d.Momentum = v.run.Optimizer.OuterLR, v.run.Optimizer.OuterMomentum
+	phi := make([]float32, n)
+	st.rep.Params(phi)
+	dl, err := optimizer.NewDiLoCo(d, coll, phi)
+	if err != nil {
+		return err
+	}
+	if st.dl != nil {
+		if err := dl.SetState(st.dl.State()); err != nil {
+			return err
+		}
+	}
+	st.dl = dl
+	return nil
+}
+
+// stageMembers narrows a collective's membership to one stage's members.
+type stageMembers struct {
+	*P2PPeers
+	members []optimizer.PeerID
+}
+
+func (p stageMembers) Members() []optimizer.PeerID { return slices.Clone(p.members) }
+
+// stopStage stops the stage's drivers (a member leaving its stage).
+func (st *stagedVolunteer) stopStage() {
+	if st.stopC != nil {
+		st.stopC()
+		st.stopC = nil
+	}
+	if st.relay != nil {
+		st.relay.Close()
+		st.relay = nil
+	}
+	if st.relP != nil {
+		st.relP.Close()
+		st.relP = nil
+	}
+	if st.coll != nil {
+		st.coll.Close()
+		st.coll = nil
+	}
+	if st.outP != nil {
+		st.outP.Close()
+		st.outP = nil
+	}
+	st.rep, st.dl = nil, nil
+}
+
+func (st *stagedVolunteer) close() { st.stopStage() }
+
+// iterate runs iteration iter: the relay's share of this member, the AdamW
+// step, and, every H iterations, the stage's outer round and a report.
+func (st *stagedVolunteer) iterate(ctx context.Context, iter uint64) error {
+	v := st.v
+	paths := st.sched.Paths(st.plan.Placement(), iter)
+	began := time.Now()
+	outs, err := st.relay.Run(ctx, iter, paths)
+	if err != nil {
+		return fmt.Errorf("node: staged iteration %d: %w", iter, err)
+	}
+	failed := 0
+	for _, o := range outs {
+		if o.Err != nil {
+			failed++
+			continue
+		}
+		if o.Hop == 0 {
+			st.losses = append(st.losses, o.Loss)
+		}
+	}
+	for _, o := range outs {
+		if o.Hop == 0 {
+			st.started++
+		}
+	}
+	st.failed += failed
+	if _, err := st.rep.Step(st.adamW, int(iter-1)); err != nil {
+		return err
+	}
+	st.compute += time.Since(began).Seconds()
+	st.iter = iter
+	st.announce(ctx, false)
+	if failed > 0 {
+		v.log.Warn("microbatches failed", "iteration", iter, "failed", failed, "of", len(outs))
+		if failed == len(outs) {
+			sleep(ctx, failedPause) // a member gone: the bootstrap re-plans
+		}
+	}
+	H := uint64(v.run.Optimizer.InnerSteps)
+	if iter%H == 0 {
+		st.outerStep(ctx)
+		st.report(iter / H)
+	}
+	return nil
+}
+
+// outerStep averages the stage's replicas (DiLoCo) and publishes what
+// newcomers and neighbours' replacements take.
+func (st *stagedVolunteer) outerStep(ctx context.Context) {
+	v := st.v
+	if len(st.plan.Members(st.plan.StageOf[st.self])) > 1 {
+		theta := make([]float32, st.rep.Len())
+		st.rep.Params(theta)
+		if _, err := st.dl.OuterStep(ctx, theta); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			v.log.Warn("stage round failed", "round", st.dl.Round+1, "err", err)
+			st.resyncStage(ctx)
+		} else {
+			st.rep.SetParams(theta)
+		}
+	} else {
+		// A lone replica: its weights are the stage's outer state.
+		w := make([]float32, st.rep.Len())
+		st.rep.Params(w)
+		st.dl.SetState(st.dl.Round+1, w, make([]float32, len(w)))
+	}
+	st.publish()
+}
+
+// resyncStage takes the stage's outer state from another member of the
+// stage that holds a later or equal round (this one's round failed, or it
+// started from another state): the stage's members must start every round
+// from the same state.
+func (st *stagedVolunteer) resyncStage(ctx context.Context) {
+	s := st.plan.StageOf[st.self]
+	for _, u := range st.plan.Members(s) {
+		if u == st.self {
+			continue
+		}
+		r, phi, mom, err := st.fetchState(ctx, st.plan.Peers[u], st.rep.Len())
+		if err != nil || r < st.dl.Round {
+			continue
+		}
+		if err := st.dl.SetState(r, phi, mom); err == nil {
+			st.rep.SetParams(phi)
+			say(st.v.cfg.Progress, "stage %d: took the stage's round %d state from %s", s, r, shortPeer(peerID(st.plan.Peers[u])))
+			return
+		}
+	}
+}
+
+// publish makes the stage's weights and outer state what this member
+// serves.
+func (st *stagedVolunteer) publish() {
+	w := make([]float32, st.rep.Len())
+	st.rep.Params(w)
+	weights := pipeline.EncodeStageWeights(st.rep.LastNorm(), w)
+	round, phi, mom := st.dl.State()
+	state := encodeState(round, phi, mom)
+	st.mu.Lock()
+	st.weights, st.state = weights, state
+	st.mu.Unlock()
+}
+
+// serve answers the staged bulk keys; ok false for other keys.
+func (st *stagedVolunteer) serve(key string) (io.ReaderAt, int64, bool, error) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	var b []byte
+	switch key {
+	case stageWeightsKey:
+		b = st.weights
+	case stageStateKey:
+		b = st.state
+	default:
+		return nil, 0, false, nil
+	}
+	if b == nil {
+		return nil, 0, true, errors.New("node: no stage held yet")
+	}
+	return bytes.NewReader(b), int64(len(b)), true, nil
+}
+
+// report tells the user and the bootstrap how the last H iterations went.
+func (st *stagedVolunteer) report(round uint64) {
+	v := st.v
+	loss := float32(math.NaN())
+	if len(st.losses) > 0 {
+		var sum float64
+		for _, l := range st.losses {
+			sum += float64(l)
+		}
+		loss = float32(sum / float64(len(st.losses)))
+	}
+	wall := time.Since(st.reportAt).Seconds()
+	tokens := uint64(max(st.started-st.failed, 0)) * uint64(v.run.Model.Batch*st.T)
+	tps := 0.0
+	if wall > 0 {
+		tps = float64(tokens) / wall
+	}
+	s := st.plan.StageOf[st.self]
+	line := fmt.Sprintf("iteration %d (round %d): stage %d", st.iter, round, s)
+	if !math.IsNaN(float64(loss)) {
+		line += fmt.Sprintf(", loss %.4f", loss)
+	}
+	if st.failed > 0 {
+		line += fmt.Sprintf(", %d microbatches failed", st.failed)
+	}
+	say(v.cfg.Progress, "%s, %.1fs", line, wall)
+	traffic := v.pn.Traffic().Total
+	v.mu.Lock()
+	sent, recv := traffic.Out-v.last.sentTotal, traffic.In-v.last.recvTotal
+	v.last.round, v.last.trainLoss, v.last.tokens, v.last.tokensPerSec = round, loss, tokens, tps
+	v.last.tokensTotal += tokens
+	v.last.computeTotal += st.compute
+	v.last.wallTotal += wall
+	v.last.sentTotal, v.last.recvTotal = traffic.Out, traffic.In
+	v.last.contributed++
+	v.mu.Unlock()
+	v.reporter.send(telemetry.Report{Round: round, TrainLoss: measured(loss), ValLoss: measured(float32(math.NaN())),
+		Tokens: tokens, TokensPerSec: tps, BytesSent: uint64(max(sent, 0)), BytesRecv: uint64(max(recv, 0)),
+		ComputeSeconds: st.compute, WallSeconds: wall, Members: len(st.plan.Members(s)), Device: v.device,
+		Version: v.cfg.Version, UnixMS: time.Now().UnixMilli()})
+	if v.cfg.OnRound != nil {
+		v.cfg.OnRound(RoundReport{Round: round, Loss: loss, ValLoss: float32(math.NaN()), Members: len(st.plan.Members(s))})
+	}
+	st.losses, st.started, st.failed, st.compute, st.reportAt = st.losses[:0], 0, 0, 0, time.Now()
+}
+
+// stageHolds says what a stage holds.
+func stageHolds(sp model.StageSpec) string {
+	var parts []string
+	if sp.Embedding {
+		parts = append(parts, "embedding")
+	}
+	if sp.Head {
+		parts = append(parts, "head")
+	}
+	switch n := sp.LastLayer - sp.FirstLayer; {
+	case n == 1:
+		parts = append(parts, fmt.Sprintf("layer %d", sp.FirstLayer))
+	case n > 1:
+		parts = append(parts, fmt.Sprintf("layers %d-%d", sp.FirstLayer, sp.LastLayer-1))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// peerID is id as a peer.ID (the empty ID when it does not decode).
+func peerID(id string) peer.ID {
+	p, _ := peer.Decode(id)
+	return p
+}

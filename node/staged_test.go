@@ -1,0 +1,215 @@
+package node
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/skein-ml/skein/bootstrap"
+	"github.com/skein-ml/skein/bootstrap/manifest"
+	"github.com/skein-ml/skein/data"
+	"github.com/skein-ml/skein/p2p/p2ptest"
+)
+
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+var stageOfRe = regexp.MustCompile(`stage plan (\d+): stage (\d+) of`)
+
+// stageOf is the stage a volunteer's console last said it holds, or -1.
+func stageOf(tv *testVolunteer) int {
+	m := stageOfRe.FindAllStringSubmatch(tv.output(), -1)
+	if m == nil {
+		return -1
+	}
+	s, _ := strconv.Atoi(m[len(m)-1][2])
+	return s
+}
+
+// stagedReports counts a volunteer's round reports after a point, and
+// whether their losses (stage 0 only) are finite.
+func stagedReports(tv *testVolunteer, after int) (n int, finite bool) {
+	finite = true
+	reps := tv.reports()
+	for _, r := range reps[min(after, len(reps)):] {
+		n++
+		if !math.IsNaN(float64(r.Loss)) && (math.IsInf(float64(r.Loss), 0) || r.Loss <= 0) {
+			finite = false
+		}
+	}
+	return n, finite
+}
+
+// TestStagedVolunteers runs a staged run end to end over libp2p on
+// loopback, in this process: a real bootstrap places four volunteers in the
+// four stages of the tiny model and they train it together (stage 0's
+// loss falls); the member of stage 2 leaves, a newcomer is placed there and
+// rebuilds the stage with CheckFree from the weights stages 1 and 3 serve,
+// and training goes on; a sixth volunteer joins a stage that has a member
+// and takes that member's outer state, and the two replicas average with
+// DiLoCo.
+func TestStagedVolunteers(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a bootstrap and six volunteers over libp2p")
+	}
+	root, err := data.GoRoot()
+	if err != nil {
+		t.Skip(err)
+	}
+	m := manifest.Default()
+	m.RunID = "staged-test"
+	m.Model.Batch, m.Model.SeqLen = 2, 32
+	o := &m.Optimizer
+	o.InnerSteps, o.InnerLR, o.Warmup, o.TotalSteps = 4, 3e-3, 4, 1000
+	m.Pipeline = manifest.Pipeline{Stages: 4, Microbatches: 2}
+	if err := m.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	long := p2ptest.Slowdown * 2 * time.Minute
+	ctx, cancel := context.WithTimeout(context.Background(), p2ptest.Slowdown*5*time.Minute)
+	defer cancel()
+	corpus := []string{filepath.Join(root, "src", "strings"), filepath.Join(root, "src", "bufio")}
+	var bout syncBuf
+	ready := make(chan bootstrap.Info, 1)
+	bdone := make(chan error, 1)
+	bctx, stopBootstrap := context.WithCancel(ctx)
+	go func() {
+		bdone <- bootstrap.Run(bctx, bootstrap.Config{Manifest: m, DataDir: t.TempDir(), Listen: []string{"/ip4/127.0.0.1/udp/0/quic-v1"},
+			Timing: testTiming(), Logger: testLogger("bootstrap"), Out: &bout, Ready: func(i bootstrap.Info) { ready <- i },
+			PlanTiming: bootstrap.PlanTiming{Settle: time.Second, Lead: 2 * time.Second}})
+	}()
+	defer func() {
+		stopBootstrap()
+		<-bdone
+	}()
+	var info bootstrap.Info
+	select {
+	case info = <-ready:
+	case err := <-bdone:
+		t.Fatalf("bootstrap: %v\n%s", err, bout.String())
+	}
+	r := &nolocoRun{t: t, m: info.Manifest, addr: info.Addrs[0], ctx: ctx, corpus: corpus}
+	var all []*testVolunteer
+	defer func() {
+		for _, tv := range all {
+			tv.cancel()
+		}
+		for _, tv := range all { // their data directories are removed next
+			select {
+			case <-tv.done:
+			case <-time.After(30 * time.Second):
+				t.Errorf("%s did not stop", tv.name)
+			}
+		}
+		if t.Failed() || testing.Verbose() {
+			t.Logf("--- bootstrap:\n%s", bout.String())
+			for _, tv := range all {
+				t.Logf("--- %s:\n%s", tv.name, tv.output())
+			}
+		}
+	}()
+	for _, name := range []string{"a", "b", "c", "d"} {
+		all = append(all, r.join(name, "", 0, 1, nil))
+	}
+	byStage := func() map[int]*testVolunteer {
+		out := map[int]*testVolunteer{}
+		for _, tv := range all {
+			if s := stageOf(tv); s >= 0 {
+				out[s] = tv
+			}
+		}
+		return out
+	}
+	r.until("four volunteers placed in the four stages, two rounds trained", long, func() bool {
+		if len(byStage()) != 4 {
+			return false
+		}
+		for _, tv := range all {
+			if n, _ := stagedReports(tv, 0); n < 2 {
+				return false
+			}
+		}
+		return true
+	}, all...)
+	first := byStage()[0]
+	if n, ok := stagedReports(first, 0); !ok || n == 0 || math.IsNaN(float64(first.reports()[0].Loss)) {
+		t.Fatalf("stage 0 reports no finite loss: %+v", first.reports())
+	}
+
+	// Stage 2's member leaves; a newcomer rebuilds the stage from stages 1
+	// and 3.
+	lost := byStage()[2]
+	lost.cancel()
+	if err := r.wait(lost, long); err != nil {
+		t.Fatalf("%s leaving: %v", lost.name, err)
+	}
+	kept := all[:0:0]
+	for _, tv := range all {
+		if tv != lost {
+			kept = append(kept, tv)
+		}
+	}
+	all = kept
+	e := r.join("e", "", 0, 1, nil)
+	all = append(all, e)
+	r.until("the newcomer rebuilt stage 2 with CheckFree", long, func() bool {
+		return strings.Contains(e.output(), "stage 2 was lost: rebuilt by CheckFree from stages 1 and 3")
+	}, all...)
+	before := len(first.reports())
+	r.until("stage 0 and the newcomer trained two more rounds", long, func() bool {
+		n, _ := stagedReports(first, before)
+		ne, _ := stagedReports(e, 0)
+		return n >= 2 && ne >= 2
+	}, all...)
+	if !strings.Contains(bout.String(), "stage plan 2") {
+		t.Fatalf("the bootstrap did not re-plan:\n%s", bout.String())
+	}
+
+	// A sixth volunteer joins a stage that has a member, takes its outer
+	// state and averages with it.
+	f := r.join("f", "", 0, 1, nil)
+	all = append(all, f)
+	r.until("the sixth volunteer took a member's weights and trained two rounds", long, func() bool {
+		n, _ := stagedReports(f, 0)
+		return strings.Contains(f.output(), "took the stage's weights from") && n >= 2
+	}, all...)
+	for _, tv := range all {
+		if _, ok := stagedReports(tv, 0); !ok {
+			t.Errorf("%s reported a loss that is not a positive finite number: %+v", tv.name, tv.reports())
+		}
+	}
+	if s := stageOf(f); s < 0 || strings.Contains(f.output(), "stage round failed") {
+		t.Fatalf("the sixth volunteer (stage %d):\n%s", s, f.output())
+	}
+	t.Logf("stage 0's losses: %v", lossesOf(first))
+}
+
+func lossesOf(tv *testVolunteer) string {
+	var parts []string
+	for _, r := range tv.reports() {
+		parts = append(parts, fmt.Sprintf("%.3f", r.Loss))
+	}
+	return strings.Join(parts, " ")
+}
