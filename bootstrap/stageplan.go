@@ -89,10 +89,7 @@ func newStagePlanner(run manifest.Manifest, seed *p2p.Seed, log *slog.Logger, ou
 func holds(sp model.StageSpec) string {
 	var parts []string
 	if sp.Embedding {
-		parts = append(parts, "embedding")
-	}
-	if sp.Head {
-		parts = append(parts, "head")
+		parts = append(parts, "embedding, head") // stage 0 holds the head and the loss too
 	}
 	switch n := sp.LastLayer - sp.FirstLayer; {
 	case n == 1:
@@ -236,7 +233,9 @@ func (p *stagePlanner) plan(cur *pipeline.Assignment, vols []volunteer, ahead ui
 	}
 	a := pipeline.Assignment{Epoch: 1, Start: 1, Stages: S}
 	if cur != nil {
-		a.Epoch, a.Start = cur.Epoch+1, ahead+1+p.pace.lead(p.timing.Lead)
+		// Never before the previous plan's first iteration: a member may
+		// be waiting for it.
+		a.Epoch, a.Start = cur.Epoch+1, max(cur.Start, ahead+1+p.pace.lead(p.timing.Lead))
 	}
 	p.at = ahead
 	for v, s := range pl.StageOf {

@@ -161,9 +161,11 @@ func (v *Volunteer) runStaged(ctx context.Context) error {
 				if ctx.Err() != nil {
 					break
 				}
-				v.log.Warn("taking the stage plan", "epoch", a.Epoch, "err", err)
-				say(v.cfg.Progress, "could not take stage plan %d (%v); retrying", a.Epoch, err)
-				sleep(ctx, failedPause)
+				if !errors.Is(err, errSuperseded) {
+					v.log.Warn("taking the stage plan", "epoch", a.Epoch, "err", err)
+					say(v.cfg.Progress, "could not take stage plan %d (%v); retrying", a.Epoch, err)
+					sleep(ctx, failedPause)
+				}
 				continue
 			}
 			next = st.iter + 1
@@ -248,17 +250,25 @@ func (st *stagedVolunteer) ahead(a pipeline.Assignment) uint64 {
 	return r
 }
 
+// errSuperseded: the plan being taken was replaced by a newer one.
+var errSuperseded = errors.New("node: a newer stage plan came")
+
 // waitFor waits until member id announces iteration iter or later, or is
-// gone, or a minute has passed.
-func (st *stagedVolunteer) waitFor(ctx context.Context, id string, iter uint64) {
+// gone, or a minute has passed; errSuperseded when a newer plan than a
+// comes meanwhile (the run may never reach a's first iteration).
+func (st *stagedVolunteer) waitFor(ctx context.Context, a pipeline.Assignment, id string, iter uint64) error {
 	deadline := time.Now().Add(time.Minute)
 	for ctx.Err() == nil && time.Now().Before(deadline) {
+		if n := st.newest.Load(); n != nil && n.Epoch > a.Epoch {
+			return errSuperseded
+		}
 		m, ok := st.v.pn.Member(peerID(id))
 		if !ok || m.Meta.Round >= iter {
-			return
+			return nil
 		}
 		sleep(ctx, 50*time.Millisecond)
 	}
+	return ctx.Err()
 }
 
 // gone lists the members of the plan that are not in the membership any
@@ -441,7 +451,9 @@ func (st *stagedVolunteer) startingWeights(ctx context.Context, a pipeline.Assig
 		// must start the stage's next outer round from the same state
 		// (round, phi, momentum), and the survivor may take rounds alone
 		// until the plan's first iteration.
-		st.waitFor(ctx, a.Peers[u], a.Start-1)
+		if err := st.waitFor(ctx, a, a.Peers[u], a.Start-1); err != nil {
+			return start{}, err
+		}
 		r, phi, mom, err := st.fetchState(ctx, a.Peers[u], rep.Len())
 		if err != nil {
 			st.v.log.Warn("stage state", "peer", a.Peers[u], "err", err)
@@ -452,7 +464,15 @@ func (st *stagedVolunteer) startingWeights(ctx context.Context, a pipeline.Assig
 	// The stage lost every member: CheckFree from its neighbours.
 	rec, err := pipeline.Recover(s, a.Stages, st.v.run.Pipeline.CheckFreePlus)
 	if err != nil {
-		return start{}, fmt.Errorf("stage %d lost every member and cannot be rebuilt: %w", s, err)
+		// An edge stage without CheckFree+ has no pair of neighbours to
+		// rebuild from: it starts afresh (what the paper compares CheckFree
+		// against), and the console says why.
+		w, ferr := rep.FreshWeights(st.mc, st.specs[s], st.v.run.Model.Seed^0x5eed_dead_beef^a.Epoch)
+		if ferr != nil {
+			return start{}, ferr
+		}
+		return start{w: w, round: round, lr: pipeline.RebuildLRFactor,
+			how: fmt.Sprintf("stage %d was lost and CheckFree cannot rebuild it (%v): started it from fresh weights", s, err)}, nil
 	}
 	neighbour := func(ns, n int) ([]float32, float64, error) {
 		var w []float32
@@ -861,10 +881,7 @@ func (st *stagedVolunteer) report(round uint64) {
 func stageHolds(sp model.StageSpec) string {
 	var parts []string
 	if sp.Embedding {
-		parts = append(parts, "embedding")
-	}
-	if sp.Head {
-		parts = append(parts, "head")
+		parts = append(parts, "embedding, head") // stage 0 holds the head and the loss too
 	}
 	switch n := sp.LastLayer - sp.FirstLayer; {
 	case n == 1:

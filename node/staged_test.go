@@ -161,6 +161,7 @@ func TestStagedVolunteers(t *testing.T) {
 	// Stage 2's member leaves; a newcomer rebuilds the stage from stages 1
 	// and 3.
 	lost := byStage()[2]
+	left := time.Now()
 	lost.cancel()
 	if err := r.wait(lost, long); err != nil {
 		t.Fatalf("%s leaving: %v", lost.name, err)
@@ -177,12 +178,15 @@ func TestStagedVolunteers(t *testing.T) {
 	r.until("the newcomer rebuilt stage 2 with CheckFree", long, func() bool {
 		return strings.Contains(e.output(), "stage 2 was lost: rebuilt by CheckFree from stages 1 and 3")
 	}, all...)
+	rebuilt := time.Since(left)
 	before := len(first.reports())
 	r.until("stage 0 and the newcomer trained two more rounds", long, func() bool {
 		n, _ := stagedReports(first, before)
 		ne, _ := stagedReports(e, 0)
 		return n >= 2 && ne >= 2
 	}, all...)
+	t.Logf("stage 2's member left: the newcomer had rebuilt it %.1fs later, and two rounds later (%.1fs) the run went on",
+		rebuilt.Seconds(), time.Since(left).Seconds())
 	if !strings.Contains(bout.String(), "stage plan 2") {
 		t.Fatalf("the bootstrap did not re-plan:\n%s", bout.String())
 	}

@@ -1,0 +1,96 @@
+package bootstrap
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/skein-ml/skein/bootstrap/manifest"
+	"github.com/skein-ml/skein/p2p"
+	"github.com/skein-ml/skein/pipeline"
+)
+
+func testVolunteers(names ...string) []volunteer {
+	var out []volunteer
+	for _, n := range names {
+		out = append(out, volunteer{id: "12D3KooW" + n, meta: p2p.Meta{Role: p2p.RoleVolunteer}})
+	}
+	return out
+}
+
+// The placement of a staged run as the bootstrap makes it: the first plan
+// places everyone from iteration 1; a re-plan after a member left keeps
+// every other member in its stage (and its Since), starts after the run's
+// iteration and never before the previous plan's start, hands the lost
+// stage to the newcomer and notes on the status page how it is rebuilt;
+// too few volunteers is a wait, not a plan.
+func TestStagePlannerPlans(t *testing.T) {
+	m := manifest.Default()
+	m.Pipeline = manifest.Pipeline{Stages: 4, Microbatches: 2}
+	p, err := newStagePlanner(m, nil, slog.New(slog.DiscardHandler), io.Discard, DefaultPlanTiming())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.plan(nil, testVolunteers("a", "b", "c"), 0); err == nil || !strings.Contains(err.Error(), "3 of the 4") {
+		t.Fatalf("three volunteers for four stages: %v", err)
+	}
+	first, err := p.plan(nil, testVolunteers("a", "b", "c", "d"), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Epoch != 1 || first.Start != 1 || len(first.Peers) != 4 {
+		t.Fatalf("first plan %+v", first)
+	}
+	stage := map[string]int{}
+	for i, id := range first.Peers {
+		stage[id] = first.StageOf[i]
+	}
+	// The member of stage 2 leaves; e joins.
+	var vols []volunteer
+	for _, v := range testVolunteers("a", "b", "c", "d", "e") {
+		if s, ok := stage[v.id]; !ok || s != 2 {
+			vols = append(vols, v)
+		}
+	}
+	second, err := p.plan(&first, vols, 40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if second.Epoch != 2 || second.Start <= 41 {
+		t.Fatalf("re-plan epoch %d from iteration %d, want epoch 2 after iteration 40", second.Epoch, second.Start)
+	}
+	for i, id := range second.Peers {
+		if s, ok := stage[id]; ok {
+			if second.StageOf[i] != s || second.Since[i] != 1 {
+				t.Errorf("%s moved from stage %d to %d (since %d)", id, s, second.StageOf[i], second.Since[i])
+			}
+		} else if second.StageOf[i] != 2 || second.Since[i] != 2 {
+			t.Errorf("newcomer %s in stage %d since %d, want the lost stage 2 since 2", id, second.StageOf[i], second.Since[i])
+		}
+	}
+	if got := second.Survivors(2); len(got) != 0 {
+		t.Fatalf("stage 2's survivors %v", got)
+	}
+	if note := p.rebuilt[2]; !strings.Contains(note, "CheckFree from stages 1 and 3") {
+		t.Fatalf("status note %q", note)
+	}
+	third, err := p.plan(&second, vols, 3) // the members' announcements lag
+	if err != nil {
+		t.Fatal(err)
+	}
+	if third.Start < second.Start {
+		t.Fatalf("plan 3 starts at %d, before plan 2's %d", third.Start, second.Start)
+	}
+	if _, err := pipeline.ParseAssignment(must(third.MarshalBinary())); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func must(b []byte, err error) []byte {
+	if err != nil {
+		panic(fmt.Sprint(err))
+	}
+	return b
+}
