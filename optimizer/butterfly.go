@@ -52,8 +52,11 @@ import (
 // Faults: a member that fails before the group is left out; one that fails
 // while sending is left out of the parts it did not deliver (each part's
 // owners agree on its inputs); an owner that fails is replaced by its
-// co-owner (members fetch the part from it); a part whose two owners both
-// fail fails the round (the caller re-syncs or retries with a new
+// co-owner (members fetch the part from it, and check the aggregate
+// against the inputs it declared, as in an audit, before taking it: one
+// owner's word alone would let a hostile owner whose co-owner is gone or
+// stalled hand some members a forged aggregate that others reject); a part
+// whose two owners both fail fails the round (the caller re-syncs or retries with a new
 // attempt). A member whose READY arrives after the round finished is told
 // so (FINISHED) and catches up from the run's state.
 //
