@@ -254,7 +254,45 @@ func (p *stagePlanner) plan(cur *pipeline.Assignment, vols []volunteer, ahead ui
 	if cur != nil {
 		p.noteRebuilds(a)
 	}
-	return a, a.Validate()
+	if err := a.Validate(); err != nil {
+		return a, err
+	}
+	p.schedule(&a, net)
+	return a, nil
+}
+
+// schedule sets a's paths to SchedulePaths' choice for its placement on
+// the volunteers' network (the least simulated iteration time under every
+// SkipPipe rule), unless the run swaps stages for CheckFree+ (its rotating
+// schedule does that). Without a schedule the volunteers compute the
+// rotating one, which obeys the rules too.
+func (p *stagePlanner) schedule(a *pipeline.Assignment, net *sim.Network) {
+	pp := p.run.Pipeline
+	if pp.CheckFreePlus {
+		return
+	}
+	in := map[string]bool{}
+	for _, id := range a.Peers {
+		in[id] = true
+	}
+	sub, err := net.Keep(func(n sim.Node) bool { return in[n.ID] })
+	if err != nil {
+		p.log.Warn("stage schedule", "err", err)
+		return
+	}
+	n0 := len(a.Members(0))
+	rules := pipeline.DefaultRules()
+	cfg := pipeline.ScheduleConfig{Workload: p.wl, Microbatches: pp.Microbatches, SearchSteps: pipeline.DefaultSearchSteps,
+		Seed: p.run.Model.Seed ^ a.Epoch,
+		Rules: pipeline.Rules{Stages: a.Stages, Skip: pp.Skip(), MaxJump: rules.MaxJump, MaxSwaps: rules.MaxSwaps,
+			Mu: (pp.Microbatches + n0 - 1) / n0, MinStageLoad: 1}}
+	// sub keeps the network's order, which is a.Peers' order.
+	sched, err := pipeline.SchedulePaths(sub, a.Placement(), cfg)
+	if err != nil {
+		p.log.Warn("stage schedule: the volunteers use the rotating one", "err", err)
+		return
+	}
+	a.Paths = sched.Paths
 }
 
 // noteRebuilds records, for the status page, the stages a plans hands to
@@ -357,7 +395,7 @@ func (p *stagePlanner) pipelineView() *status.Pipeline {
 		pv.Stages = append(pv.Stages, sv)
 	}
 	if iter >= cur.Start {
-		for m, path := range p.run.Schedule().Paths(cur.Placement(), iter) {
+		for m, path := range cur.PathsAt(p.run.Schedule(), iter) {
 			view := status.PathView{Microbatch: m, Stages: path.Stages}
 			for _, v := range path.Nodes {
 				view.Peers = append(view.Peers, status.ShortID(cur.Peers[v]))

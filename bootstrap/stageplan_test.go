@@ -43,6 +43,14 @@ func TestStagePlannerPlans(t *testing.T) {
 	if first.Epoch != 1 || first.Start != 1 || len(first.Peers) != 4 {
 		t.Fatalf("first plan %+v", first)
 	}
+	// The plan carries SchedulePaths' schedule: every microbatch, every rule.
+	rules := pipeline.Rules{Stages: 4, MaxJump: 3, MaxSwaps: 2, Mu: 2, MinStageLoad: 1}
+	if len(first.Paths) != 2 {
+		t.Fatalf("the plan's paths %v, want the manifest's 2 microbatches", first.Paths)
+	}
+	if err := pipeline.Validate(first.Paths, first.Placement(), rules); err != nil {
+		t.Fatal(err)
+	}
 	stage := map[string]int{}
 	for i, id := range first.Peers {
 		stage[id] = first.StageOf[i]

@@ -710,7 +710,7 @@ func (st *stagedVolunteer) close() { st.stopStage() }
 // step, and, every H iterations, the stage's outer round and a report.
 func (st *stagedVolunteer) iterate(ctx context.Context, iter uint64) error {
 	v := st.v
-	paths := st.sched.Paths(st.plan.Placement(), iter)
+	paths := st.plan.PathsAt(st.sched, iter)
 	began := time.Now()
 	outs, err := st.relay.Run(ctx, iter, paths)
 	if err != nil {

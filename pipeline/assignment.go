@@ -26,14 +26,19 @@ type Assignment struct {
 	Peers   []string
 	StageOf []int
 	Since   []uint64
+	// Paths, when set, is every iteration's schedule under this plan
+	// (SchedulePaths' choice for the placement, made once by whoever
+	// plans); empty, the members compute RotatingSchedule's instead.
+	Paths []Path
 }
 
 // Bounds of an encoded Assignment, checked before anything is allocated.
 const (
 	MaxAssignmentPeers = 4096
 	MaxPeerIDLen       = 128
+	MaxAssignmentPaths = 1024 // the manifest's most microbatches
 	// MaxAssignmentBytes is the largest encoding (the frame bound).
-	MaxAssignmentBytes = assignmentHeader + MaxAssignmentPeers*(2+8+1+MaxPeerIDLen)
+	MaxAssignmentBytes = assignmentHeader + MaxAssignmentPeers*(2+8+1+MaxPeerIDLen) + 2 + MaxAssignmentPaths*(1+256*3)
 	assignmentHeader   = 4 + 8 + 8 + 2 + 2
 )
 
@@ -82,6 +87,18 @@ func (a Assignment) Validate() error {
 	if s := slices.Index(served, false); s >= 0 {
 		return fmt.Errorf("%w: stage %d has no member", ErrBadAssignment, s)
 	}
+	if len(a.Paths) > MaxAssignmentPaths {
+		return fmt.Errorf("%w: %d paths, at most %d", ErrBadAssignment, len(a.Paths), MaxAssignmentPaths)
+	}
+	pl := a.Placement()
+	for m, p := range a.Paths {
+		if len(p.Nodes) != len(p.Stages) || len(p.Nodes) == 0 || len(p.Nodes) > a.Stages {
+			return fmt.Errorf("%w: path %d has %d nodes for %d stages", ErrBadAssignment, m, len(p.Nodes), len(p.Stages))
+		}
+		if err := checkVisits(p, pl); err != nil {
+			return fmt.Errorf("%w: path %d: %w", ErrBadAssignment, m, err)
+		}
+	}
 	return nil
 }
 
@@ -125,6 +142,14 @@ func (a Assignment) MarshalBinary() ([]byte, error) {
 		b = append(b, byte(len(id)))
 		b = append(b, id...)
 	}
+	b = binary.BigEndian.AppendUint16(b, uint16(len(a.Paths)))
+	for _, p := range a.Paths {
+		b = append(b, byte(len(p.Nodes)))
+		for i, v := range p.Nodes {
+			b = binary.BigEndian.AppendUint16(b, uint16(v))
+			b = append(b, byte(p.Stages[i]))
+		}
+	}
 	return b, nil
 }
 
@@ -158,10 +183,49 @@ func ParseAssignment(b []byte) (Assignment, error) {
 		}
 		a.Peers[i], rest = string(rest[:l]), rest[l:]
 	}
+	if len(rest) < 2 {
+		return Assignment{}, fmt.Errorf("%w: no path count", ErrBadAssignment)
+	}
+	np := int(binary.BigEndian.Uint16(rest))
+	rest = rest[2:]
+	if np > MaxAssignmentPaths || np*(1+3) > len(rest) {
+		return Assignment{}, fmt.Errorf("%w: %d paths in %d bytes", ErrBadAssignment, np, len(rest))
+	}
+	if np > 0 {
+		a.Paths = make([]Path, np)
+	}
+	for m := range np {
+		if len(rest) < 1 {
+			return Assignment{}, fmt.Errorf("%w: path %d truncated", ErrBadAssignment, m)
+		}
+		l := int(rest[0])
+		rest = rest[1:]
+		if l*3 > len(rest) {
+			return Assignment{}, fmt.Errorf("%w: path %d truncated", ErrBadAssignment, m)
+		}
+		p := Path{Nodes: make([]int, l), Stages: make([]int, l)}
+		for i := range l {
+			p.Nodes[i], p.Stages[i] = int(binary.BigEndian.Uint16(rest[3*i:])), int(rest[3*i+2])
+		}
+		a.Paths[m], rest = p, rest[3*l:]
+	}
 	if len(rest) != 0 {
 		return Assignment{}, fmt.Errorf("%w: %d trailing bytes", ErrBadAssignment, len(rest))
 	}
 	return a, a.Validate()
+}
+
+// PathsAt is iteration iter's schedule under a: its Paths when set, else
+// rs's rotating schedule over its placement.
+func (a Assignment) PathsAt(rs RotatingSchedule, iter uint64) []Path {
+	if len(a.Paths) > 0 {
+		out := make([]Path, len(a.Paths))
+		for i, p := range a.Paths {
+			out[i] = Path{Nodes: slices.Clone(p.Nodes), Stages: slices.Clone(p.Stages)}
+		}
+		return out
+	}
+	return rs.Paths(a.Placement(), iter)
 }
 
 // RotatingSchedule is the schedule every member of a staged run computes

@@ -11,16 +11,29 @@ import (
 func testAssignment() Assignment {
 	return Assignment{Epoch: 3, Start: 41, Stages: 3,
 		Peers:   []string{"12D3KooWa", "12D3KooWb", "12D3KooWc", "12D3KooWd"},
-		StageOf: []int{0, 1, 2, 2}, Since: []uint64{1, 1, 3, 2}}
+		StageOf: []int{0, 1, 2, 2}, Since: []uint64{1, 1, 3, 2},
+		Paths: []Path{{Nodes: []int{0, 1, 2}, Stages: []int{0, 1, 2}}, {Nodes: []int{0, 3}, Stages: []int{0, 2}}}}
 }
 
 func TestAssignmentRoundTrip(t *testing.T) {
+	rotating := testAssignment()
+	rotating.Paths = nil
+	got, err := ParseAssignment(must(rotating.MarshalBinary()))
+	if err != nil || !reflect.DeepEqual(got, rotating) {
+		t.Fatalf("without paths: %+v, %v", got, err)
+	}
+	if p := got.PathsAt(RotatingSchedule{Microbatches: 2}, 1); len(p) != 2 {
+		t.Fatalf("rotating paths %v", p)
+	}
 	a := testAssignment()
+	if p := a.PathsAt(RotatingSchedule{Microbatches: 5}, 1); !reflect.DeepEqual(p, a.Paths) {
+		t.Fatalf("scheduled paths %v, want the plan's %v", p, a.Paths)
+	}
 	b, err := a.MarshalBinary()
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := ParseAssignment(b)
+	got, err = ParseAssignment(b)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,6 +62,9 @@ func TestAssignmentValidate(t *testing.T) {
 		{"since after epoch", func(a *Assignment) { a.Since[0] = 4 }},
 		{"since 0", func(a *Assignment) { a.Since[0] = 0 }},
 		{"lengths differ", func(a *Assignment) { a.Since = a.Since[:2] }},
+		{"path to a node of another stage", func(a *Assignment) { a.Paths[1].Nodes[1] = 1 }},
+		{"path not starting at stage 0", func(a *Assignment) { a.Paths[0] = Path{Nodes: []int{1}, Stages: []int{1}} }},
+		{"empty path", func(a *Assignment) { a.Paths[0] = Path{} }},
 		{"fewer members than stages", func(a *Assignment) {
 			a.Peers, a.StageOf, a.Since = a.Peers[:2], a.StageOf[:2], a.Since[:2]
 		}},
@@ -140,4 +156,11 @@ func TestRotatingScheduleObeysRules(t *testing.T) {
 			}
 		}
 	}
+}
+
+func must(b []byte, err error) []byte {
+	if err != nil {
+		panic(err)
+	}
+	return b
 }
