@@ -443,10 +443,12 @@ func (st *stagedVolunteer) startingWeights(ctx context.Context, a pipeline.Assig
 		return start{w: w, lr: 1}, nil
 	}
 	self := st.v.pn.ID().String()
+	survivors := 0
 	for _, u := range a.Survivors(s) {
 		if a.Peers[u] == self {
 			continue
 		}
+		survivors++
 		// The survivor's outer state as it enters the plan: this member
 		// must start the stage's next outer round from the same state
 		// (round, phi, momentum), and the survivor may take rounds alone
@@ -460,6 +462,12 @@ func (st *stagedVolunteer) startingWeights(ctx context.Context, a pipeline.Assig
 			continue
 		}
 		return start{w: phi, mom: mom, round: r, lr: 1, how: fmt.Sprintf("took the stage's weights from %s", shortPeer(peerID(a.Peers[u])))}, nil
+	}
+	if survivors > 0 {
+		// The stage has members that hold it, but none answered (gone
+		// before the bootstrap noticed): wait for the re-plan rather than
+		// throw the stage's training away.
+		return start{}, fmt.Errorf("no member of stage %d serves its state (gone?)", s)
 	}
 	// The stage lost every member: CheckFree from its neighbours.
 	rec, err := pipeline.Recover(s, a.Stages, st.v.run.Pipeline.CheckFreePlus)
