@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/skein-ml/skein/p2p"
 )
 
 // metricsServer serves a volunteer's Prometheus metrics (--metrics ADDR).
@@ -37,7 +38,18 @@ func serveMetrics(addr string, v *Volunteer) (*metricsServer, error) {
 	gauge("train_loss", "Mean training loss of the last round's inner steps.", func() float64 { return float64(snap().trainLoss) })
 	gauge("validation_loss", "Loss of the run's state on the fixed validation batches after the last round.", func() float64 { return float64(snap().valLoss) })
 	gauge("tokens_per_second", "Training throughput during the last round's inner steps.", func() float64 { return snap().tokensPerSec })
-	gauge("members", "Volunteers in the run, as this volunteer sees them.", func() float64 { return float64(len(v.peers.Members())) })
+	gauge("members", "Volunteers in the run, as this volunteer sees them.", func() float64 {
+		n := 0
+		for _, m := range v.pn.Members() {
+			if m.Meta.Role == p2p.RoleVolunteer {
+				n++
+			}
+		}
+		return float64(n)
+	})
+	gauge("cap_upload_mbps", "The volunteer's upload cap on every stream, Mbit/s (0: none).", func() float64 { return v.cfg.MaxUploadMbps })
+	gauge("cap_download_mbps", "The volunteer's download cap on every stream, Mbit/s (0: none).", func() float64 { return v.cfg.MaxDownloadMbps })
+	gauge("cap_memory_mib", "The most memory the volunteer lets a run need, MiB (0: the system's available memory).", func() float64 { return float64(v.cfg.MaxMemoryMiB) })
 	gauge("compute_fraction", "Fraction of the last round's wall time spent in inner steps.", func() float64 {
 		m := snap()
 		if m.wallSec <= 0 {

@@ -3,6 +3,7 @@ package node
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"github.com/skein-ml/skein/bootstrap/manifest"
 	"github.com/skein-ml/skein/data"
 	"github.com/skein-ml/skein/p2p/p2ptest"
+	"github.com/skein-ml/skein/trainer"
 )
 
 type syncBuf struct {
@@ -216,4 +218,32 @@ func lossesOf(tv *testVolunteer) string {
 		parts = append(parts, fmt.Sprintf("%.3f", r.Loss))
 	}
 	return strings.Join(parts, " ")
+}
+
+// A volunteer given --max-memory below what the run needs is refused
+// before it allocates anything, and says which cap it was; caps that make
+// no sense are refused at once.
+func TestVolunteerCaps(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a libp2p swarm")
+	}
+	r := newNoLoCoRun(t)
+	tv := r.join("small", "", 1, 1, nil, func(c *VolunteerConfig) { c.MaxMemoryMiB = 1 })
+	err := r.wait(tv, p2ptest.Slowdown*time.Minute)
+	if !errors.Is(err, trainer.ErrMemory) || !strings.Contains(err.Error(), "--max-memory 1 MiB") {
+		t.Fatalf("a run that needs more than the cap: %v", err)
+	}
+	for _, c := range []func(*VolunteerConfig){
+		func(c *VolunteerConfig) { c.MaxUploadMbps = -1 },
+		func(c *VolunteerConfig) { c.MaxDownloadMbps = math.NaN() },
+		func(c *VolunteerConfig) { c.MaxUploadMbps = 0.01 },
+		func(c *VolunteerConfig) { c.MaxMemoryMiB = -5 },
+	} {
+		cfg := DefaultVolunteerConfig("caps")
+		cfg.Bootstrap = []string{r.addr}
+		c(&cfg)
+		if err := cfg.Validate(); !errors.Is(err, ErrConfig) {
+			t.Errorf("%+v: %v, want ErrConfig", cfg, err)
+		}
+	}
 }

@@ -64,9 +64,15 @@ type VolunteerConfig struct {
 	// "local" (empty: the Go standard library sources).
 	Corpus []string
 
-	Rounds   int // stop after this many rounds (0: until interrupted)
-	Threads  int // CPU threads to lend (0: all cores)
-	MinPeers int // volunteers (self included) to wait for before the first round
+	Rounds  int // stop after this many rounds (0: until interrupted)
+	Threads int // CPU threads to lend (0: all cores)
+	// MaxUploadMbps and MaxDownloadMbps cap the volunteer's traffic on
+	// every stream (megabits per second; 0: no cap), and MaxMemoryMiB what
+	// a run may need of its memory (a run that needs more is refused
+	// before anything is allocated; 0: the system's available memory).
+	MaxUploadMbps, MaxDownloadMbps float64
+	MaxMemoryMiB                   int
+	MinPeers                       int // volunteers (self included) to wait for before the first round
 	// ValBatches is how many fixed held-out batches are evaluated after
 	// each round for the validation loss (0: none).
 	ValBatches int
@@ -168,6 +174,12 @@ func (c VolunteerConfig) Validate() error {
 		return bad("--min-peers %d must be >= 1 (this volunteer counts)", c.MinPeers)
 	case c.Threads < 0:
 		return bad("--threads %d must be >= 0 (0: all cores)", c.Threads)
+	case !(c.MaxUploadMbps >= 0) || !(c.MaxDownloadMbps >= 0) || math.IsInf(c.MaxUploadMbps, 0) || math.IsInf(c.MaxDownloadMbps, 0):
+		return bad("--max-upload %v and --max-download %v must be finite and >= 0 Mbit/s (0: no cap)", c.MaxUploadMbps, c.MaxDownloadMbps)
+	case (c.MaxUploadMbps > 0 && c.MaxUploadMbps < 0.1) || (c.MaxDownloadMbps > 0 && c.MaxDownloadMbps < 0.1):
+		return bad("--max-upload %v and --max-download %v: below 0.1 Mbit/s membership gossip alone does not get through", c.MaxUploadMbps, c.MaxDownloadMbps)
+	case c.MaxMemoryMiB < 0:
+		return bad("--max-memory %d must be >= 0 MiB (0: the system's available memory)", c.MaxMemoryMiB)
 	case c.ValBatches < 0:
 		return bad("--val-batches %d must be >= 0 (0: none)", c.ValBatches)
 	case c.ManifestWait <= 0:
@@ -377,6 +389,8 @@ func NewVolunteer(ctx context.Context, cfg VolunteerConfig) (_ *Volunteer, err e
 	ncfg := p2p.DefaultNodeConfig(cfg.RunID)
 	ncfg.DataDir, ncfg.Bootstrap, ncfg.Timing, ncfg.Logger = cfg.DataDir, cfg.Bootstrap, cfg.Timing, v.log
 	ncfg.Token = cfg.Token
+	ncfg.MaxUploadBps, ncfg.MaxDownloadBps = cfg.MaxUploadMbps*1e6/8, cfg.MaxDownloadMbps*1e6/8
+	ncfg.Meta.CapMemMiB = uint32(cfg.MaxMemoryMiB)
 	if len(cfg.Listen) > 0 {
 		ncfg.ListenAddrs = cfg.Listen
 	}
@@ -423,8 +437,12 @@ func NewVolunteer(ctx context.Context, cfg VolunteerConfig) (_ *Volunteer, err e
 	}
 	if v.su, err = trainer.NewSetup(trainer.SetupConfig{Preset: m.Model.Preset, Batch: m.Model.Batch, SeqLen: m.SeqLen(),
 		Seed: m.Model.Seed, Threads: cfg.Threads, Corpus: corpus, Worker: trainer.WorkerSlot(v.pn.ID().String(), slots),
-		Workers: slots, AdamW: a, ValBatches: cfg.ValBatches, HostCopies: hostCopies}); err != nil {
+		Workers: slots, AdamW: a, ValBatches: cfg.ValBatches, HostCopies: hostCopies,
+		MemAvailable: uint64(cfg.MaxMemoryMiB) << 20}); err != nil {
 		corpus.Close()
+		if errors.Is(err, trainer.ErrMemory) && cfg.MaxMemoryMiB > 0 {
+			err = fmt.Errorf("%w (the cap this volunteer was given: --max-memory %d MiB)", err, cfg.MaxMemoryMiB)
+		}
 		return nil, err
 	}
 	v.corpus = corpus

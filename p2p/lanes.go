@@ -33,6 +33,8 @@ func (n *Node) setHandler(pid protocol.ID, h network.StreamHandler) {
 	if pid != n.admID {
 		h = n.gate(pid, h)
 	}
+	inner := h
+	h = func(s network.Stream) { inner(n.limit(s)) } // the bandwidth caps (ratelimit.go)
 	n.handlersMu.Lock()
 	defer n.handlersMu.Unlock()
 	n.handlers[pid] = h
@@ -106,9 +108,10 @@ func (n *Node) openOn(ctx context.Context, h host.Host, p peer.ID, proto Protoco
 		return nil, errors.New("p2p: lane: no direct address for peer")
 	}
 	h.Peerstore().AddAddrs(p, direct, peerstore.TempAddrTTL)
-	s, err := h.NewStream(ctx, p, proto.ID(n.cfg.RunID))
+	raw, err := h.NewStream(ctx, p, proto.ID(n.cfg.RunID))
 	if err != nil {
 		return nil, fmt.Errorf("p2p: lane open %s to %s: %w", proto, p, err)
 	}
+	s := n.limit(raw)
 	return &Stream{FrameStream: NewFrameStream(s, cfg), s: s}, nil
 }

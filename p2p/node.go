@@ -70,6 +70,12 @@ type NodeConfig struct {
 	// ListenUDP replaces the UDP socket under QUIC (WAN emulation, tests).
 	ListenUDP func(network string, laddr *net.UDPAddr) (net.PacketConn, error)
 
+	// MaxUploadBps and MaxDownloadBps cap what the node sends and receives
+	// on all its streams together, in bytes per second (0: no cap;
+	// ratelimit.go). The caps are gossiped in Meta (CapUpMbps,
+	// CapDownMbps) so that planners count on them.
+	MaxUploadBps, MaxDownloadBps float64
+
 	JoinTimeout time.Duration // per join attempt
 	// RejoinInterval is how often the node re-contacts missing seeds or known
 	// peers, saves the peer book and trims state fed by remote peers.
@@ -192,6 +198,12 @@ type Node struct {
 
 	metaMu sync.Mutex
 	meta   Meta
+
+	// up and down are the bandwidth caps (nil: none); limitCtx ends their
+	// waits when the node closes.
+	up, down    *limiter
+	limitCtx    context.Context
+	limitCancel context.CancelFunc
 	// memberDialed, set by tests, is told when the connection attempt to a
 	// new member has ended.
 	memberDialed atomic.Pointer[func(peer.ID)]
@@ -245,7 +257,9 @@ func NewNode(ctx context.Context, cfg NodeConfig) (*Node, error) {
 	n := &Node{cfg: cfg, log: log, bw: newAccounting(maxTrafficPairs), book: book, seeds: seeds, key: key,
 		handlers: make(map[protocol.ID]network.StreamHandler),
 		byeID:    ProtoMembersBye.ID(cfg.RunID), admID: ProtoAdmission.ID(cfg.RunID),
-		intros: make(map[peer.ID]time.Time), acl: &relayACL{}}
+		intros: make(map[peer.ID]time.Time), acl: &relayACL{},
+		up: newLimiter(cfg.MaxUploadBps), down: newLimiter(cfg.MaxDownloadBps)}
+	n.limitCtx, n.limitCancel = context.WithCancel(context.Background())
 	var relays []peer.AddrInfo
 	if !cfg.RelayService {
 		relays = seeds
@@ -302,6 +316,12 @@ func (n *Node) start(ctx context.Context) error {
 	meta := cfg.Meta
 	meta.RunID = cfg.RunID
 	meta.TCPPort = uint16(tcpPort)
+	if cfg.MaxUploadBps > 0 {
+		meta.CapUpMbps = float32(cfg.MaxUploadBps * 8 / 1e6)
+	}
+	if cfg.MaxDownloadBps > 0 {
+		meta.CapDownMbps = float32(cfg.MaxDownloadBps * 8 / 1e6)
+	}
 	meta.Token = string(cfg.Token)
 	if cfg.RunKey != nil {
 		tok, err := n.issueOwnToken(time.Now())
@@ -335,6 +355,7 @@ func (n *Node) start(ctx context.Context) error {
 	n.acl.allow.Store(&allow)
 	n.setHandler(n.admID, n.handleAdmission)
 	n.tr = newTransport(n.h, n.setHandler, cfg.RunID, advIP, advPort, cfg.Timing.StreamTimeout, n.log)
+	n.tr.limit = n.limit
 	n.tr.introduce = n.introduce
 	n.ev.reach = n.answers
 	n.ev.blame = func(id peer.ID) []string { return n.tr.accused.about(id, time.Now()) }
@@ -862,6 +883,7 @@ func (n *Node) Shutdown() error {
 }
 
 func (n *Node) stop() {
+	n.limitCancel()
 	n.shutdown()
 	if err := n.book.save(); err != nil {
 		n.log.Warn("peer book not saved", "err", err)

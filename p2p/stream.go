@@ -78,9 +78,10 @@ func (n *Node) Open(ctx context.Context, p peer.ID, proto Protocol, cfg FrameCon
 	if n.ctx.Err() != nil {
 		return nil, ErrClosed
 	}
-	s, err := n.h.NewStream(ctx, p, proto.ID(n.cfg.RunID))
+	raw, err := n.h.NewStream(ctx, p, proto.ID(n.cfg.RunID))
 	if err != nil {
 		return nil, fmt.Errorf("p2p: open %s to %s: %w", proto, p, err)
 	}
+	s := n.limit(raw)
 	return &Stream{FrameStream: NewFrameStream(s, cfg), s: s}, nil
 }

@@ -44,8 +44,10 @@ const maxAddrIndex = 1024
 // stream (members-stream). Node names are peer IDs; addresses are only hints
 // added to the peerstore.
 type transport struct {
-	h          host.Host
-	log        *slog.Logger
+	h   host.Host
+	log *slog.Logger
+	// limit puts an opened stream under the node's bandwidth caps.
+	limit      func(network.Stream) network.Stream
 	packetID   protocol.ID
 	streamID   protocol.ID
 	advIP      net.IP
@@ -82,7 +84,7 @@ var _ memberlist.NodeAwareTransport = (*transport)(nil)
 func newTransport(h host.Host, register func(protocol.ID, network.StreamHandler), runID string, advIP net.IP, advPort int, sendTO time.Duration, log *slog.Logger) *transport {
 	ctx, cancel := context.WithCancel(context.Background())
 	t := &transport{
-		h: h, log: log,
+		h: h, log: log, limit: func(s network.Stream) network.Stream { return s },
 		packetID: ProtoMembersPacket.ID(runID),
 		streamID: ProtoMembersStream.ID(runID),
 		advIP:    advIP, advPort: advPort, sendTO: sendTO,
@@ -312,10 +314,11 @@ func (t *transport) sendPacket(id peer.ID, buf []byte) error {
 			return err
 		}
 	}
-	s, err := t.h.NewStream(ctx, id, t.packetID)
+	raw, err := t.h.NewStream(ctx, id, t.packetID)
 	if err != nil {
 		return err
 	}
+	s := t.limit(raw)
 	_ = s.SetDeadline(time.Now().Add(t.sendTO))
 	if _, err := s.Write(buf); err != nil {
 		s.Reset()
@@ -410,10 +413,11 @@ func (t *transport) DialAddressTimeout(a memberlist.Address, timeout time.Durati
 			return nil, err
 		}
 	}
-	s, err := t.h.NewStream(ctx, id, t.streamID)
+	raw, err := t.h.NewStream(ctx, id, t.streamID)
 	if err != nil {
 		return nil, err
 	}
+	s := t.limit(raw)
 	return &streamConn{Stream: s, local: &net.UDPAddr{IP: t.advIP, Port: t.advPort}, remote: t.remoteAddr(s)}, nil
 }
 

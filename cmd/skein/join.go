@@ -27,6 +27,9 @@ func nodeCommand() *cli.Command {
 		altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "listen", EnvVars: envVars("listen"), Usage: "multiaddrs to listen on (default: QUIC and TCP, any port)"}),
 		altsrc.NewStringFlag(&cli.StringFlag{Name: "timing", Value: "wan", EnvVars: envVars("timing"), Usage: "membership timers: " + strings.Join(p2p.TimingNames(), ", ") + " (tests)"}),
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "threads", Value: 0, EnvVars: envVars("threads"), Usage: "CPU threads to lend (0: all cores)"}),
+		altsrc.NewFloat64Flag(&cli.Float64Flag{Name: "max-upload", EnvVars: envVars("max-upload"), Usage: "cap what this volunteer sends, in Mbit/s, on every stream (0: no cap); the run's planners are told"}),
+		altsrc.NewFloat64Flag(&cli.Float64Flag{Name: "max-download", EnvVars: envVars("max-download"), Usage: "cap what this volunteer receives, in Mbit/s, on every stream (0: no cap)"}),
+		altsrc.NewIntFlag(&cli.IntFlag{Name: "max-memory", EnvVars: envVars("max-memory"), Usage: "refuse a run whose model, optimizer state and activations need more than this many MiB (0: the system's available memory)"}),
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "rounds", Value: 0, EnvVars: envVars("rounds"), Usage: "leave after this many rounds (0: until Ctrl-C)"}),
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "min-peers", Value: 1, EnvVars: envVars("min-peers"), Usage: "volunteers (self included) to wait for before the first round"}),
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "val-batches", Value: d.ValBatches, EnvVars: envVars("val-batches"), Usage: "held-out batches evaluated after each round for the validation loss (0: none)"}),
@@ -73,6 +76,7 @@ func nodeCommand() *cli.Command {
 				return fmt.Errorf("--timing: %w", err)
 			}
 			cfg.Rounds, cfg.MinPeers, cfg.Threads = c.Int("rounds"), c.Int("min-peers"), c.Int("threads")
+			cfg.MaxUploadMbps, cfg.MaxDownloadMbps, cfg.MaxMemoryMiB = c.Float64("max-upload"), c.Float64("max-download"), c.Int("max-memory")
 			cfg.ValBatches, cfg.MetricsAddr, cfg.Corpus = c.Int("val-batches"), c.String("metrics"), c.StringSlice("corpus")
 			if h := c.String("hostile"); h != "" {
 				if cfg.Hostile = node.HostileMode(h); cfg.Hostile == "" {
