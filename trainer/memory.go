@@ -26,6 +26,17 @@ func memoryNeed(mc model.Config, B, T, hostCopies int) uint64 {
 	return 4 * ((4+uint64(hostCopies))*params + acts)
 }
 
+// MemoryNeed is the estimate NewSetup checks (memoryNeed): what training
+// model mc at batch B x T takes, with hostCopies more copies of the
+// parameters kept beside it.
+func MemoryNeed(mc model.Config, B, T, hostCopies int) uint64 {
+	return memoryNeed(mc, B, T, hostCopies)
+}
+
+// MemAvailable is the system's available memory (MemAvailable of
+// /proc/meminfo); false where it cannot be known.
+func MemAvailable() (uint64, bool) { return systemMemAvailable() }
+
 // checkMemory refuses a setup that needs more than the memory available:
 // available if not 0, else the system's figure (none: no check).
 func checkMemory(mc model.Config, B, T, hostCopies int, available uint64) error {

@@ -110,5 +110,5 @@ func nodeCommand() *cli.Command {
 			return tokenHint(node.Join(c.Context, cfg), "volunteer")
 		},
 	}
-	return &cli.Command{Name: "node", Usage: "volunteer commands", Subcommands: []*cli.Command{join}}
+	return &cli.Command{Name: "node", Usage: "volunteer commands", Subcommands: []*cli.Command{join, doctorCommand()}}
 }

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+	"github.com/urfave/cli/v2/altsrc"
+
+	"github.com/skein-ml/skein/node"
+	"github.com/skein-ml/skein/p2p"
+)
+
+// doctorCommand is `skein node doctor`.
+func doctorCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "doctor",
+		Usage: "check, before joining, whether this machine and network can help a run",
+		Description: `Joins the run's swarm through its bootstrap as an observer (it trains and serves nothing)
+   and checks: the bootstrap and the run's manifest, whether the connection to the bootstrap is
+   direct or relayed and its round trip, the download rate from it (on one of the run's shards),
+   whether this machine has a public address, the device and its training throughput on the run's
+   model, and whether the run fits in memory (or in --max-memory). Each line says pass, warn or
+   fail, with advice; the command fails when a check fails. --json prints the checks for scripts.
+   Not checked yet: a dial-back by the bootstrap, the upload rate, the clock's skew.`,
+		Flags: []cli.Flag{
+			altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "bootstrap", EnvVars: envVars("bootstrap"), Usage: "the run's bootstrap multiaddr, as `skein bootstrap` prints it"}),
+			altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "listen", EnvVars: envVars("listen"), Usage: "multiaddrs to listen on (default: QUIC and TCP, any port)"}),
+			altsrc.NewStringFlag(&cli.StringFlag{Name: "timing", Value: "wan", EnvVars: envVars("timing"), Usage: "membership timers: " + strings.Join(p2p.TimingNames(), ", ")}),
+			altsrc.NewIntFlag(&cli.IntFlag{Name: "threads", EnvVars: envVars("threads"), Usage: "CPU threads to measure with (0: all cores)"}),
+			altsrc.NewIntFlag(&cli.IntFlag{Name: "max-memory", EnvVars: envVars("max-memory"), Usage: "judge the memory check against this many MiB, as node join --max-memory would"}),
+			&cli.BoolFlag{Name: "json", Usage: "print the checks as JSON"},
+		},
+		Action: func(c *cli.Context) error {
+			log, err := logger(c)
+			if err != nil {
+				return err
+			}
+			cfg := node.DoctorConfig{Bootstrap: c.StringSlice("bootstrap"), Listen: c.StringSlice("listen"),
+				Threads: c.Int("threads"), MaxMemoryMiB: c.Int("max-memory"), Logger: log}
+			if cfg.Timing, err = p2p.TimingByName(c.String("timing")); err != nil {
+				return fmt.Errorf("--timing: %w", err)
+			}
+			if !c.Bool("json") {
+				fmt.Fprintln(os.Stderr, "skein node doctor: joining the run as an observer and measuring (seconds; the device is timed on the run's model)")
+			}
+			checks, err := node.Doctor(c.Context, cfg)
+			if err != nil {
+				return err
+			}
+			if c.Bool("json") {
+				enc := json.NewEncoder(c.App.Writer)
+				enc.SetIndent("", "  ")
+				if err := enc.Encode(checks); err != nil {
+					return err
+				}
+				for _, ch := range checks {
+					if ch.Status == node.CheckFail {
+						return cli.Exit("", 1)
+					}
+				}
+				return nil
+			}
+			return node.WriteChecks(c.App.Writer, checks)
+		},
+	}
+}
