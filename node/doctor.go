@@ -182,7 +182,7 @@ func downloadCheck(ctx context.Context, pn *p2p.Node, boot peer.ID, m manifest.M
 	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	began := time.Now()
-	got, err := pn.Fetch(fctx, boot, data.ShardKey(sh.Hash), buf, p2p.FetchOptions{Length: n, Streams: 4})
+	got, err := pn.Fetch(fctx, boot, data.ShardKey(sh.Hash), buf, p2p.FetchOptions{Length: n, Streams: 8, ChunkSize: 512 << 10})
 	took := time.Since(began).Seconds()
 	if got == 0 || took <= 0 {
 		return Check{Name: "download", Status: CheckFail, Detail: fmt.Sprintf("could not fetch from the bootstrap: %v", err),
