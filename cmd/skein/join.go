@@ -30,6 +30,7 @@ func nodeCommand() *cli.Command {
 		altsrc.NewFloat64Flag(&cli.Float64Flag{Name: "max-upload", EnvVars: envVars("max-upload"), Usage: "cap what this volunteer sends, in Mbit/s, on every stream (0: no cap); the run's planners are told"}),
 		altsrc.NewFloat64Flag(&cli.Float64Flag{Name: "max-download", EnvVars: envVars("max-download"), Usage: "cap what this volunteer receives, in Mbit/s, on every stream (0: no cap)"}),
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "max-memory", EnvVars: envVars("max-memory"), Usage: "refuse a run whose model, optimizer state and activations need more than this many MiB (0: the system's available memory)"}),
+		altsrc.NewStringFlag(&cli.StringFlag{Name: "active-hours", EnvVars: envVars("active-hours"), Usage: "train only in these hours of local time, e.g. 22:00-07:00 or 9:00-12:00,14:00-18:00 (default: all day); outside them the volunteer leaves the run with its checkpoint saved and joins again when they start. SIGUSR1 pauses and SIGUSR2 resumes it the same way"}),
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "rounds", Value: 0, EnvVars: envVars("rounds"), Usage: "leave after this many rounds (0: until Ctrl-C)"}),
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "min-peers", Value: 1, EnvVars: envVars("min-peers"), Usage: "volunteers (self included) to wait for before the first round"}),
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "val-batches", Value: d.ValBatches, EnvVars: envVars("val-batches"), Usage: "held-out batches evaluated after each round for the validation loss (0: none)"}),
@@ -107,7 +108,11 @@ func nodeCommand() *cli.Command {
 			}
 			cfg.WAN = emulatedLink(c)
 			cfg.Version, cfg.Logger, cfg.Progress = version, log, os.Stderr
-			return tokenHint(node.Join(c.Context, cfg), "volunteer")
+			hours, err := node.ParseActiveHours(c.String("active-hours"))
+			if err != nil {
+				return fmt.Errorf("--active-hours: %w", err)
+			}
+			return tokenHint(node.JoinScheduled(c.Context, cfg, hours, pauseSignals(c.Context)), "volunteer")
 		},
 	}
 	return &cli.Command{Name: "node", Usage: "volunteer commands", Subcommands: []*cli.Command{join, doctorCommand()}}

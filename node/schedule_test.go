@@ -1,0 +1,65 @@
+package node
+
+import (
+	"errors"
+	"testing"
+	"time"
+)
+
+func TestParseActiveHours(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want string // normalized; "" for an error
+	}{
+		{"", "all day"},
+		{"22:00-07:00", "22:00-07:00"},
+		{"9:00-12:30, 14:00-18:00", "09:00-12:30,14:00-18:00"},
+		{"00:00-24:00", "00:00-24:00"},
+		{"22:00", ""},
+		{"25:00-07:00", ""},
+		{"10:60-11:00", ""},
+		{"10:00-10:00", ""},
+		{"ten-eleven", ""},
+		{"24:30-01:00", ""},
+	} {
+		a, err := ParseActiveHours(c.in)
+		switch {
+		case c.want == "" && !errors.Is(err, ErrBadHours):
+			t.Errorf("%q: %v, want ErrBadHours", c.in, err)
+		case c.want != "" && (err != nil || a.String() != c.want):
+			t.Errorf("%q: %q, %v; want %q", c.in, a.String(), err, c.want)
+		}
+	}
+}
+
+func TestActiveHours(t *testing.T) {
+	at := func(h, m int) time.Time { return time.Date(2026, 11, 24, h, m, 0, 0, time.UTC) }
+	night, _ := ParseActiveHours("22:00-07:00")
+	day, _ := ParseActiveHours("09:00-12:30,14:00-18:00")
+	for _, c := range []struct {
+		a      ActiveHours
+		t      time.Time
+		active bool
+		next   time.Time
+	}{
+		{night, at(23, 15), true, at(7, 0).AddDate(0, 0, 1)},
+		{night, at(3, 0), true, at(7, 0)},
+		{night, at(7, 0), false, at(22, 0)},
+		{night, at(12, 0), false, at(22, 0)},
+		{day, at(8, 59), false, at(9, 0)},
+		{day, at(12, 30), false, at(14, 0)},
+		{day, at(15, 10), true, at(18, 0)},
+		{day, at(19, 0), false, at(9, 0).AddDate(0, 0, 1)},
+	} {
+		if got := c.a.Active(c.t); got != c.active {
+			t.Errorf("%s at %s: active %v", c.a, c.t.Format("15:04"), got)
+		}
+		if got := c.a.Next(c.t); !got.Equal(c.next) {
+			t.Errorf("%s at %s: next change %s, want %s", c.a, c.t.Format("15:04"), got, c.next)
+		}
+	}
+	var always ActiveHours
+	if !always.Active(at(3, 0)) || !always.Next(at(3, 0)).IsZero() {
+		t.Error("the zero ActiveHours is always active and never changes")
+	}
+}
