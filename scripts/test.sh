@@ -26,6 +26,13 @@ if [ "$(id -u)" = 0 ] && ! command -v chromium >/dev/null; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ||
     echo "   could not install it; the browser test will skip"
 fi
+# The CUDA kernels' PTX is checked against a fresh clang build of their
+# source (TestPTXUpToDate skips itself without clang): best effort too.
+if [ "$(id -u)" = 0 ] && ! command -v clang >/dev/null; then
+  echo "== installing clang (the CUDA kernels' PTX check)"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang >/dev/null) ||
+    echo "   could not install it; the PTX check will skip"
+fi
 command -v go >/dev/null || { echo "Go 1.26 is required: https://go.dev/dl/" >&2; exit 1; }
 export CGO_ENABLED=1
 

@@ -1,0 +1,41 @@
+package kernels
+
+// #include "ewise_proto.h"
+import "C"
+
+import "unsafe"
+
+// The element-wise kernels of ewise_kernels.h, CPU build: one plain loop
+// each (no SIMD, one thread). They are the same source the CUDA backend
+// runs as PTX (cuda.go), so testing them against the CPU backend tests the
+// GPU's arithmetic on every machine.
+
+func fp(x []float32) *C.float {
+	if len(x) == 0 {
+		return nil
+	}
+	return (*C.float)(unsafe.Pointer(&x[0]))
+}
+
+func ewiseGeluForward(out, inp []float32) {
+	C.sk_gelu_forward(fp(out), fp(inp), C.long(len(out)))
+}
+
+func ewiseGeluBackward(dinp, inp, dout []float32) {
+	C.sk_gelu_backward(fp(dinp), fp(inp), fp(dout), C.long(len(dinp)))
+}
+
+func ewiseResidualForward(out, a, b []float32) {
+	C.sk_residual_forward(fp(out), fp(a), fp(b), C.long(len(out)))
+}
+
+func ewiseResidualBackward(da, db, dout []float32) {
+	C.sk_residual_backward(fp(da), fp(db), fp(dout), C.long(len(da)))
+}
+
+func ewiseScale(x []float32, s float32) { C.sk_scale(fp(x), C.float(s), C.long(len(x))) }
+
+func ewiseAdamW(p, g, m, v []float32, lr, b1, b2, eps, wd, bc1, bc2 float32) {
+	C.sk_adamw(fp(p), fp(g), fp(m), fp(v), C.float(lr), C.float(b1), C.float(b2), C.float(eps), C.float(wd),
+		C.float(bc1), C.float(bc2), C.long(len(p)))
+}

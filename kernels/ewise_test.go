@@ -1,0 +1,126 @@
+package kernels
+
+import (
+	"bytes"
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+func randomVec(rng *rand.Rand, n int, scale float32) []float32 {
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = scale * float32(rng.NormFloat64())
+	}
+	return x
+}
+
+// closeTo reports the first element where got and want differ by more
+// than tol relative to max(1, |want|).
+func closeTo(t *testing.T, what string, got, want []float32, tol float64) {
+	t.Helper()
+	for i := range want {
+		if d := math.Abs(float64(got[i] - want[i])); d > tol*math.Max(1, math.Abs(float64(want[i]))) || math.IsNaN(float64(got[i])) {
+			t.Fatalf("%s: element %d is %v, want %v", what, i, got[i], want[i])
+		}
+	}
+}
+
+// The element-wise kernels written once for CPU and GPU (ewise_kernels.h),
+// in their CPU build, agree with the CPU backend on every kernel (its
+// exp is a polynomial, libm's is exact: a few ulps apart), and GELU's
+// backward is the derivative of its forward (central differences).
+func TestEwiseMatchesCPU(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	dev := NewCPU(1)
+	const n = 4099
+	host := func(b Buffer) []float32 { x := make([]float32, b.Len()); dev.CopyOut(x, b); return x }
+	buf := func(x []float32) Buffer { b := dev.Alloc(len(x)); dev.CopyIn(b, x); return b }
+
+	inp, dout := randomVec(rng, n, 2), randomVec(rng, n, 1)
+	out := make([]float32, n)
+	ewiseGeluForward(out, inp)
+	ob := dev.Alloc(n)
+	dev.GeluForward(ob, buf(inp), n)
+	closeTo(t, "gelu forward", out, host(ob), 1e-5)
+
+	dinp := randomVec(rng, n, 1)
+	db := buf(dinp)
+	ewiseGeluBackward(dinp, inp, dout)
+	dev.GeluBackward(db, buf(inp), buf(dout), n)
+	closeTo(t, "gelu backward", dinp, host(db), 1e-5)
+
+	// The backward is the forward's derivative.
+	for _, i := range []int{0, 17, 1000, 4098} {
+		x := float64(inp[i])
+		const h = 1e-3
+		f := func(v float64) float64 {
+			o := []float32{0}
+			ewiseGeluForward(o, []float32{float32(v)})
+			return float64(o[0])
+		}
+		want := (f(x+h) - f(x-h)) / (2 * h)
+		g := []float32{0}
+		ewiseGeluBackward(g, []float32{float32(x)}, []float32{1})
+		if math.Abs(float64(g[0])-want) > 2e-3 {
+			t.Fatalf("gelu'(%v) = %v, central difference %v", x, g[0], want)
+		}
+	}
+
+	a, b := randomVec(rng, n, 1), randomVec(rng, n, 1)
+	ewiseResidualForward(out, a, b)
+	rb := dev.Alloc(n)
+	dev.ResidualForward(rb, buf(a), buf(b), n)
+	closeTo(t, "residual forward", out, host(rb), 0)
+
+	da, dbb := randomVec(rng, n, 1), randomVec(rng, n, 1)
+	dab, dbbb := buf(da), buf(dbb)
+	ewiseResidualBackward(da, dbb, dout)
+	dev.ResidualBackward(dab, dbbb, buf(dout), n)
+	closeTo(t, "residual backward da", da, host(dab), 0)
+	closeTo(t, "residual backward db", dbb, host(dbbb), 0)
+
+	x := randomVec(rng, n, 1)
+	xb := buf(x)
+	ewiseScale(x, 0.37)
+	dev.Scale(xb, 0.37)
+	closeTo(t, "scale", x, host(xb), 0)
+
+	p, g, m, v := randomVec(rng, n, 1), randomVec(rng, n, 0.1), randomVec(rng, n, 0.01), randomVec(rng, n, 0)
+	for i := range v {
+		v[i] = v[i]*v[i] + 1e-4
+	}
+	pb, gb, mb, vb := buf(p), buf(g), buf(m), buf(v)
+	const lr, b1, b2, eps, wd, step = 1e-3, 0.9, 0.95, 1e-8, 0.1, 3
+	bc1, bc2 := float32(1-math.Pow(b1, step)), float32(1-math.Pow(b2, step))
+	ewiseAdamW(p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2)
+	dev.AdamW(pb, gb, mb, vb, lr, b1, b2, eps, wd, step)
+	closeTo(t, "adamw params", p, host(pb), 1e-6)
+	closeTo(t, "adamw m", m, host(mb), 1e-7)
+	closeTo(t, "adamw v", v, host(vb), 1e-7)
+}
+
+// The embedded PTX is what clang makes of cuda/ewise.cu now (`go generate
+// ./kernels` after changing ewise_kernels.h). Skipped without clang (the
+// test command installs it).
+func TestPTXUpToDate(t *testing.T) {
+	clang, err := exec.LookPath("clang")
+	if err != nil {
+		t.Skip("clang is not installed (apt-get install clang): the PTX cannot be regenerated here")
+	}
+	out := filepath.Join(t.TempDir(), "ewise.ptx")
+	cmd := exec.Command(clang, append(ptxFlags, "-o", out, "cuda/ewise.cu")...)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("clang: %v\n%s", err, b)
+	}
+	got, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, ewisePTX) {
+		t.Fatal("kernels/cuda/ewise.ptx is stale: run go generate ./kernels")
+	}
+}
