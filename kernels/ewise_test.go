@@ -22,11 +22,15 @@ func randomVec(rng *rand.Rand, n int, scale float32) []float32 {
 // than tol relative to max(1, |want|).
 func closeTo(t *testing.T, what string, got, want []float32, tol float64) {
 	t.Helper()
+	worst := 0.0
 	for i := range want {
-		if d := math.Abs(float64(got[i] - want[i])); d > tol*math.Max(1, math.Abs(float64(want[i]))) || math.IsNaN(float64(got[i])) {
+		d := math.Abs(float64(got[i]-want[i])) / math.Max(1, math.Abs(float64(want[i])))
+		if d > tol || math.IsNaN(float64(got[i])) {
 			t.Fatalf("%s: element %d is %v, want %v", what, i, got[i], want[i])
 		}
+		worst = max(worst, d)
 	}
+	t.Logf("%s: largest difference %.2g (relative to max(1, |x|)), %d elements", what, worst, len(want))
 }
 
 // The element-wise kernels written once for CPU and GPU (ewise_kernels.h),
