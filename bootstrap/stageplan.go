@@ -80,24 +80,9 @@ func newStagePlanner(run manifest.Manifest, seed *p2p.Seed, log *slog.Logger, ou
 	p := &stagePlanner{run: run, seed: seed, log: log, out: out, timing: timing, rebuilt: map[int]string{},
 		wl: pipeline.WorkloadOf(mc.Layers, mc.C, mc.Heads, run.Model.Batch, run.SeqLen())}
 	for _, sp := range specs {
-		p.holds = append(p.holds, holds(sp))
+		p.holds = append(p.holds, sp.Holds())
 	}
 	return p, nil
-}
-
-// holds says what a stage holds, for the status page.
-func holds(sp model.StageSpec) string {
-	var parts []string
-	if sp.Embedding {
-		parts = append(parts, "embedding, head") // stage 0 holds the head and the loss too
-	}
-	switch n := sp.LastLayer - sp.FirstLayer; {
-	case n == 1:
-		parts = append(parts, fmt.Sprintf("layer %d", sp.FirstLayer))
-	case n > 1:
-		parts = append(parts, fmt.Sprintf("layers %d-%d", sp.FirstLayer, sp.LastLayer-1))
-	}
-	return strings.Join(parts, ", ")
 }
 
 // serve answers plan requests on the seed.

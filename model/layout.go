@@ -3,6 +3,7 @@ package model
 import (
 	"fmt"
 	"math"
+	"strings"
 )
 
 // Tensor is one named parameter tensor: a view [Offset, Offset+Size()) of a
@@ -35,6 +36,22 @@ type StageSpec struct {
 	LastLayer  int  `json:"last_layer"`
 	Embedding  bool `json:"embedding"`
 	Head       bool `json:"head"`
+}
+
+// Holds says what a stage holds, for people: "embedding, head, layer 0",
+// "layers 2-3" (stage 0 holds the head and the loss with the embedding).
+func (s StageSpec) Holds() string {
+	var parts []string
+	if s.Embedding {
+		parts = append(parts, "embedding, head")
+	}
+	switch n := s.LastLayer - s.FirstLayer; {
+	case n == 1:
+		parts = append(parts, fmt.Sprintf("layer %d", s.FirstLayer))
+	case n > 1:
+		parts = append(parts, fmt.Sprintf("layers %d-%d", s.FirstLayer, s.LastLayer-1))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // FullSpec is the whole model as one stage.

@@ -31,25 +31,7 @@ func TestDoctor(t *testing.T) {
 	m.Model.Batch, m.Model.SeqLen = 2, 32
 	ctx, cancel := context.WithTimeout(context.Background(), p2ptest.Slowdown*2*time.Minute)
 	defer cancel()
-	ready := make(chan bootstrap.Info, 1)
-	done := make(chan error, 1)
-	bctx, stop := context.WithCancel(ctx)
-	var out syncBuf
-	go func() {
-		done <- bootstrap.Run(bctx, bootstrap.Config{Manifest: m, Corpus: []string{filepath.Join(root, "src", "strings")},
-			DataDir: t.TempDir(), Listen: []string{"/ip4/127.0.0.1/udp/0/quic-v1"}, Timing: testTiming(), Out: &out,
-			Ready: func(i bootstrap.Info) { ready <- i }})
-	}()
-	defer func() {
-		stop()
-		<-done
-	}()
-	var info bootstrap.Info
-	select {
-	case info = <-ready:
-	case err := <-done:
-		t.Fatalf("bootstrap: %v\n%s", err, out.String())
-	}
+	info, _ := startBootstrap(ctx, t, bootstrap.Config{Manifest: m, Corpus: []string{filepath.Join(root, "src", "strings")}})
 	cfg := DoctorConfig{Bootstrap: info.Addrs[:1], Listen: []string{"/ip4/127.0.0.1/udp/0/quic-v1"}, Timing: testTiming(), Threads: 1, BenchSteps: 1}
 	checks, err := Doctor(ctx, cfg)
 	if err != nil {

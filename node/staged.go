@@ -397,7 +397,7 @@ func (st *stagedVolunteer) take(ctx context.Context, a pipeline.Assignment) erro
 	st.publish()
 	st.announce(ctx, true)
 	line := fmt.Sprintf("stage plan %d: stage %d of %d (%s) with %d replica(s), from iteration %d", a.Epoch, s, a.Stages,
-		stageHolds(st.specs[s]), len(a.Members(s)), a.Start)
+		st.specs[s].Holds(), len(a.Members(s)), a.Start)
 	if how != "" {
 		line += "; " + how
 	}
@@ -630,14 +630,7 @@ func (st *stagedVolunteer) startOuter(a pipeline.Assignment, s int, from start) 
 // collective, with the old one's round, phi and momentum).
 func (st *stagedVolunteer) restartOuter(a pipeline.Assignment, s int) error {
 	v := st.v
-	if st.coll != nil {
-		st.coll.Close()
-		st.coll = nil
-	}
-	if st.outP != nil {
-		st.outP.Close()
-		st.outP = nil
-	}
+	st.stopOuter()
 	var members []optimizer.PeerID
 	for _, u := range a.Members(s) {
 		members = append(members, optimizer.PeerID(a.Peers[u]))
@@ -701,6 +694,12 @@ func (st *stagedVolunteer) stopStage() {
 		st.relP.Close()
 		st.relP = nil
 	}
+	st.stopOuter()
+	st.rep, st.dl = nil, nil
+}
+
+// stopOuter stops the stage's collective and its transport.
+func (st *stagedVolunteer) stopOuter() {
 	if st.coll != nil {
 		st.coll.Close()
 		st.coll = nil
@@ -709,7 +708,6 @@ func (st *stagedVolunteer) stopStage() {
 		st.outP.Close()
 		st.outP = nil
 	}
-	st.rep, st.dl = nil, nil
 }
 
 func (st *stagedVolunteer) close() { st.stopStage() }
@@ -883,21 +881,6 @@ func (st *stagedVolunteer) report(round uint64) {
 		v.cfg.OnRound(RoundReport{Round: round, Loss: loss, ValLoss: float32(math.NaN()), Members: len(st.plan.Members(s))})
 	}
 	st.losses, st.started, st.failed, st.compute, st.reportAt = st.losses[:0], 0, 0, 0, time.Now()
-}
-
-// stageHolds says what a stage holds.
-func stageHolds(sp model.StageSpec) string {
-	var parts []string
-	if sp.Embedding {
-		parts = append(parts, "embedding, head") // stage 0 holds the head and the loss too
-	}
-	switch n := sp.LastLayer - sp.FirstLayer; {
-	case n == 1:
-		parts = append(parts, fmt.Sprintf("layer %d", sp.FirstLayer))
-	case n > 1:
-		parts = append(parts, fmt.Sprintf("layers %d-%d", sp.FirstLayer, sp.LastLayer-1))
-	}
-	return strings.Join(parts, ", ")
 }
 
 // peerID is id as a peer.ID (the empty ID when it does not decode).

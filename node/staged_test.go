@@ -38,6 +38,30 @@ func (s *syncBuf) String() string {
 	return s.b.String()
 }
 
+// startBootstrap runs a real bootstrap on loopback until the test ends:
+// cfg with a data directory, listen address, timing and console of its own.
+func startBootstrap(ctx context.Context, t *testing.T, cfg bootstrap.Config) (bootstrap.Info, *syncBuf) {
+	t.Helper()
+	out := &syncBuf{}
+	ready := make(chan bootstrap.Info, 1)
+	done := make(chan error, 1)
+	bctx, stop := context.WithCancel(ctx)
+	cfg.DataDir, cfg.Listen, cfg.Timing, cfg.Out = t.TempDir(), []string{"/ip4/127.0.0.1/udp/0/quic-v1"}, testTiming(), out
+	cfg.Ready = func(i bootstrap.Info) { ready <- i }
+	go func() { done <- bootstrap.Run(bctx, cfg) }()
+	t.Cleanup(func() {
+		stop()
+		<-done
+	})
+	select {
+	case info := <-ready:
+		return info, out
+	case err := <-done:
+		t.Fatalf("bootstrap: %v\n%s", err, out.String())
+	}
+	return bootstrap.Info{}, nil
+}
+
 var stageOfRe = regexp.MustCompile(`stage plan (\d+): stage (\d+) of`)
 
 // stageOf is the stage a volunteer's console last said it holds, or -1.
@@ -93,25 +117,8 @@ func TestStagedVolunteers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), p2ptest.Slowdown*5*time.Minute)
 	defer cancel()
 	corpus := []string{filepath.Join(root, "src", "strings"), filepath.Join(root, "src", "bufio")}
-	var bout syncBuf
-	ready := make(chan bootstrap.Info, 1)
-	bdone := make(chan error, 1)
-	bctx, stopBootstrap := context.WithCancel(ctx)
-	go func() {
-		bdone <- bootstrap.Run(bctx, bootstrap.Config{Manifest: m, DataDir: t.TempDir(), Listen: []string{"/ip4/127.0.0.1/udp/0/quic-v1"},
-			Timing: testTiming(), Logger: testLogger("bootstrap"), Out: &bout, Ready: func(i bootstrap.Info) { ready <- i },
-			PlanTiming: bootstrap.PlanTiming{Settle: time.Second, Lead: 2 * time.Second}})
-	}()
-	defer func() {
-		stopBootstrap()
-		<-bdone
-	}()
-	var info bootstrap.Info
-	select {
-	case info = <-ready:
-	case err := <-bdone:
-		t.Fatalf("bootstrap: %v\n%s", err, bout.String())
-	}
+	info, bout := startBootstrap(ctx, t, bootstrap.Config{Manifest: m, Logger: testLogger("bootstrap"),
+		PlanTiming: bootstrap.PlanTiming{Settle: time.Second, Lead: 2 * time.Second}})
 	r := &nolocoRun{t: t, m: info.Manifest, addr: info.Addrs[0], ctx: ctx, corpus: corpus}
 	var all []*testVolunteer
 	defer func() {

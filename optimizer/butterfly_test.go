@@ -551,15 +551,8 @@ func TestButterflyRandomSchedules(t *testing.T) {
 	}
 	for seed := range seeds {
 		rng := newRand(uint64(seed))
-		m := 3 + rng.IntN(4)
-		var ids []PeerID
-		for i := range m {
-			ids = append(ids, PeerID(fmt.Sprintf("p%d", i)))
-		}
-		s := newBFSim(t, 257, ids, nil)
-		for _, id := range ids {
-			s.delay[id] = int64(rng.IntN(4))
-		}
+		s, ids := randomSim(t, rng, 4)
+		m := len(ids)
 		victim := PeerID("")
 		if rng.IntN(2) == 0 {
 			victim = ids[rng.IntN(m)]
@@ -617,6 +610,21 @@ func TestButterflyRandomSchedules(t *testing.T) {
 
 func newRand(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, 99)) }
 
+// randomSim is a simulation of 3 to 2+spread members (p0, p1, ...) with
+// random link delays of 0-3 ticks, drawn from rng.
+func randomSim(t *testing.T, rng *rand.Rand, spread int) (*bfSim, []PeerID) {
+	m := 3 + rng.IntN(spread)
+	var ids []PeerID
+	for i := range m {
+		ids = append(ids, PeerID(fmt.Sprintf("p%d", i)))
+	}
+	s := newBFSim(t, 257, ids, nil)
+	for _, id := range ids {
+		s.delay[id] = int64(rng.IntN(4))
+	}
+	return s, ids
+}
+
 func dumpParts(s *bfSim) {
 	for _, id := range s.ids {
 		c := s.m[id].cur
@@ -647,15 +655,8 @@ func TestButterflyForgerWithStalledCoOwner(t *testing.T) {
 	}
 	for seed := range seeds {
 		rng := newRand(uint64(seed) + 7777)
-		m := 3 + rng.IntN(3)
-		var ids []PeerID
-		for i := range m {
-			ids = append(ids, PeerID(fmt.Sprintf("p%d", i)))
-		}
-		s := newBFSim(t, 257, ids, nil)
-		for _, id := range ids {
-			s.delay[id] = int64(rng.IntN(4))
-		}
+		s, ids := randomSim(t, rng, 3)
+		m := len(ids)
 		forger := ids[rng.IntN(m)]
 		victim := ids[rng.IntN(m)]
 		for victim == forger {
