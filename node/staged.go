@@ -95,6 +95,8 @@ type stagedVolunteer struct {
 	weights []byte // served under stageWeightsKey
 	state   []byte // served under stageStateKey
 
+	reports int // rounds reported (report)
+
 	// Since the last report.
 	losses   []float32
 	started  int // microbatches started here
@@ -205,8 +207,8 @@ func (v *Volunteer) runStaged(ctx context.Context) error {
 			}
 			return err
 		}
-		if v.cfg.Rounds > 0 && st.iter/uint64(v.run.Optimizer.InnerSteps) >= uint64(v.cfg.Rounds) {
-			return nil
+		if v.cfg.Rounds > 0 && st.reports >= v.cfg.Rounds {
+			return nil // --rounds: this volunteer's rounds, wherever in the run it joined
 		}
 	}
 	return nil
@@ -881,6 +883,7 @@ func (st *stagedVolunteer) report(round uint64) {
 		v.cfg.OnRound(RoundReport{Round: round, Loss: loss, ValLoss: float32(math.NaN()), Members: len(st.plan.Members(s))})
 	}
 	st.losses, st.started, st.failed, st.compute, st.reportAt = st.losses[:0], 0, 0, 0, time.Now()
+	st.reports++
 }
 
 // peerID is id as a peer.ID (the empty ID when it does not decode).
