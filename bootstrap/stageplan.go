@@ -55,6 +55,7 @@ type stagePlanner struct {
 	holds  []string // per stage, what it holds ("embedding, head, layer 0")
 	wl     pipeline.Workload
 	notify func()
+	list   func() []volunteer // tests: the volunteers, instead of the seed's members
 
 	mu      sync.Mutex
 	cur     *pipeline.Assignment
@@ -64,6 +65,7 @@ type stagePlanner struct {
 
 	at        uint64 // the run's iteration when the last plan was made
 	view      string // the volunteers last seen, sorted and joined
+	planned   string // the view the current plan was made for
 	changedAt time.Time
 	pace      paceMeter
 }
@@ -119,6 +121,9 @@ type volunteer struct {
 }
 
 func (p *stagePlanner) volunteers() []volunteer {
+	if p.list != nil {
+		return p.list()
+	}
 	var out []volunteer
 	for _, m := range p.seed.Members() {
 		if m.Meta.Role == p2p.RoleVolunteer && m.ID != p.seed.ID() {
@@ -149,8 +154,8 @@ func (p *stagePlanner) step(now time.Time) {
 	p.mu.Lock()
 	cur := p.cur
 	p.mu.Unlock()
-	if cur != nil && slices.Equal(sortedPeers(cur.Peers), ids) {
-		return // the plan covers exactly the volunteers there are
+	if p.planned == p.view {
+		return // the plan was made for exactly these volunteers (some may be spares)
 	}
 	a, err := p.plan(cur, vols, ahead)
 	if err != nil {
@@ -165,6 +170,7 @@ func (p *stagePlanner) step(now time.Time) {
 	p.mu.Lock()
 	p.cur, p.enc, p.waiting = &a, enc, ""
 	p.mu.Unlock()
+	p.planned = p.view
 	fmt.Fprintf(p.out, "skein bootstrap: stage plan %d from iteration %d (the run is at %d, %.1f iterations/s): %s\n",
 		a.Epoch, a.Start, p.at, p.pace.rate(), describe(a))
 	p.log.Info("stage plan", "epoch", a.Epoch, "start", a.Start, "members", len(a.Peers))
@@ -180,12 +186,6 @@ func (p *stagePlanner) wait(why string) {
 		p.waiting = why
 		fmt.Fprintf(p.out, "skein bootstrap: %s\n", why)
 	}
-}
-
-func sortedPeers(ids []string) []string {
-	out := slices.Clone(ids)
-	slices.Sort(out)
-	return out
 }
 
 // plan places vols: from scratch when there is no plan yet, else moving

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/skein-ml/skein/bootstrap/manifest"
 	"github.com/skein-ml/skein/p2p"
@@ -101,4 +102,33 @@ func must(b []byte, err error) []byte {
 		panic(fmt.Sprint(err))
 	}
 	return b
+}
+
+// A volunteer Plan leaves unassigned (too little memory for any stage) is
+// not a reason to plan again and again: the planner re-plans when the
+// volunteers change, not while its plan leaves one out.
+func TestStagePlannerSettles(t *testing.T) {
+	m := manifest.Default()
+	m.Pipeline = manifest.Pipeline{Stages: 2, Microbatches: 2}
+	p, err := newStagePlanner(m, nil, slog.New(slog.DiscardHandler), io.Discard, DefaultPlanTiming())
+	if err != nil {
+		t.Fatal(err)
+	}
+	vols := testVolunteers("a", "b", "c")
+	vols[2].meta.CapMemMiB = 1 // fits no stage
+	p.list = func() []volunteer { return vols }
+	t0 := time.Now()
+	for s := range 20 {
+		p.step(t0.Add(time.Duration(s) * time.Second))
+	}
+	if p.cur == nil || p.cur.Epoch != 1 || len(p.cur.Peers) != 2 {
+		t.Fatalf("plan %+v: want one plan of the two volunteers that fit", p.cur)
+	}
+	vols = vols[:2]
+	for s := 20; s < 30; s++ {
+		p.step(t0.Add(time.Duration(s) * time.Second))
+	}
+	if p.cur.Epoch != 2 {
+		t.Fatalf("epoch %d after the spare left, want 2 (one re-plan)", p.cur.Epoch)
+	}
 }
