@@ -16,11 +16,12 @@ import (
 
 // The CUDA backend, as far as it goes: the driver API loaded at run time
 // (cuda_driver.c, dlopen of libcuda.so.1: `go build` needs gcc alone), the
-// element-wise kernels of the training step compiled ahead of time to PTX
+// element-wise and row-wise kernels of the training step (GELU, residual,
+// scale, AdamW, layernorm, softmax cross-entropy) compiled ahead of time to PTX
 // from the same source as their CPU build (ewise_kernels.h, `go generate`)
 // and JIT-compiled by the driver for the GPU present, device buffers, and
-// launches. The GEMMs (cuBLAS, and a tiled fallback), attention,
-// layernorm, the encoder and the loss are not built yet, so CUDA is not a
+// launches. The GEMMs (cuBLAS, and a tiled fallback), attention and the
+// encoder are not built yet, so CUDA is not a
 // Device: training runs on the CPU (SelectDevice says so). None of this
 // has run on a GPU yet; the parity tests skip without one.
 
@@ -34,6 +35,11 @@ var ptxFlags = []string{"-x", "cuda", "--cuda-device-only", "--cuda-gpu-arch=sm_
 //
 //go:embed cuda/ewise.ptx
 var ewisePTX []byte
+
+// cudaKernels are the entry points of ewisePTX.
+var cudaKernels = []string{"sk_gelu_forward", "sk_gelu_backward", "sk_residual_forward", "sk_residual_backward",
+	"sk_scale", "sk_adamw", "sk_layernorm_forward", "sk_layernorm_backward_dinp", "sk_layernorm_backward_dparams",
+	"sk_softmax_xent_forward", "sk_softmax_xent_backward"}
 
 // ErrNoCUDA is returned (wrapped) when there is no usable NVIDIA GPU: no
 // driver, no device, or a device the driver refuses.
@@ -98,7 +104,7 @@ func OpenCUDA(ordinal int) (*CUDA, error) {
 		C.skcu_ctx_destroy(c.ctx)
 		return nil, fmt.Errorf("%w: loading the kernels' PTX on %s: %s", ErrNoCUDA, c.name, cuErr(rc))
 	}
-	for _, fn := range []string{"sk_gelu_forward", "sk_gelu_backward", "sk_residual_forward", "sk_residual_backward", "sk_scale", "sk_adamw"} {
+	for _, fn := range cudaKernels {
 		cs := C.CString(fn)
 		var f unsafe.Pointer
 		rc := C.skcu_function(&f, c.mod, cs)
@@ -221,6 +227,8 @@ func (c *CUDA) launch(fn string, n int, args ...any) error {
 				*(*C.float)(p) = C.float(v)
 			case int:
 				*(*C.long)(p) = C.long(v)
+			case int32:
+				*(*C.int)(p) = C.int(v)
 			default:
 				return fmt.Errorf("kernels: parameter %d of %s: %T", i, fn, a)
 			}
@@ -258,8 +266,39 @@ func (c *CUDA) AdamW(p, g, m, v *GPUBuffer, lr, b1, b2, eps, wd float32, t int) 
 	return c.launch("sk_adamw", p.n, p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2, p.n)
 }
 
+// UploadInt32 copies x (token ids, targets) into new device memory.
+func (c *CUDA) UploadInt32(x []int32) (*GPUBuffer, error) {
+	bits := make([]float32, len(x))
+	for i, v := range x {
+		bits[i] = math.Float32frombits(uint32(v))
+	}
+	return c.Upload(bits)
+}
+
+// LayerNormForward, LayerNormBackward, SoftmaxCrossEntropyForward and
+// SoftmaxCrossEntropyBackward are the Device methods of the same names, on
+// device buffers (targets from UploadInt32), one row per GPU thread.
+func (c *CUDA) LayerNormForward(out, mean, rstd, inp, w, b *GPUBuffer, rows, cols int) error {
+	return c.launch("sk_layernorm_forward", rows, out, mean, rstd, inp, w, b, int32(rows), int32(cols))
+}
+
+func (c *CUDA) LayerNormBackward(dinp, dw, db, dout, inp, w, mean, rstd *GPUBuffer, rows, cols int) error {
+	if err := c.launch("sk_layernorm_backward_dinp", rows, dinp, dout, inp, w, mean, rstd, int32(rows), int32(cols)); err != nil {
+		return err
+	}
+	return c.launch("sk_layernorm_backward_dparams", cols, dw, db, dout, inp, mean, rstd, int32(rows), int32(cols))
+}
+
+func (c *CUDA) SoftmaxCrossEntropyForward(losses, probs, logits, targets *GPUBuffer, rows, v, vp int) error {
+	return c.launch("sk_softmax_xent_forward", rows, losses, probs, logits, targets, int32(rows), int32(v), int32(vp))
+}
+
+func (c *CUDA) SoftmaxCrossEntropyBackward(dlogits, probs, targets *GPUBuffer, dloss float32, rows, v, vp int) error {
+	return c.launch("sk_softmax_xent_backward", rows, dlogits, probs, targets, dloss, int32(rows), int32(v), int32(vp))
+}
+
 // SelectDevice is --device: "cpu", "auto" or "cuda:N". The CUDA backend
-// runs only the element-wise kernels so far, so every choice trains on the
+// runs only the element-wise and row-wise kernels so far, so every choice trains on the
 // CPU; note says why when a GPU was asked for or found, and cuda:N fails
 // rather than pretend.
 func SelectDevice(spec string, threads int) (dev Device, note string, err error) {
@@ -273,11 +312,11 @@ func SelectDevice(spec string, threads int) (dev Device, note string, err error)
 		}
 		name := c.Name()
 		c.Close()
-		return NewCPU(threads), fmt.Sprintf("--device auto: found %s, but the CUDA backend runs only the element-wise kernels so far (GEMMs and attention are not built): training on the CPU", name), nil
+		return NewCPU(threads), fmt.Sprintf("--device auto: found %s, but the CUDA backend runs only the element-wise and row-wise kernels so far (GEMMs, attention and the encoder are not built): training on the CPU", name), nil
 	}
 	var ordinal int
 	if n, err := fmt.Sscanf(spec, "cuda:%d", &ordinal); n != 1 || err != nil {
 		return nil, "", fmt.Errorf("kernels: --device %q: want auto, cpu or cuda:N", spec)
 	}
-	return nil, "", fmt.Errorf("kernels: --device %s: the CUDA backend is not built yet (its element-wise kernels are; GEMMs, attention, layernorm and the loss are not); use --device cpu or auto", spec)
+	return nil, "", fmt.Errorf("kernels: --device %s: the CUDA backend is not built yet (its element-wise and row-wise kernels are; GEMMs, attention and the encoder are not); use --device cpu or auto", spec)
 }

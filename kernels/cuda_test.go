@@ -67,6 +67,43 @@ func TestCUDAParity(t *testing.T) {
 	}
 	closeTo(t, "adamw", down(pb), pw, 1e-6)
 	closeTo(t, "adamw m", down(mb), mw, 1e-7)
+
+	const N, C, V, Vp = 67, 128, 250, 256
+	x, w, bias := randomVec(rng, N*C, 1.5), randomVec(rng, C, 1), randomVec(rng, C, 0.2)
+	lo, lm, lr := make([]float32, N*C), make([]float32, N), make([]float32, N)
+	ewiseLayerNormForward(lo, lm, lr, x, w, bias, N, C)
+	go1, gm, gr := up(make([]float32, N*C)), up(make([]float32, N)), up(make([]float32, N))
+	if err := c.LayerNormForward(go1, gm, gr, up(x), up(w), up(bias), N, C); err != nil {
+		t.Fatal(err)
+	}
+	closeTo(t, "layernorm forward", down(go1), lo, 1e-5)
+	dy := randomVec(rng, N*C, 1)
+	dx, dw, db := make([]float32, N*C), make([]float32, C), make([]float32, C)
+	ewiseLayerNormBackward(dx, dw, db, dy, x, w, lm, lr, N, C)
+	gdx, gdw, gdb := up(make([]float32, N*C)), up(make([]float32, C)), up(make([]float32, C))
+	if err := c.LayerNormBackward(gdx, gdw, gdb, up(dy), up(x), up(w), up(lm), up(lr), N, C); err != nil {
+		t.Fatal(err)
+	}
+	closeTo(t, "layernorm dinp", down(gdx), dx, 1e-5)
+	closeTo(t, "layernorm dweight", down(gdw), dw, 1e-4)
+
+	logits := randomVec(rng, N*Vp, 3)
+	targets := make([]int32, N)
+	for i := range targets {
+		targets[i] = int32(rng.IntN(V))
+	}
+	losses, probs := make([]float32, N), make([]float32, N*Vp)
+	ewiseSoftmaxXentForward(losses, probs, logits, targets, N, V, Vp)
+	tg, err := c.UploadInt32(targets)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gl, gp := up(make([]float32, N)), up(make([]float32, N*Vp))
+	if err := c.SoftmaxCrossEntropyForward(gl, gp, up(logits), tg, N, V, Vp); err != nil {
+		t.Fatal(err)
+	}
+	closeTo(t, "softmax cross-entropy losses", down(gl), losses, 1e-5)
+	closeTo(t, "softmax cross-entropy probs", down(gp), probs, 1e-5)
 }
 
 // --device: cpu and auto give the CPU (auto says why, here: no driver or

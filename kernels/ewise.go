@@ -39,3 +39,27 @@ func ewiseAdamW(p, g, m, v []float32, lr, b1, b2, eps, wd, bc1, bc2 float32) {
 	C.sk_adamw(fp(p), fp(g), fp(m), fp(v), C.float(lr), C.float(b1), C.float(b2), C.float(eps), C.float(wd),
 		C.float(bc1), C.float(bc2), C.long(len(p)))
 }
+
+func ip(x []int32) *C.int {
+	if len(x) == 0 {
+		return nil
+	}
+	return (*C.int)(unsafe.Pointer(&x[0]))
+}
+
+func ewiseLayerNormForward(out, mean, rstd, inp, w, b []float32, rows, cols int) {
+	C.sk_layernorm_forward(fp(out), fp(mean), fp(rstd), fp(inp), fp(w), fp(b), C.int(rows), C.int(cols))
+}
+
+func ewiseLayerNormBackward(dinp, dw, db, dout, inp, w, mean, rstd []float32, rows, cols int) {
+	C.sk_layernorm_backward_dinp(fp(dinp), fp(dout), fp(inp), fp(w), fp(mean), fp(rstd), C.int(rows), C.int(cols))
+	C.sk_layernorm_backward_dparams(fp(dw), fp(db), fp(dout), fp(inp), fp(mean), fp(rstd), C.int(rows), C.int(cols))
+}
+
+func ewiseSoftmaxXentForward(losses, probs, logits []float32, targets []int32, rows, v, vp int) {
+	C.sk_softmax_xent_forward(fp(losses), fp(probs), fp(logits), ip(targets), C.int(rows), C.int(v), C.int(vp))
+}
+
+func ewiseSoftmaxXentBackward(dlogits, probs []float32, targets []int32, dloss float32, rows, v, vp int) {
+	C.sk_softmax_xent_backward(fp(dlogits), fp(probs), ip(targets), C.float(dloss), C.int(rows), C.int(v), C.int(vp))
+}

@@ -9,16 +9,21 @@
 //
 // No CUDA headers are used: the qualifiers are clang's attributes, thread
 // indices come from the __nvvm_read_ptx_sreg_* builtins, and the only math
-// is exp and sqrt (SK_EXPF, SK_SQRTF), which map to PTX instructions on the
-// GPU and to libm on the CPU. The bias corrections of AdamW (a pow) are
-// computed by the caller.
+// is exp, log and sqrt (SK_EXPF, SK_LOGF, SK_SQRTF), which map to PTX
+// instructions on the GPU and to libm on the CPU. The bias corrections of
+// AdamW (a pow) are computed by the caller. Row-wise kernels run one row
+// per thread (a first version: correct, not fast), and a reduction over
+// rows (layernorm's dweight, dbias) one column per thread, so that no two
+// threads write one element.
 #ifndef SKEIN_EWISE_KERNELS_H
 #define SKEIN_EWISE_KERNELS_H
 
 #if defined(__CUDA__)
 #define SK_FN static __attribute__((device)) inline
 #define SK_EXPF(x) __nvvm_ex2_approx_f((x) * 1.44269504088896341f)
+#define SK_LOGF(x) (__nvvm_lg2_approx_f(x) * 0.69314718055994531f)
 #define SK_SQRTF(x) __nvvm_sqrt_rn_f(x)
+#define SK_NEG_INF (-__builtin_inff())
 #define SK_KERNEL(name, params, n, call)                                                       \
     extern "C" __attribute__((global)) void name params {                                     \
         long i = (long)__nvvm_read_ptx_sreg_ctaid_x() * __nvvm_read_ptx_sreg_ntid_x() +         \
@@ -31,7 +36,9 @@
 #include <math.h>
 #define SK_FN static inline
 #define SK_EXPF(x) expf(x)
+#define SK_LOGF(x) logf(x)
 #define SK_SQRTF(x) sqrtf(x)
+#define SK_NEG_INF (-INFINITY)
 #define SK_KERNEL(name, params, n, call)                                                       \
     void name params {                                                                         \
         for (long i = 0; i < (n); i++) {                                                       \
@@ -80,6 +87,79 @@ SK_FN void sk_adamw_at(long i, float *p, const float *g, float *m, float *v, flo
     p[i] -= lr * ((mi / bc1) / (SK_SQRTF(vi / bc2) + eps) + wd * p[i]);
 }
 
+#define SK_LN_EPS 1e-5f
+
+// LayerNorm of row n: out = (x - mean) * rstd * w + b; mean and rstd saved.
+SK_FN void sk_ln_fwd_row(long n, float *out, float *mean, float *rstd, const float *inp,
+                         const float *w, const float *b, int C) {
+    const float *x = inp + n * C;
+    float *o = out + n * C;
+    float s = 0.0f;
+    for (int i = 0; i < C; i++) s += x[i];
+    float m = s / (float)C;
+    float v = 0.0f;
+    for (int i = 0; i < C; i++) v += (x[i] - m) * (x[i] - m);
+    float rs = 1.0f / SK_SQRTF(v / (float)C + SK_LN_EPS);
+    for (int i = 0; i < C; i++) o[i] = (x[i] - m) * rs * w[i] + b[i];
+    mean[n] = m;
+    rstd[n] = rs;
+}
+
+// LayerNorm backward, the input gradient of row n (accumulated).
+SK_FN void sk_ln_bwd_dinp_row(long n, float *dinp, const float *dout, const float *inp,
+                              const float *w, const float *mean, const float *rstd, int C) {
+    const float *d = dout + n * C, *x = inp + n * C;
+    float *dx = dinp + n * C;
+    float m = mean[n], rs = rstd[n], a = 0.0f, bs = 0.0f;
+    for (int i = 0; i < C; i++) {
+        a += w[i] * d[i];
+        bs += w[i] * d[i] * (x[i] - m) * rs;
+    }
+    a /= (float)C;
+    bs /= (float)C;
+    for (int i = 0; i < C; i++) dx[i] += rs * (w[i] * d[i] - a - (x[i] - m) * rs * bs);
+}
+
+// LayerNorm backward, the weight and bias gradients of column i over all N
+// rows, in row order (accumulated).
+SK_FN void sk_ln_bwd_dparams_col(long i, float *dw, float *db, const float *dout, const float *inp,
+                                 const float *mean, const float *rstd, int N, int C) {
+    float sw = 0.0f, sb = 0.0f;
+    for (long n = 0; n < N; n++) {
+        float d = dout[n * C + i];
+        sw += (inp[n * C + i] - mean[n]) * rstd[n] * d;
+        sb += d;
+    }
+    dw[i] += sw;
+    db[i] += sb;
+}
+
+// Softmax and cross-entropy of row n over the first V of Vp logits.
+SK_FN void sk_smce_fwd_row(long n, float *losses, float *probs, const float *logits,
+                           const int *targets, int V, int Vp) {
+    const float *l = logits + n * Vp;
+    float *p = probs + n * Vp;
+    float mx = SK_NEG_INF;
+    for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
+    float s = 0.0f;
+    for (int i = 0; i < V; i++) {
+        p[i] = SK_EXPF(l[i] - mx);
+        s += p[i];
+    }
+    for (int i = 0; i < V; i++) p[i] /= s;
+    for (int i = V; i < Vp; i++) p[i] = 0.0f;
+    losses[n] = SK_LOGF(s) - (l[targets[n]] - mx);
+}
+
+// Its backward: dlogits += dloss * (probs - onehot(target)) (accumulated).
+SK_FN void sk_smce_bwd_row(long n, float *dlogits, const float *probs, const int *targets,
+                           float dloss, int V, int Vp) {
+    float *dl = dlogits + n * Vp;
+    const float *p = probs + n * Vp;
+    for (int i = 0; i < V; i++) dl[i] += dloss * p[i];
+    dl[targets[n]] -= dloss;
+}
+
 SK_KERNEL(sk_gelu_forward, (float *out, const float *inp, long n), n, sk_gelu_fwd_at(i, out, inp))
 SK_KERNEL(sk_gelu_backward, (float *dinp, const float *inp, const float *dout, long n), n,
           sk_gelu_bwd_at(i, dinp, inp, dout))
@@ -91,5 +171,25 @@ SK_KERNEL(sk_scale, (float *x, float s, long n), n, sk_scale_at(i, x, s))
 SK_KERNEL(sk_adamw, (float *p, const float *g, float *m, float *v, float lr, float b1, float b2,
                      float eps, float wd, float bc1, float bc2, long n),
           n, sk_adamw_at(i, p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2))
+SK_KERNEL(sk_layernorm_forward,
+          (float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
+           int N, int C),
+          N, sk_ln_fwd_row(i, out, mean, rstd, inp, w, b, C))
+SK_KERNEL(sk_layernorm_backward_dinp,
+          (float *dinp, const float *dout, const float *inp, const float *w, const float *mean,
+           const float *rstd, int N, int C),
+          N, sk_ln_bwd_dinp_row(i, dinp, dout, inp, w, mean, rstd, C))
+SK_KERNEL(sk_layernorm_backward_dparams,
+          (float *dw, float *db, const float *dout, const float *inp, const float *mean,
+           const float *rstd, int N, int C),
+          C, sk_ln_bwd_dparams_col(i, dw, db, dout, inp, mean, rstd, N, C))
+SK_KERNEL(sk_softmax_xent_forward,
+          (float *losses, float *probs, const float *logits, const int *targets, int N, int V,
+           int Vp),
+          N, sk_smce_fwd_row(i, losses, probs, logits, targets, V, Vp))
+SK_KERNEL(sk_softmax_xent_backward,
+          (float *dlogits, const float *probs, const int *targets, float dloss, int N, int V,
+           int Vp),
+          N, sk_smce_bwd_row(i, dlogits, probs, targets, dloss, V, Vp))
 
 #endif

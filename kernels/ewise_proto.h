@@ -8,4 +8,14 @@ void sk_residual_backward(float *da, float *db, const float *dout, long n);
 void sk_scale(float *x, float s, long n);
 void sk_adamw(float *p, const float *g, float *m, float *v, float lr, float b1, float b2, float eps,
               float wd, float bc1, float bc2, long n);
+void sk_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                          const float *b, int N, int C);
+void sk_layernorm_backward_dinp(float *dinp, const float *dout, const float *inp, const float *w,
+                                const float *mean, const float *rstd, int N, int C);
+void sk_layernorm_backward_dparams(float *dw, float *db, const float *dout, const float *inp,
+                                   const float *mean, const float *rstd, int N, int C);
+void sk_softmax_xent_forward(float *losses, float *probs, const float *logits, const int *targets,
+                             int N, int V, int Vp);
+void sk_softmax_xent_backward(float *dlogits, const float *probs, const int *targets, float dloss,
+                              int N, int V, int Vp);
 #endif

@@ -128,3 +128,74 @@ func TestPTXUpToDate(t *testing.T) {
 		t.Fatal("kernels/cuda/ewise.ptx is stale: run go generate ./kernels")
 	}
 }
+
+// The row-wise kernels' CPU build against the CPU backend: layernorm
+// forward and backward, softmax cross-entropy forward and backward; and
+// layernorm's input gradient against central differences of its forward.
+func TestRowwiseMatchesCPU(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	dev := NewCPU(1)
+	const N, C, V, Vp = 37, 96, 250, 256
+	host := func(b Buffer) []float32 { x := make([]float32, b.Len()); dev.CopyOut(x, b); return x }
+	buf := func(x []float32) Buffer { b := dev.Alloc(len(x)); dev.CopyIn(b, x); return b }
+
+	inp, w, b := randomVec(rng, N*C, 1.5), randomVec(rng, C, 1), randomVec(rng, C, 0.2)
+	out, mean, rstd := make([]float32, N*C), make([]float32, N), make([]float32, N)
+	ewiseLayerNormForward(out, mean, rstd, inp, w, b, N, C)
+	ob, mb, rb := dev.Alloc(N*C), dev.Alloc(N), dev.Alloc(N)
+	dev.LayerNormForward(ob, mb, rb, buf(inp), buf(w), buf(b), N, C)
+	closeTo(t, "layernorm forward", out, host(ob), 1e-5)
+	closeTo(t, "layernorm mean", mean, host(mb), 1e-6)
+	closeTo(t, "layernorm rstd", rstd, host(rb), 1e-5)
+
+	dout := randomVec(rng, N*C, 1)
+	dinp, dw, db := randomVec(rng, N*C, 0.1), randomVec(rng, C, 0.1), randomVec(rng, C, 0.1)
+	dinpB, dwB, dbB := buf(dinp), buf(dw), buf(db)
+	ewiseLayerNormBackward(dinp, dw, db, dout, inp, w, mean, rstd, N, C)
+	dev.LayerNormBackward(dinpB, dwB, dbB, buf(dout), buf(inp), buf(w), buf(mean), buf(rstd), N, C)
+	closeTo(t, "layernorm backward dinp", dinp, host(dinpB), 1e-5)
+	closeTo(t, "layernorm backward dweight", dw, host(dwB), 1e-4)
+	closeTo(t, "layernorm backward dbias", db, host(dbB), 1e-4)
+
+	// d(sum(out * dout))/d inp[k], by central differences, for a few k.
+	loss := func(x []float32) float64 {
+		o, m, r := make([]float32, N*C), make([]float32, N), make([]float32, N)
+		ewiseLayerNormForward(o, m, r, x, w, b, N, C)
+		var s float64
+		for i := range o {
+			s += float64(o[i]) * float64(dout[i])
+		}
+		return s
+	}
+	grad := make([]float32, N*C)
+	ewiseLayerNormBackward(grad, make([]float32, C), make([]float32, C), dout, inp, w, mean, rstd, N, C)
+	for _, k := range []int{0, 95, 1000, N*C - 1} {
+		x := append([]float32(nil), inp...)
+		const h = 1e-2
+		x[k] += h
+		up := loss(x)
+		x[k] -= 2 * h
+		want := (up - loss(x)) / (2 * h)
+		if math.Abs(float64(grad[k])-want) > 2e-2*math.Max(1, math.Abs(want)) {
+			t.Fatalf("layernorm dinp[%d] = %v, central difference %v", k, grad[k], want)
+		}
+	}
+
+	logits := randomVec(rng, N*Vp, 3)
+	targets := make([]int32, N)
+	for i := range targets {
+		targets[i] = int32(rng.IntN(V))
+	}
+	losses, probs := make([]float32, N), make([]float32, N*Vp)
+	ewiseSoftmaxXentForward(losses, probs, logits, targets, N, V, Vp)
+	lb, pb := dev.Alloc(N), dev.Alloc(N*Vp)
+	dev.SoftmaxCrossEntropyForward(lb, pb, buf(logits), targets, N, V, Vp)
+	closeTo(t, "softmax cross-entropy losses", losses, host(lb), 1e-5)
+	closeTo(t, "softmax cross-entropy probs", probs, host(pb), 1e-6)
+
+	dlogits := randomVec(rng, N*Vp, 0.1)
+	dlB := buf(dlogits)
+	ewiseSoftmaxXentBackward(dlogits, probs, targets, 1.0/N, N, V, Vp)
+	dev.SoftmaxCrossEntropyBackward(dlB, buf(probs), targets, 1.0/N, N, V, Vp)
+	closeTo(t, "softmax cross-entropy backward", dlogits, host(dlB), 1e-6)
+}
