@@ -17,11 +17,12 @@ import (
 // The CUDA backend, as far as it goes: the driver API loaded at run time
 // (cuda_driver.c, dlopen of libcuda.so.1: `go build` needs gcc alone), the
 // element-wise and row-wise kernels of the training step (GELU, residual,
-// scale, AdamW, layernorm, softmax cross-entropy) compiled ahead of time to PTX
+// scale, AdamW, layernorm, softmax cross-entropy, the encoder) compiled
+// ahead of time to PTX
 // from the same source as their CPU build (ewise_kernels.h, `go generate`)
 // and JIT-compiled by the driver for the GPU present, device buffers, and
-// launches. The GEMMs (cuBLAS, and a tiled fallback), attention and the
-// encoder are not built yet, so CUDA is not a
+// launches. The GEMMs (cuBLAS, and a tiled fallback) and attention are not
+// built yet, so CUDA is not a
 // Device: training runs on the CPU (SelectDevice says so). None of this
 // has run on a GPU yet; the parity tests skip without one.
 
@@ -39,7 +40,7 @@ var ewisePTX []byte
 // cudaKernels are the entry points of ewisePTX.
 var cudaKernels = []string{"sk_gelu_forward", "sk_gelu_backward", "sk_residual_forward", "sk_residual_backward",
 	"sk_scale", "sk_adamw", "sk_layernorm_forward", "sk_layernorm_backward_dinp", "sk_layernorm_backward_dparams",
-	"sk_softmax_xent_forward", "sk_softmax_xent_backward"}
+	"sk_softmax_xent_forward", "sk_softmax_xent_backward", "sk_encoder_forward", "sk_encoder_backward"}
 
 // ErrNoCUDA is returned (wrapped) when there is no usable NVIDIA GPU: no
 // driver, no device, or a device the driver refuses.
@@ -297,6 +298,16 @@ func (c *CUDA) SoftmaxCrossEntropyBackward(dlogits, probs, targets *GPUBuffer, d
 	return c.launch("sk_softmax_xent_backward", rows, dlogits, probs, targets, dloss, int32(rows), int32(v), int32(vp))
 }
 
+// EncoderForward and EncoderBackward are the Device methods of the same
+// names, on device buffers (tokens from UploadInt32).
+func (c *CUDA) EncoderForward(out, tokens, wte, wpe *GPUBuffer, b, t, cols int) error {
+	return c.launch("sk_encoder_forward", b*t, out, tokens, wte, wpe, int32(b), int32(t), int32(cols))
+}
+
+func (c *CUDA) EncoderBackward(dwte, dwpe, dout, tokens *GPUBuffer, b, t, cols int) error {
+	return c.launch("sk_encoder_backward", cols, dwte, dwpe, dout, tokens, int32(b), int32(t), int32(cols))
+}
+
 // SelectDevice is --device: "cpu", "auto" or "cuda:N". The CUDA backend
 // runs only the element-wise and row-wise kernels so far, so every choice trains on the
 // CPU; note says why when a GPU was asked for or found, and cuda:N fails
@@ -312,11 +323,11 @@ func SelectDevice(spec string, threads int) (dev Device, note string, err error)
 		}
 		name := c.Name()
 		c.Close()
-		return NewCPU(threads), fmt.Sprintf("--device auto: found %s, but the CUDA backend runs only the element-wise and row-wise kernels so far (GEMMs, attention and the encoder are not built): training on the CPU", name), nil
+		return NewCPU(threads), fmt.Sprintf("--device auto: found %s, but the CUDA backend runs only the element-wise and row-wise kernels so far (GEMMs and attention are not built): training on the CPU", name), nil
 	}
 	var ordinal int
 	if n, err := fmt.Sscanf(spec, "cuda:%d", &ordinal); n != 1 || err != nil {
 		return nil, "", fmt.Errorf("kernels: --device %q: want auto, cpu or cuda:N", spec)
 	}
-	return nil, "", fmt.Errorf("kernels: --device %s: the CUDA backend is not built yet (its element-wise and row-wise kernels are; GEMMs, attention and the encoder are not); use --device cpu or auto", spec)
+	return nil, "", fmt.Errorf("kernels: --device %s: the CUDA backend is not built yet (its element-wise and row-wise kernels are; GEMMs and attention are not); use --device cpu or auto", spec)
 }

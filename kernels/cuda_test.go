@@ -104,6 +104,32 @@ func TestCUDAParity(t *testing.T) {
 	}
 	closeTo(t, "softmax cross-entropy losses", down(gl), losses, 1e-5)
 	closeTo(t, "softmax cross-entropy probs", down(gp), probs, 1e-5)
+
+	const B, T = 2, 33
+	wte, wpe := randomVec(rng, V*C, 1), randomVec(rng, T*C, 1)
+	tokens := make([]int32, B*T)
+	for i := range tokens {
+		tokens[i] = int32(rng.IntN(8))
+	}
+	eo := make([]float32, B*T*C)
+	ewiseEncoderForward(eo, tokens, wte, wpe, B, T, C)
+	tk, err := c.UploadInt32(tokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	geo := up(make([]float32, B*T*C))
+	if err := c.EncoderForward(geo, tk, up(wte), up(wpe), B, T, C); err != nil {
+		t.Fatal(err)
+	}
+	closeTo(t, "encoder forward", down(geo), eo, 0)
+	edo := randomVec(rng, B*T*C, 1)
+	dwte, dwpe := make([]float32, V*C), make([]float32, T*C)
+	ewiseEncoderBackward(dwte, dwpe, edo, tokens, B, T, C)
+	gdwte, gdwpe := up(make([]float32, V*C)), up(make([]float32, T*C))
+	if err := c.EncoderBackward(gdwte, gdwpe, up(edo), tk, B, T, C); err != nil {
+		t.Fatal(err)
+	}
+	closeTo(t, "encoder backward dwte", down(gdwte), dwte, 0)
 }
 
 // --device: cpu and auto give the CPU (auto says why, here: no driver or

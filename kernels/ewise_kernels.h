@@ -160,6 +160,26 @@ SK_FN void sk_smce_bwd_row(long n, float *dlogits, const float *probs, const int
     dl[targets[n]] -= dloss;
 }
 
+// The encoder of row n = b*T + t: out = wte[token] + wpe[t].
+SK_FN void sk_enc_fwd_row(long n, float *out, const int *tokens, const float *wte, const float *wpe,
+                          int T, int C) {
+    float *o = out + n * C;
+    const float *we = wte + (long)tokens[n] * C, *pe = wpe + (n % T) * C;
+    for (int i = 0; i < C; i++) o[i] = we[i] + pe[i];
+}
+
+// Its backward for column i: every row's gradient added, in row order, to
+// its token's and its position's rows (a column per thread: two rows with
+// one token never race, and the sums are in the same order as the CPU's).
+SK_FN void sk_enc_bwd_col(long i, float *dwte, float *dwpe, const float *dout, const int *tokens,
+                          int B, int T, int C) {
+    for (long n = 0; n < (long)B * T; n++) {
+        float d = dout[n * C + i];
+        dwte[(long)tokens[n] * C + i] += d;
+        dwpe[(n % T) * C + i] += d;
+    }
+}
+
 SK_KERNEL(sk_gelu_forward, (float *out, const float *inp, long n), n, sk_gelu_fwd_at(i, out, inp))
 SK_KERNEL(sk_gelu_backward, (float *dinp, const float *inp, const float *dout, long n), n,
           sk_gelu_bwd_at(i, dinp, inp, dout))
@@ -183,6 +203,12 @@ SK_KERNEL(sk_layernorm_backward_dparams,
           (float *dw, float *db, const float *dout, const float *inp, const float *mean,
            const float *rstd, int N, int C),
           C, sk_ln_bwd_dparams_col(i, dw, db, dout, inp, mean, rstd, N, C))
+SK_KERNEL(sk_encoder_forward,
+          (float *out, const int *tokens, const float *wte, const float *wpe, int B, int T, int C),
+          (long)B * T, sk_enc_fwd_row(i, out, tokens, wte, wpe, T, C))
+SK_KERNEL(sk_encoder_backward,
+          (float *dwte, float *dwpe, const float *dout, const int *tokens, int B, int T, int C), C,
+          sk_enc_bwd_col(i, dwte, dwpe, dout, tokens, B, T, C))
 SK_KERNEL(sk_softmax_xent_forward,
           (float *losses, float *probs, const float *logits, const int *targets, int N, int V,
            int Vp),

@@ -18,4 +18,8 @@ void sk_softmax_xent_forward(float *losses, float *probs, const float *logits, c
                              int N, int V, int Vp);
 void sk_softmax_xent_backward(float *dlogits, const float *probs, const int *targets, float dloss,
                               int N, int V, int Vp);
+void sk_encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe, int B,
+                        int T, int C);
+void sk_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int B,
+                         int T, int C);
 #endif

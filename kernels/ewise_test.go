@@ -199,3 +199,30 @@ func TestRowwiseMatchesCPU(t *testing.T) {
 	dev.SoftmaxCrossEntropyBackward(dlB, buf(probs), targets, 1.0/N, N, V, Vp)
 	closeTo(t, "softmax cross-entropy backward", dlogits, host(dlB), 1e-6)
 }
+
+// The encoder's CPU build against the CPU backend: forward bit for bit,
+// backward summed in the same row order, with repeated tokens.
+func TestEncoderMatchesCPU(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	dev := NewCPU(1)
+	const B, T, C, V, maxT = 3, 17, 64, 40, 32
+	host := func(b Buffer) []float32 { x := make([]float32, b.Len()); dev.CopyOut(x, b); return x }
+	buf := func(x []float32) Buffer { b := dev.Alloc(len(x)); dev.CopyIn(b, x); return b }
+	wte, wpe := randomVec(rng, V*C, 1), randomVec(rng, maxT*C, 1)
+	tokens := make([]int32, B*T)
+	for i := range tokens {
+		tokens[i] = int32(rng.IntN(8)) // few tokens: rows share them
+	}
+	out := make([]float32, B*T*C)
+	ewiseEncoderForward(out, tokens, wte, wpe, B, T, C)
+	ob := dev.Alloc(B * T * C)
+	dev.EncoderForward(ob, tokens, buf(wte), buf(wpe), B, T, C)
+	closeTo(t, "encoder forward", out, host(ob), 0)
+	dout := randomVec(rng, B*T*C, 1)
+	dwte, dwpe := randomVec(rng, V*C, 0.1), randomVec(rng, maxT*C, 0.1)
+	dwteB, dwpeB := buf(dwte), buf(dwpe)
+	ewiseEncoderBackward(dwte, dwpe, dout, tokens, B, T, C)
+	dev.EncoderBackward(dwteB, dwpeB, buf(dout), tokens, B, T, C)
+	closeTo(t, "encoder backward dwte", dwte, host(dwteB), 0)
+	closeTo(t, "encoder backward dwpe", dwpe, host(dwpeB), 0)
+}
