@@ -335,6 +335,11 @@ func (s *server) serve() error {
 			return err
 		}
 	}
+	if err := s.seed.Handle(p2p.ProtoClock, p2p.MessageFrameConfig(8), func(_ context.Context, st *p2p.Stream) error {
+		return st.WriteFrame(p2p.ClockFrame, p2p.AppendClock(nil, time.Now()))
+	}); err != nil {
+		return err
+	}
 	return s.seed.Handle(p2p.ProtoTelemetry, p2p.MessageFrameConfig(telemetry.MaxReportSize), s.telemetry)
 }
 

@@ -30,9 +30,8 @@ import (
 // nothing), and each check says pass, warn or fail with advice.
 //
 // Not checked yet: a dial-back by the bootstrap (reachability is judged
-// from this node's own addresses and its connection to the bootstrap),
-// the upload bandwidth (nothing in the run pulls from an observer), and
-// the clock's skew.
+// from this node's own addresses and its connection to the bootstrap) and
+// the upload bandwidth (nothing in the run pulls from an observer).
 
 // The outcomes of a check.
 const (
@@ -108,6 +107,7 @@ func Doctor(ctx context.Context, cfg DoctorConfig) ([]Check, error) {
 	if ok {
 		checks = append(checks, connectionChecks(ctx, pn, boot)...)
 		checks = append(checks, downloadCheck(ctx, pn, boot, m))
+		checks = append(checks, clockCheck(ctx, pn, boot))
 	} else {
 		add(Check{Name: "connection", Status: CheckWarn, Detail: "no bootstrap in the membership (it is down?): connection, latency and bandwidth not measured"})
 	}
@@ -196,6 +196,46 @@ func downloadCheck(ctx context.Context, pn *p2p.Node, boot peer.ID, m manifest.M
 		c.Status, c.Advice = CheckWarn, "under 5 Mbit/s, fetching the run's state and shards takes long; a wired connection helps"
 	case got < 1<<20:
 		c.Status, c.Detail = CheckWarn, c.Detail+": the run's first shard is too small for more than a rough figure"
+	}
+	return c
+}
+
+// clockCheck compares this machine's clock with the bootstrap's
+// (p2p.ProtoClock): the skew is the bootstrap's reading less the middle of
+// the request's round trip, the best of three. Join tokens expire, and the
+// status page orders reports by their time.
+func clockCheck(ctx context.Context, pn *p2p.Node, boot peer.ID) Check {
+	best, rtt := time.Duration(0), time.Duration(math.MaxInt64)
+	for range 3 {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		t0 := time.Now()
+		s, err := pn.Open(cctx, boot, p2p.ProtoClock, p2p.MessageFrameConfig(8))
+		if err != nil {
+			cancel()
+			return Check{Name: "clock", Status: CheckWarn, Detail: fmt.Sprintf("not measured: %v", err)}
+		}
+		typ, b, err := s.ReadFrame()
+		t1 := time.Now()
+		s.Close()
+		cancel()
+		if err != nil {
+			return Check{Name: "clock", Status: CheckWarn, Detail: fmt.Sprintf("not measured: %v", err)}
+		}
+		tb, err := p2p.ParseClock(typ, b)
+		if err != nil {
+			return Check{Name: "clock", Status: CheckWarn, Detail: fmt.Sprintf("not measured: %v", err)}
+		}
+		if d := t1.Sub(t0); d < rtt {
+			rtt, best = d, tb.Sub(t0.Add(d/2))
+		}
+	}
+	c := Check{Name: "clock", Status: CheckPass, Value: best.Seconds(),
+		Detail: fmt.Sprintf("%+.3fs from the bootstrap's clock (within %.3fs)", best.Seconds(), rtt.Seconds()/2)}
+	switch abs := max(best, -best); {
+	case abs > time.Minute:
+		c.Status, c.Advice = CheckFail, "set this machine's clock (NTP): join tokens and reports carry times"
+	case abs > 2*time.Second:
+		c.Status, c.Advice = CheckWarn, "this machine's clock is off; turn on time synchronisation (NTP)"
 	}
 	return c
 }

@@ -41,7 +41,7 @@ func TestDoctor(t *testing.T) {
 	for _, c := range checks {
 		status[c.Name] = c.Status
 	}
-	for _, name := range []string{"bootstrap", "manifest", "connection", "latency", "device", "memory"} {
+	for _, name := range []string{"bootstrap", "manifest", "connection", "latency", "clock", "device", "memory"} {
 		if status[name] != CheckPass {
 			t.Errorf("%s: %q, want pass: %+v", name, status[name], checks)
 		}

@@ -52,6 +52,9 @@ var (
 	// which volunteer serves which stage from which iteration on. The
 	// bootstrap answers; volunteers ask it.
 	ProtoStagePlan = Protocol{"stage-plan", 1}
+	// ProtoClock answers the bootstrap's clock (8 bytes, Unix nanoseconds,
+	// big-endian): `skein node doctor` measures this machine's skew.
+	ProtoClock = Protocol{"clock", 1}
 )
 
 // ProtoStageReduce carries the DiLoCo collective of stage s's replicas in a

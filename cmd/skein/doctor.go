@@ -21,10 +21,11 @@ func doctorCommand() *cli.Command {
 		Description: `Joins the run's swarm through its bootstrap as an observer (it trains and serves nothing)
    and checks: the bootstrap and the run's manifest, whether the connection to the bootstrap is
    direct or relayed and its round trip, the download rate from it (on one of the run's shards),
+   this machine's clock against the bootstrap's,
    whether this machine has a public address, the device and its training throughput on the run's
    model, and whether the run fits in memory (or in --max-memory). Each line says pass, warn or
    fail, with advice; the command fails when a check fails. --json prints the checks for scripts.
-   Not checked yet: a dial-back by the bootstrap, the upload rate, the clock's skew.`,
+   Not checked yet: a dial-back by the bootstrap, the upload rate.`,
 		Flags: []cli.Flag{
 			altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "bootstrap", EnvVars: envVars("bootstrap"), Usage: "the run's bootstrap multiaddr, as `skein bootstrap` prints it"}),
 			altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "listen", EnvVars: envVars("listen"), Usage: "multiaddrs to listen on (default: QUIC and TCP, any port)"}),
