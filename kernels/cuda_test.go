@@ -88,10 +88,7 @@ func TestCUDAParity(t *testing.T) {
 	closeTo(t, "layernorm dweight", down(gdw), dw, 1e-4)
 
 	logits := randomVec(rng, N*Vp, 3)
-	targets := make([]int32, N)
-	for i := range targets {
-		targets[i] = int32(rng.IntN(V))
-	}
+	targets := randomIDs(rng, N, V)
 	losses, probs := make([]float32, N), make([]float32, N*Vp)
 	ewiseSoftmaxXentForward(losses, probs, logits, targets, N, V, Vp)
 	tg, err := c.UploadInt32(targets)
@@ -107,10 +104,7 @@ func TestCUDAParity(t *testing.T) {
 
 	const B, T = 2, 33
 	wte, wpe := randomVec(rng, V*C, 1), randomVec(rng, T*C, 1)
-	tokens := make([]int32, B*T)
-	for i := range tokens {
-		tokens[i] = int32(rng.IntN(8))
-	}
+	tokens := randomIDs(rng, B*T, 8)
 	eo := make([]float32, B*T*C)
 	ewiseEncoderForward(eo, tokens, wte, wpe, B, T, C)
 	tk, err := c.UploadInt32(tokens)

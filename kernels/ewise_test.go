@@ -18,6 +18,15 @@ func randomVec(rng *rand.Rand, n int, scale float32) []float32 {
 	return x
 }
 
+// randomIDs is n token ids (or targets) below below.
+func randomIDs(rng *rand.Rand, n, below int) []int32 {
+	x := make([]int32, n)
+	for i := range x {
+		x[i] = int32(rng.IntN(below))
+	}
+	return x
+}
+
 // closeTo reports the first element where got and want differ by more
 // than tol relative to max(1, |want|).
 func closeTo(t *testing.T, what string, got, want []float32, tol float64) {
@@ -182,10 +191,7 @@ func TestRowwiseMatchesCPU(t *testing.T) {
 	}
 
 	logits := randomVec(rng, N*Vp, 3)
-	targets := make([]int32, N)
-	for i := range targets {
-		targets[i] = int32(rng.IntN(V))
-	}
+	targets := randomIDs(rng, N, V)
 	losses, probs := make([]float32, N), make([]float32, N*Vp)
 	ewiseSoftmaxXentForward(losses, probs, logits, targets, N, V, Vp)
 	lb, pb := dev.Alloc(N), dev.Alloc(N*Vp)
@@ -209,10 +215,7 @@ func TestEncoderMatchesCPU(t *testing.T) {
 	host := func(b Buffer) []float32 { x := make([]float32, b.Len()); dev.CopyOut(x, b); return x }
 	buf := func(x []float32) Buffer { b := dev.Alloc(len(x)); dev.CopyIn(b, x); return b }
 	wte, wpe := randomVec(rng, V*C, 1), randomVec(rng, maxT*C, 1)
-	tokens := make([]int32, B*T)
-	for i := range tokens {
-		tokens[i] = int32(rng.IntN(8)) // few tokens: rows share them
-	}
+	tokens := randomIDs(rng, B*T, 8) // few tokens: rows share them
 	out := make([]float32, B*T*C)
 	ewiseEncoderForward(out, tokens, wte, wpe, B, T, C)
 	ob := dev.Alloc(B * T * C)

@@ -10,7 +10,6 @@ import (
 
 	"github.com/skein-ml/skein/bootstrap"
 	"github.com/skein-ml/skein/bootstrap/manifest"
-	"github.com/skein-ml/skein/data"
 	"github.com/skein-ml/skein/p2p/p2ptest"
 )
 
@@ -22,13 +21,8 @@ func TestDoctor(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a bootstrap and times training steps")
 	}
-	root, err := data.GoRoot()
-	if err != nil {
-		t.Skip(err)
-	}
-	m := manifest.Default()
-	m.RunID, m.Data.Source = "doctor-test", manifest.SourceShards
-	m.Model.Batch, m.Model.SeqLen = 2, 32
+	m, root := smallRun(t, "doctor-test")
+	m.Data.Source = manifest.SourceShards
 	ctx, cancel := context.WithTimeout(context.Background(), p2ptest.Slowdown*2*time.Minute)
 	defer cancel()
 	info, _ := startBootstrap(ctx, t, bootstrap.Config{Manifest: m, Corpus: []string{filepath.Join(root, "src", "strings")}})

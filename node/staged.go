@@ -865,22 +865,14 @@ func (st *stagedVolunteer) report(round uint64) {
 		line += fmt.Sprintf(", %d microbatches failed", st.failed)
 	}
 	say(v.cfg.Progress, "%s, %.1fs", line, wall)
-	traffic := v.pn.Traffic().Total
-	v.mu.Lock()
-	sent, recv := traffic.Out-v.last.sentTotal, traffic.In-v.last.recvTotal
-	v.last.round, v.last.trainLoss, v.last.tokens, v.last.tokensPerSec = round, loss, tokens, tps
-	v.last.tokensTotal += tokens
-	v.last.computeTotal += st.compute
-	v.last.wallTotal += wall
-	v.last.sentTotal, v.last.recvTotal = traffic.Out, traffic.In
-	v.last.contributed++
-	v.mu.Unlock()
+	rep := RoundReport{Round: round, Loss: loss, ValLoss: float32(math.NaN()), Members: len(st.plan.Members(s))}
+	sent, recv := v.account(rep, tokens, tps, st.compute, wall)
 	v.reporter.send(telemetry.Report{Round: round, TrainLoss: measured(loss), ValLoss: measured(float32(math.NaN())),
 		Tokens: tokens, TokensPerSec: tps, BytesSent: uint64(max(sent, 0)), BytesRecv: uint64(max(recv, 0)),
 		ComputeSeconds: st.compute, WallSeconds: wall, Members: len(st.plan.Members(s)), Device: v.device,
 		Version: v.cfg.Version, UnixMS: time.Now().UnixMilli()})
 	if v.cfg.OnRound != nil {
-		v.cfg.OnRound(RoundReport{Round: round, Loss: loss, ValLoss: float32(math.NaN()), Members: len(st.plan.Members(s))})
+		v.cfg.OnRound(rep)
 	}
 	st.losses, st.started, st.failed, st.compute, st.reportAt = st.losses[:0], 0, 0, 0, time.Now()
 	st.reports++

@@ -38,6 +38,20 @@ func (s *syncBuf) String() string {
 	return s.b.String()
 }
 
+// smallRun is the default manifest at a batch of 2 x 32 under runID, and
+// the Go sources' root for its corpus (the test skips without them).
+func smallRun(t *testing.T, runID string) (manifest.Manifest, string) {
+	t.Helper()
+	root, err := data.GoRoot()
+	if err != nil {
+		t.Skip(err)
+	}
+	m := manifest.Default()
+	m.RunID = runID
+	m.Model.Batch, m.Model.SeqLen = 2, 32
+	return m, root
+}
+
 // startBootstrap runs a real bootstrap on loopback until the test ends:
 // cfg with a data directory, listen address, timing and console of its own.
 func startBootstrap(ctx context.Context, t *testing.T, cfg bootstrap.Config) (bootstrap.Info, *syncBuf) {
@@ -100,13 +114,7 @@ func TestStagedVolunteers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a bootstrap and six volunteers over libp2p")
 	}
-	root, err := data.GoRoot()
-	if err != nil {
-		t.Skip(err)
-	}
-	m := manifest.Default()
-	m.RunID = "staged-test"
-	m.Model.Batch, m.Model.SeqLen = 2, 32
+	m, root := smallRun(t, "staged-test")
 	o := &m.Optimizer
 	o.InnerSteps, o.InnerLR, o.Warmup, o.TotalSteps = 4, 3e-3, 4, 1000
 	m.Pipeline = manifest.Pipeline{Stages: 4, Microbatches: 2}

@@ -829,6 +829,27 @@ func measured(loss float32) float32 {
 	return loss
 }
 
+// account records a round in the metrics (v.last) and returns the bytes
+// sent and received since the last one.
+func (v *Volunteer) account(rep RoundReport, tokens uint64, tps, computeSec, wall float64) (sent, recv int64) {
+	traffic := v.pn.Traffic().Total
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	m := &v.last
+	sent, recv = traffic.Out-m.sentTotal, traffic.In-m.recvTotal
+	m.round, m.trainLoss, m.valLoss, m.tokens, m.tokensPerSec = rep.Round, rep.Loss, rep.ValLoss, tokens, tps
+	m.tokensTotal += tokens
+	m.computeSec, m.wallSec, m.sentTotal, m.recvTotal = computeSec, wall, traffic.Out, traffic.In
+	m.computeTotal += computeSec
+	m.wallTotal += wall
+	if rep.Adopted {
+		m.adopted++
+	} else {
+		m.contributed++
+	}
+	return sent, recv
+}
+
 // report measures the round's validation loss, prints the round's line,
 // sends telemetry, updates the metrics, tells OnRound and checkpoints.
 func (v *Volunteer) report(rep RoundReport, ph phase, group int) {
@@ -842,21 +863,7 @@ func (v *Volunteer) report(rep RoundReport, ph phase, group int) {
 	if ph.computeSec > 0 {
 		tps = float64(tokens) / ph.computeSec
 	}
-	traffic := v.pn.Traffic().Total
-	v.mu.Lock()
-	m := &v.last
-	sent, recv := traffic.Out-m.sentTotal, traffic.In-m.recvTotal
-	m.round, m.trainLoss, m.valLoss, m.tokens, m.tokensPerSec = rep.Round, rep.Loss, rep.ValLoss, tokens, tps
-	m.tokensTotal += tokens
-	m.computeSec, m.wallSec, m.sentTotal, m.recvTotal = ph.computeSec, wall, traffic.Out, traffic.In
-	m.computeTotal += ph.computeSec
-	m.wallTotal += wall
-	if rep.Adopted {
-		m.adopted++
-	} else {
-		m.contributed++
-	}
-	v.mu.Unlock()
+	sent, recv := v.account(rep, tokens, tps, ph.computeSec, wall)
 
 	val := ""
 	if !math.IsNaN(float64(rep.ValLoss)) {
