@@ -3,7 +3,8 @@
 trained with PyTorch's AdamW on random tokens. Prints one JSON line with tokens/s.
 
 Usage: python3 bench/torch_gpt.py --preset tiny --batch 16 --threads 1 --steps 20
-Needs Debian's python3-torch (1.13); run with /usr/bin/python3.
+Needs Debian's python3-torch (1.13); run with /usr/bin/python3. On a GPU:
+--device cuda (--tf32 lets matmuls use TF32, like Skein's default CUDA GEMMs).
 """
 import argparse, json, math, time
 import torch
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 PRESETS = {
     "tiny": dict(vocab=256, ctx=128, d=128, layers=4, heads=4),
     "small": dict(vocab=256, ctx=256, d=384, layers=6, heads=6),
+    "gpt2-124m": dict(vocab=50257, ctx=1024, d=768, layers=12, heads=12),
 }
 
 class Block(nn.Module):
@@ -34,7 +36,7 @@ class Block(nn.Module):
         k = k.view(B, T, self.heads, hs).transpose(1, 2)
         v = v.view(B, T, self.heads, hs).transpose(1, 2)
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
         att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
         y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
         x = x + self.proj(y)
@@ -56,7 +58,7 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets):
         B, T = idx.shape
-        x = self.wte(idx) + self.wpe(torch.arange(T))
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
         for b in self.blocks:
             x = b(x)
         logits = self.lnf(x) @ self.wte.weight.t()  # tied embeddings
@@ -69,15 +71,18 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--tf32", action="store_true", help="let CUDA matmuls round to TF32")
     a = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = a.tf32
     torch.set_num_threads(a.threads)
     torch.manual_seed(1)
     p = PRESETS[a.preset]
-    m = GPT(**p)
+    m = GPT(**p).to(a.device)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1)
     T = p["ctx"]
     g = torch.Generator().manual_seed(1)
-    x = torch.randint(0, p["vocab"], (a.batch, T + 1), generator=g)
+    x = torch.randint(0, p["vocab"], (a.batch, T + 1), generator=g).to(a.device)
     def step():
         loss = m(x[:, :-1], x[:, 1:])
         opt.zero_grad(set_to_none=True)
@@ -91,7 +96,10 @@ def main():
     for _ in range(a.steps):
         loss = step()
     dt = time.perf_counter() - t0
-    print(json.dumps({"impl": "torch " + torch.__version__, "preset": a.preset, "batch": a.batch,
+    impl = "torch " + torch.__version__
+    if a.device != "cpu":
+        impl += " on " + torch.cuda.get_device_name() + (" tf32" if a.tf32 else " fp32")
+    print(json.dumps({"impl": impl, "preset": a.preset, "batch": a.batch,
                       "threads": a.threads, "steps": a.steps, "loss": loss,
                       "tokens_per_sec": a.batch * T * a.steps / dt}))
 

@@ -139,6 +139,15 @@ func rowsPtr(op, arg string, b Buffer, min, Ch int) (*C.float, int) {
 
 // ids checks len(ids) == n and every id in [0, limit).
 func ids(op, arg string, ids []int32, n, limit int) *C.int32_t {
+	checkIDs(op, arg, ids, n, limit)
+	if n == 0 {
+		return nil
+	}
+	return (*C.int32_t)(unsafe.Pointer(&ids[0]))
+}
+
+// checkIDs panics unless len(ids) == n and every id is in [0, limit).
+func checkIDs(op, arg string, ids []int32, n, limit int) {
 	if len(ids) != n {
 		panic(shapeError(op, arg, len(ids), n))
 	}
@@ -147,10 +156,6 @@ func ids(op, arg string, ids []int32, n, limit int) *C.int32_t {
 			panic(fmt.Sprintf("kernels: %s: %s[%d] = %d out of range [0, %d)", op, arg, i, id, limit))
 		}
 	}
-	if n == 0 {
-		return nil
-	}
-	return (*C.int32_t)(unsafe.Pointer(&ids[0]))
 }
 
 func positive(op string, dims ...int) {

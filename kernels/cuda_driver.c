@@ -25,6 +25,8 @@ typedef int (*fn_launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigne
                          void *, void **, void **);
 typedef int (*fn_sync)(void);
 typedef int (*fn_errstr)(int, const char **);
+typedef int (*fn_memset)(unsigned long long, unsigned, size_t);
+typedef int (*fn_meminfo)(size_t *, size_t *);
 
 static void *lib;
 static fn_init p_init;
@@ -44,6 +46,8 @@ static fn_dtoh p_dtoh;
 static fn_launch p_launch;
 static fn_sync p_sync;
 static fn_errstr p_errstr;
+static fn_memset p_memset;
+static fn_meminfo p_meminfo;
 
 #define LOOKUP(var, name)                                                                         \
     do {                                                                                          \
@@ -79,6 +83,8 @@ const char *skcu_load(void) {
     LOOKUP(p_launch, "cuLaunchKernel");
     LOOKUP(p_sync, "cuCtxSynchronize");
     LOOKUP(p_errstr, "cuGetErrorString");
+    LOOKUP(p_memset, "cuMemsetD32_v2");
+    LOOKUP(p_meminfo, "cuMemGetInfo_v2");
     return NULL;
 }
 
@@ -118,6 +124,8 @@ int skcu_free(unsigned long long ptr) { return p_free(ptr); }
 int skcu_htod(unsigned long long dst, const void *src, size_t bytes) { return p_htod(dst, src, bytes); }
 int skcu_dtoh(void *dst, unsigned long long src, size_t bytes) { return p_dtoh(dst, src, bytes); }
 int skcu_sync(void) { return p_sync(); }
+int skcu_memset32(unsigned long long dst, unsigned v, size_t n) { return p_memset(dst, v, n); }
+int skcu_meminfo(size_t *free, size_t *total) { return p_meminfo(free, total); }
 
 // skcu_launch runs fn over n elements, 256 threads a block, with the
 // kernel's parameters as an array of pointers to their values.
@@ -127,4 +135,91 @@ int skcu_launch(void *fn, long n, void **params) {
         return 0;
     }
     return p_launch(fn, blocks, 1, 1, 256, 1, 1, 0, NULL, params, NULL);
+}
+
+// skcu_launch_grid runs fn on a grid of gx*gy*gz blocks of bx threads.
+int skcu_launch_grid(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, void **params) {
+    if (gx == 0 || gy == 0 || gz == 0) {
+        return 0;
+    }
+    return p_launch(fn, gx, gy, gz, bx, 1, 1, 0, NULL, params, NULL);
+}
+
+// cuBLAS, also loaded at run time and optional: without it the GEMMs run
+// on sk_gemm_tiled. Only the entry points below are declared; a handle is
+// bound to the context current when it is created, and works on the
+// legacy default stream, like our launches, so the two stay ordered.
+typedef int (*fb_create)(void **);
+typedef int (*fb_destroy)(void *);
+typedef int (*fb_math)(void *, int);
+typedef int (*fb_version)(void *, int *);
+typedef int (*fb_sgemm_sb)(void *, int, int, int, int, int, const float *, const float *, int,
+                           long long, const float *, int, long long, const float *, float *, int,
+                           long long, int);
+
+static void *blas;
+static fb_create b_create;
+static fb_destroy b_destroy;
+static fb_math b_math;
+static fb_version b_version;
+static fb_sgemm_sb b_sgemm_sb;
+
+#define BLOOKUP(var, name)                                                                        \
+    do {                                                                                          \
+        var = dlsym(blas, name);                                                                  \
+        if (!var) {                                                                               \
+            blas = NULL;                                                                          \
+            return name;                                                                          \
+        }                                                                                         \
+    } while (0)
+
+// skcb_load opens the newest cuBLAS it finds (path, if not NULL, first);
+// NULL on success, else why not.
+const char *skcb_load(const char *path) {
+    static const char *names[] = {"libcublas.so.13", "libcublas.so.12", "libcublas.so.11",
+                                  "libcublas.so"};
+    if (blas) {
+        return NULL;
+    }
+    if (path && *path) {
+        blas = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    }
+    for (size_t i = 0; !blas && i < sizeof(names) / sizeof(names[0]); i++) {
+        blas = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    }
+    if (!blas) {
+        return "libcublas.so.{13,12,11} not found";
+    }
+    BLOOKUP(b_create, "cublasCreate_v2");
+    BLOOKUP(b_destroy, "cublasDestroy_v2");
+    BLOOKUP(b_math, "cublasSetMathMode");
+    BLOOKUP(b_version, "cublasGetVersion_v2");
+    BLOOKUP(b_sgemm_sb, "cublasSgemmStridedBatched");
+    return NULL;
+}
+
+int skcb_create(void **h, int tf32, int *version) {
+    int rc = b_create(h);
+    if (rc) {
+        return rc;
+    }
+    // CUBLAS_TF32_TENSOR_OP_MATH (3) lets single-precision GEMMs round
+    // their inputs to TF32 on the tensor cores, accumulating in fp32;
+    // CUBLAS_DEFAULT_MATH (0) keeps them in full fp32.
+    if ((rc = b_math(*h, tf32 ? 3 : 0)) != 0) {
+        return rc;
+    }
+    return b_version(*h, version);
+}
+
+int skcb_destroy(void *h) { return b_destroy(h); }
+
+// skcb_sgemm is a row-major strided-batched GEMM: C = alpha op(A) op(B) +
+// beta C, C (M,N). Column-major cuBLAS computes C^T = op(B)^T op(A)^T, so
+// the operands swap.
+int skcb_sgemm(void *h, int ta, int tb, int M, int N, int K, float alpha, unsigned long long A,
+               int lda, long long sa, unsigned long long B, int ldb, long long sb, float beta,
+               unsigned long long C, int ldc, long long sc, int batch) {
+    return b_sgemm_sb(h, tb, ta, N, M, K, &alpha, (const float *)B, ldb, sb, (const float *)A, lda,
+                      sa, &beta, (float *)C, ldc, sc, batch);
 }

@@ -19,4 +19,13 @@ int skcu_htod(unsigned long long dst, const void *src, size_t bytes);
 int skcu_dtoh(void *dst, unsigned long long src, size_t bytes);
 int skcu_sync(void);
 int skcu_launch(void *fn, long n, void **params);
+int skcu_memset32(unsigned long long dst, unsigned v, size_t n);
+int skcu_meminfo(size_t *free, size_t *total);
+int skcu_launch_grid(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, void **params);
+const char *skcb_load(const char *path);
+int skcb_create(void **h, int tf32, int *version);
+int skcb_destroy(void *h);
+int skcb_sgemm(void *h, int ta, int tb, int M, int N, int K, float alpha, unsigned long long A,
+               int lda, long long sa, unsigned long long B, int ldb, long long sb, float beta,
+               unsigned long long C, int ldc, long long sc, int batch);
 #endif

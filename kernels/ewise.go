@@ -71,3 +71,31 @@ func ewiseEncoderForward(out []float32, tokens []int32, wte, wpe []float32, b, t
 func ewiseEncoderBackward(dwte, dwpe, dout []float32, tokens []int32, b, t, c int) {
 	C.sk_encoder_backward(fp(dwte), fp(dwpe), fp(dout), ip(tokens), C.int(b), C.int(t), C.int(c))
 }
+
+func ewiseAttentionSoftmax(pre, att []float32, rows, T int) {
+	C.sk_attention_softmax(fp(pre), fp(att), C.long(rows), C.int(T))
+}
+
+func ewiseAttentionSoftmaxBackward(dpre, att, datt []float32, rows, T int) {
+	C.sk_attention_softmax_backward(fp(dpre), fp(att), fp(datt), C.long(rows), C.int(T))
+}
+
+func ewiseBiasAdd(out, bias []float32) {
+	C.sk_bias_add(fp(out), fp(bias), C.long(len(out)), C.int(len(bias)))
+}
+
+func ewiseBiasBackward(dbias, dout []float32, rows int) {
+	C.sk_bias_backward(fp(dbias), fp(dout), C.int(rows), C.int(len(dbias)))
+}
+
+// ewiseSumSquares is SumSquares as the GPU computes it: P partial sums of
+// strided elements, added in order.
+func ewiseSumSquares(x []float32, P int) float64 {
+	part := make([]float64, P)
+	C.sk_sumsq_parts((*C.double)(unsafe.Pointer(&part[0])), fp(x), C.long(len(x)), C.long(P))
+	s := 0.0
+	for _, p := range part {
+		s += p
+	}
+	return s
+}

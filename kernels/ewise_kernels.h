@@ -180,6 +180,60 @@ SK_FN void sk_enc_bwd_col(long i, float *dwte, float *dwpe, const float *dout, c
     }
 }
 
+// Causal softmax of attention row r of B*NH*T rows (t = r % T), over the
+// preatt row that the GEMM wrote (already scaled): att[j] for j <= t, and
+// 0 in both att and preatt after t (the CPU backend's convention).
+SK_FN void sk_att_softmax_row(long r, float *pre, float *att, int T) {
+    int t = (int)(r % T);
+    float *p = pre + r * T, *a = att + r * T;
+    float mx = SK_NEG_INF;
+    for (int j = 0; j <= t; j++) mx = p[j] > mx ? p[j] : mx;
+    float s = 0.0f;
+    for (int j = 0; j <= t; j++) {
+        a[j] = SK_EXPF(p[j] - mx);
+        s += a[j];
+    }
+    float inv = 1.0f / s;
+    for (int j = 0; j <= t; j++) a[j] *= inv;
+    for (int j = t + 1; j < T; j++) {
+        a[j] = 0.0f;
+        p[j] = 0.0f;
+    }
+}
+
+// Its backward for row r: dpre[j] = att[j] (datt[j] - sum_k att[k] datt[k])
+// for j <= t, and 0 after t (so that the GEMMs that follow may run over
+// the whole square).
+SK_FN void sk_att_softmax_bwd_row(long r, float *dpre, const float *att, const float *datt, int T) {
+    int t = (int)(r % T);
+    const float *a = att + r * T, *da = datt + r * T;
+    float *dp = dpre + r * T;
+    float s = 0.0f;
+    for (int j = 0; j <= t; j++) s += a[j] * da[j];
+    for (int j = 0; j <= t; j++) dp[j] = a[j] * (da[j] - s);
+    for (int j = t + 1; j < T; j++) dp[j] = 0.0f;
+}
+
+// The matmul's bias, added to element i of out (N,OC): out[i] += bias[i % OC].
+SK_FN void sk_bias_add_at(long i, float *out, const float *bias, int OC) { out[i] += bias[i % OC]; }
+
+// The bias gradient of column i: the sum of dout's column over N rows, in
+// row order (accumulated).
+SK_FN void sk_bias_bwd_col(long i, float *dbias, const float *dout, int N, int OC) {
+    float s = 0.0f;
+    for (long n = 0; n < N; n++) s += dout[n * OC + i];
+    dbias[i] += s;
+}
+
+// Part p of P of a sum of squares in double: elements p, p+P, p+2P, ...
+// (adjacent threads read adjacent elements). The caller adds the P parts
+// in order, so the result depends only on n and P.
+SK_FN void sk_sumsq_part_at(long p, double *part, const float *x, long n, long P) {
+    double s = 0.0;
+    for (long i = p; i < n; i += P) s += (double)x[i] * (double)x[i];
+    part[p] = s;
+}
+
 SK_KERNEL(sk_gelu_forward, (float *out, const float *inp, long n), n, sk_gelu_fwd_at(i, out, inp))
 SK_KERNEL(sk_gelu_backward, (float *dinp, const float *inp, const float *dout, long n), n,
           sk_gelu_bwd_at(i, dinp, inp, dout))
@@ -217,5 +271,17 @@ SK_KERNEL(sk_softmax_xent_backward,
           (float *dlogits, const float *probs, const int *targets, float dloss, int N, int V,
            int Vp),
           N, sk_smce_bwd_row(i, dlogits, probs, targets, dloss, V, Vp))
+
+SK_KERNEL(sk_attention_softmax, (float *pre, float *att, long rows, int T), rows,
+          sk_att_softmax_row(i, pre, att, T))
+SK_KERNEL(sk_attention_softmax_backward,
+          (float *dpre, const float *att, const float *datt, long rows, int T), rows,
+          sk_att_softmax_bwd_row(i, dpre, att, datt, T))
+SK_KERNEL(sk_bias_add, (float *out, const float *bias, long n, int OC), n,
+          sk_bias_add_at(i, out, bias, OC))
+SK_KERNEL(sk_bias_backward, (float *dbias, const float *dout, int N, int OC), OC,
+          sk_bias_bwd_col(i, dbias, dout, N, OC))
+SK_KERNEL(sk_sumsq_parts, (double *part, const float *x, long n, long P), P,
+          sk_sumsq_part_at(i, part, x, n, P))
 
 #endif

@@ -22,4 +22,9 @@ void sk_encoder_forward(float *out, const int *tokens, const float *wte, const f
                         int T, int C);
 void sk_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int B,
                          int T, int C);
+void sk_attention_softmax(float *pre, float *att, long rows, int T);
+void sk_attention_softmax_backward(float *dpre, const float *att, const float *datt, long rows, int T);
+void sk_bias_add(float *out, const float *bias, long n, int OC);
+void sk_bias_backward(float *dbias, const float *dout, int N, int OC);
+void sk_sumsq_parts(double *part, const float *x, long n, long P);
 #endif

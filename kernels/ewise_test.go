@@ -116,7 +116,7 @@ func TestEwiseMatchesCPU(t *testing.T) {
 	closeTo(t, "adamw v", v, host(vb), 1e-7)
 }
 
-// The embedded PTX is what clang makes of cuda/ewise.cu now (`go generate
+// The embedded PTX is what clang makes of cuda/kernels.cu now (`go generate
 // ./kernels` after changing ewise_kernels.h). Skipped without clang (the
 // test command installs it).
 func TestPTXUpToDate(t *testing.T) {
@@ -124,8 +124,8 @@ func TestPTXUpToDate(t *testing.T) {
 	if err != nil {
 		t.Skip("clang is not installed (apt-get install clang): the PTX cannot be regenerated here")
 	}
-	out := filepath.Join(t.TempDir(), "ewise.ptx")
-	cmd := exec.Command(clang, append(ptxFlags, "-o", out, "cuda/ewise.cu")...)
+	out := filepath.Join(t.TempDir(), "kernels.ptx")
+	cmd := exec.Command(clang, append(ptxFlags, "-o", out, "cuda/kernels.cu")...)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("clang: %v\n%s", err, b)
 	}
@@ -134,7 +134,7 @@ func TestPTXUpToDate(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(got, ewisePTX) {
-		t.Fatal("kernels/cuda/ewise.ptx is stale: run go generate ./kernels")
+		t.Fatal("kernels/cuda/kernels.ptx is stale: run go generate ./kernels")
 	}
 }
 

@@ -122,6 +122,9 @@ func NewStage(dev kernels.Device, c Config, spec StageSpec, B, T int, seed uint6
 		s.lossHost = make([]float32, N)
 	}
 	s.Init(seed)
+	if err := kernels.Err(dev); err != nil {
+		return nil, fmt.Errorf("model: allocating the stage: %w", err)
+	}
 	return s, nil
 }
 
@@ -245,12 +248,15 @@ func (s *Stage) Forward(tokens []int32, in kernels.Buffer, targets []int32) (flo
 		res = b.res3
 	}
 	if !s.Spec.Head {
-		return 0, nil
+		return 0, kernels.Err(d)
 	}
 	d.LayerNormForward(s.lnf, s.lnfMean, s.lnfRstd, res, s.lnfw, s.lnfb, N, C)
 	d.MatmulForward(s.logits, s.lnf, s.wte, nil, N, C, c.PaddedVocab)
 	d.SoftmaxCrossEntropyForward(s.losses, s.probs, s.logits, targets, N, c.Vocab, c.PaddedVocab)
 	d.CopyOut(s.lossHost, s.losses)
+	if err := kernels.Err(d); err != nil {
+		return 0, err
+	}
 	var sum float64
 	for _, l := range s.lossHost {
 		sum += float64(l)
@@ -352,5 +358,5 @@ func (s *Stage) Backward(dout kernels.Buffer) error {
 	} else {
 		s.inputGrad = dres
 	}
-	return nil
+	return kernels.Err(d)
 }

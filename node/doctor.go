@@ -274,7 +274,7 @@ func machineChecks(ctx context.Context, cfg DoctorConfig, m manifest.Manifest) [
 	if steps <= 0 {
 		steps = 3
 	}
-	res, err := trainer.BenchTrain(ctx, m.Model.Preset, m.Model.Batch, cfg.Threads, steps, 1)
+	res, err := trainer.BenchTrain(ctx, dev, m.Model.Preset, m.Model.Batch, cfg.Threads, steps, 1)
 	if err != nil {
 		out = append(out, Check{Name: "device", Status: CheckFail, Detail: fmt.Sprintf("%s: %v", dev.Name(), err)})
 	} else {

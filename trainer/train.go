@@ -301,7 +301,10 @@ type BenchResult struct {
 // BenchTrain times full training steps (forward, backward, clip, AdamW) of
 // a preset on fixed random tokens, after warmup untimed steps. It is the
 // counterpart of bench/torch_gpt.py.
-func BenchTrain(ctx context.Context, preset string, batch, threads, steps, warmup int) (*BenchResult, error) {
+//
+// dev nil means the CPU with threads workers. On a GPU the clock stops
+// after the last step's update has finished (a read of the parameters).
+func BenchTrain(ctx context.Context, dev kernels.Device, preset string, batch, threads, steps, warmup int) (*BenchResult, error) {
 	mc, err := model.Preset(preset)
 	if err != nil {
 		return nil, err
@@ -310,7 +313,9 @@ func BenchTrain(ctx context.Context, preset string, batch, threads, steps, warmu
 		return nil, fmt.Errorf("%w: batch %d, steps %d, warmup %d, threads %d", ErrConfig, batch, steps, warmup, threads)
 	}
 	T := mc.MaxT
-	dev := kernels.NewCPU(threads)
+	if dev == nil {
+		dev = kernels.NewCPU(threads)
+	}
 	stage, err := model.NewStage(dev, mc, model.FullSpec(mc), batch, T, 1)
 	if err != nil {
 		return nil, err
@@ -345,6 +350,10 @@ func BenchTrain(ctx context.Context, preset string, batch, threads, steps, warmu
 		if _, _, err := opt.Step(stage, i); err != nil {
 			return nil, err
 		}
+	}
+	dev.CopyOut(make([]float32, 1), stage.Params.Slice(0, 1))
+	if err := kernels.Err(dev); err != nil {
+		return nil, err
 	}
 	sec := time.Since(began).Seconds()
 	tps := float64(batch*T*steps) / sec

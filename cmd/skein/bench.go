@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/skein-ml/skein/experiment"
+	"github.com/skein-ml/skein/kernels"
 	"github.com/skein-ml/skein/trainer"
 	"github.com/urfave/cli/v2"
 )
@@ -25,11 +26,19 @@ func benchCommand() *cli.Command {
 				&cli.StringFlag{Name: "preset", Value: "tiny", Usage: "model preset"},
 				&cli.IntFlag{Name: "batch", Value: 16, Usage: "sequences per step"},
 				&cli.IntFlag{Name: "threads", Value: 1, Usage: "CPU threads (0: all cores)"},
+				&cli.StringFlag{Name: "device", Value: "cpu", Usage: "cpu, auto or cuda:N[,fp32] (GEMMs in TF32 unless fp32)"},
 				&cli.IntFlag{Name: "steps", Value: 20, Usage: "timed steps"},
 				&cli.IntFlag{Name: "warmup", Value: 3, Usage: "untimed steps first"},
 			},
 			Action: func(c *cli.Context) error {
-				res, err := trainer.BenchTrain(c.Context, c.String("preset"), c.Int("batch"), c.Int("threads"), c.Int("steps"), c.Int("warmup"))
+				dev, note, err := kernels.SelectDevice(c.String("device"), c.Int("threads"))
+				if err != nil {
+					return err
+				}
+				if note != "" {
+					fmt.Fprintln(os.Stderr, note)
+				}
+				res, err := trainer.BenchTrain(c.Context, dev, c.String("preset"), c.Int("batch"), c.Int("threads"), c.Int("steps"), c.Int("warmup"))
 				if err != nil {
 					return err
 				}
