@@ -56,6 +56,12 @@ type DoctorConfig struct {
 	Timing       p2p.Timing
 	Threads      int
 	MaxMemoryMiB int
+	// Device is what the volunteer would train on (nil: the CPU with
+	// Threads threads).
+	Device kernels.Device
+	// DeviceNote is why that device was chosen (--device auto), for the
+	// device line.
+	DeviceNote string
 	// BenchSteps is how many training steps time the device (0: 3).
 	BenchSteps int
 	Logger     *slog.Logger
@@ -269,7 +275,10 @@ func machineChecks(ctx context.Context, cfg DoctorConfig, m manifest.Manifest) [
 	if err != nil {
 		return append(out, Check{Name: "device", Status: CheckFail, Detail: err.Error()})
 	}
-	dev := kernels.NewCPU(cfg.Threads)
+	dev := cfg.Device
+	if dev == nil {
+		dev = kernels.NewCPU(cfg.Threads)
+	}
 	steps := cfg.BenchSteps
 	if steps <= 0 {
 		steps = 3
@@ -286,9 +295,31 @@ func machineChecks(ctx context.Context, cfg DoctorConfig, m manifest.Manifest) [
 		if round > 30*60 {
 			c.Status, c.Advice = CheckWarn, "this machine takes over half an hour per inner phase: the run will often finish rounds without it"
 		}
+		if cfg.DeviceNote != "" {
+			c.Detail += " (" + cfg.DeviceNote + ")"
+		}
 		out = append(out, c)
 	}
 	need := trainer.MemoryNeed(mc, m.Model.Batch, m.SeqLen(), dilocoHostCopies)
+	if gpu, ok := dev.(interface {
+		MemInfo() (uint64, uint64, error)
+	}); ok {
+		// The stage lives on the GPU; the outer state stays on the host.
+		onGPU := trainer.MemoryNeed(mc, m.Model.Batch, m.SeqLen(), 0)
+		free, _, err := gpu.MemInfo()
+		switch {
+		case err != nil:
+			out = append(out, Check{Name: "gpu memory", Status: CheckWarn, Detail: err.Error()})
+		case onGPU > free:
+			out = append(out, Check{Name: "gpu memory", Status: CheckFail, Value: gibs(onGPU),
+				Detail: fmt.Sprintf("the run's model needs about %s on the GPU, %s is free", bytesHuman(onGPU), bytesHuman(free)),
+				Advice: "free GPU memory (other programs hold it), or join with --device cpu"})
+		default:
+			out = append(out, Check{Name: "gpu memory", Status: CheckPass, Value: gibs(onGPU),
+				Detail: fmt.Sprintf("the run's model needs about %s of the %s free on the GPU", bytesHuman(onGPU), bytesHuman(free))})
+		}
+		need -= onGPU
+	}
 	avail, known := trainer.MemAvailable()
 	capped := cfg.MaxMemoryMiB > 0
 	if capped {

@@ -66,6 +66,9 @@ type VolunteerConfig struct {
 
 	Rounds  int // stop after this many rounds (0: until interrupted)
 	Threads int // CPU threads to lend (0: all cores)
+	// Device trains (kernels.SelectDevice: --device); nil means the CPU
+	// with Threads threads. The volunteer does not close it.
+	Device kernels.Device
 	// MaxUploadMbps and MaxDownloadMbps cap the volunteer's traffic on
 	// every stream (megabits per second; 0: no cap), and MaxMemoryMiB what
 	// a run may need of its memory (a run that needs more is refused
@@ -312,6 +315,7 @@ type Volunteer struct {
 	reporter   *reporter
 	metrics    *metricsServer
 	device     string
+	dev        kernels.Device
 	joinedAt   time.Time
 	// firstStepAt is when the first inner step finished (join time).
 	firstStepAt time.Time

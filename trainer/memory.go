@@ -37,21 +37,44 @@ func MemoryNeed(mc model.Config, B, T, hostCopies int) uint64 {
 // /proc/meminfo); false where it cannot be known.
 func MemAvailable() (uint64, bool) { return systemMemAvailable() }
 
+// deviceMemory is a device with memory of its own (a GPU): the stage's
+// parameters, gradients, moments and activations live there, and only the
+// caller's copies on the host.
+type deviceMemory interface {
+	MemInfo() (free, total uint64, err error)
+	Name() string
+}
+
 // checkMemory refuses a setup that needs more than the memory available:
-// available if not 0, else the system's figure (none: no check).
-func checkMemory(mc model.Config, B, T, hostCopies int, available uint64) error {
+// available if not 0, else the system's figure (none: no check). On a
+// device with its own memory, the stage is held to the device's free
+// memory and only the caller's copies to the host's.
+func checkMemory(mc model.Config, B, T, hostCopies int, available uint64, dev any) error {
+	what := "weights, gradients, AdamW moments, outer state and activations"
+	need := memoryNeed(mc, B, T, hostCopies)
+	if dm, ok := dev.(deviceMemory); ok {
+		free, _, err := dm.MemInfo()
+		if err != nil {
+			return err
+		}
+		onDev := memoryNeed(mc, B, T, 0)
+		if onDev > free {
+			return fmt.Errorf("%w: the %s model at batch %d x %d needs about %.2f GiB on %s (weights, gradients, AdamW moments and activations), but %.2f GiB of it is free; use a smaller model or batch",
+				ErrMemory, mc.Name, B, T, gib(onDev), dm.Name(), gib(free))
+		}
+		need, what = 4*uint64(hostCopies)*uint64(mc.NumParams()), "outer state, on the host"
+	}
 	if available == 0 {
 		var ok bool
 		if available, ok = systemMemAvailable(); !ok {
 			return nil
 		}
 	}
-	need := memoryNeed(mc, B, T, hostCopies)
 	if need <= available {
 		return nil
 	}
-	return fmt.Errorf("%w: the %s model at batch %d x %d needs about %.2f GiB (weights, gradients, AdamW moments, outer state and activations), but %.2f GiB is available; use a smaller model or batch",
-		ErrMemory, mc.Name, B, T, gib(need), gib(available))
+	return fmt.Errorf("%w: the %s model at batch %d x %d needs about %.2f GiB (%s), but %.2f GiB is available; use a smaller model or batch",
+		ErrMemory, mc.Name, B, T, gib(need), what, gib(available))
 }
 
 func gib(b uint64) float64 { return float64(b) / (1 << 30) }

@@ -102,8 +102,39 @@ func TestNewSetupRefusesModelTooLarge(t *testing.T) {
 	if n := strings.Count(err.Error(), "GiB"); n != 2 {
 		t.Fatalf("error %q names %d figures in GiB, want 2", err, n)
 	}
-	if err := checkMemory(mc, 4, 64, 4, need); err != nil {
+	if err := checkMemory(mc, 4, 64, 4, need, nil); err != nil {
 		t.Fatalf("exactly enough memory refused: %v", err)
+	}
+}
+
+// fakeGPU has memory of its own.
+type fakeGPU struct{ free uint64 }
+
+func (g fakeGPU) MemInfo() (uint64, uint64, error) { return g.free, 2 * g.free, nil }
+func (g fakeGPU) Name() string                     { return "cuda:0 (fake)" }
+
+// On a GPU the stage is held to the GPU's free memory, and only the outer
+// state to the host's.
+func TestCheckMemoryOnAGPU(t *testing.T) {
+	mc, _ := model.Preset("tiny")
+	onGPU := memoryNeed(mc, 4, 64, 0)
+	host := 4 * 4 * uint64(mc.NumParams())
+	for _, tc := range []struct {
+		name       string
+		free, host uint64
+		fails      string
+	}{
+		{"fits", onGPU, host, ""},
+		{"GPU too small", onGPU - 1, 1 << 40, "cuda:0 (fake)"},
+		{"host too small for the outer state", 1 << 40, host - 1, "outer state"},
+	} {
+		err := checkMemory(mc, 4, 64, 4, tc.host, fakeGPU{tc.free})
+		switch {
+		case tc.fails == "" && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case tc.fails != "" && (!errors.Is(err, ErrMemory) || !strings.Contains(err.Error(), tc.fails)):
+			t.Errorf("%s: got %v, want ErrMemory naming %q", tc.name, err, tc.fails)
+		}
 	}
 }
 

@@ -89,10 +89,14 @@ func NewSetup(cfg SetupConfig) (*Setup, error) {
 	case cfg.HostCopies < 0:
 		return nil, fmt.Errorf("%w: host copies %d must be >= 0", ErrConfig, cfg.HostCopies)
 	}
-	if err := checkMemory(mc, cfg.Batch, T, cfg.HostCopies, cfg.MemAvailable); err != nil {
+	dev := cfg.Dev
+	if dev == nil {
+		dev = kernels.NewCPU(cfg.Threads)
+	}
+	if err := checkMemory(mc, cfg.Batch, T, cfg.HostCopies, cfg.MemAvailable, dev); err != nil {
 		return nil, err
 	}
-	s := &Setup{Model: mc, T: T, Corpus: cfg.Corpus, valBatches: cfg.ValBatches}
+	s := &Setup{Model: mc, T: T, Corpus: cfg.Corpus, valBatches: cfg.ValBatches, Dev: dev}
 	if s.Corpus == nil {
 		if s.Corpus, err = OpenCorpus(cfg.CorpusPaths); err != nil {
 			return nil, err
@@ -112,9 +116,6 @@ func NewSetup(cfg SetupConfig) (*Setup, error) {
 		if s.Val, err = data.NewValidationLoader(s.Corpus, cfg.Batch, T); err != nil {
 			return fail(err)
 		}
-	}
-	if s.Dev = cfg.Dev; s.Dev == nil {
-		s.Dev = kernels.NewCPU(cfg.Threads)
 	}
 	if s.Stage, err = model.NewStage(s.Dev, mc, model.FullSpec(mc), cfg.Batch, T, cfg.Seed); err != nil {
 		return fail(err)

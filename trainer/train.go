@@ -51,6 +51,9 @@ type TrainConfig struct {
 	SeqLen  int // tokens per sequence; 0 means the preset's context length
 	Seed    uint64
 	Threads int // 0 means all cores
+	// Dev, if set, trains instead of a CPU device with Threads (the caller
+	// closes it).
+	Dev kernels.Device
 
 	AdamW optimizer.AdamWConfig // TotalSteps is set from Steps
 
@@ -169,7 +172,7 @@ func Train(ctx context.Context, cfg TrainConfig) (*TrainResult, error) {
 		valBatches = cfg.EvalBatches
 	}
 	su, err := NewSetup(SetupConfig{Preset: cfg.Preset, Batch: cfg.Batch, SeqLen: cfg.SeqLen, Seed: cfg.Seed,
-		Threads: cfg.Threads, CorpusPaths: cfg.Corpus, AdamW: acfg, ValBatches: valBatches})
+		Threads: cfg.Threads, Dev: cfg.Dev, CorpusPaths: cfg.Corpus, AdamW: acfg, ValBatches: valBatches})
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/urfave/cli/v2"
 	"github.com/urfave/cli/v2/altsrc"
 
+	"github.com/skein-ml/skein/kernels"
 	"github.com/skein-ml/skein/node"
 	"github.com/skein-ml/skein/p2p"
 )
@@ -31,6 +32,7 @@ func doctorCommand() *cli.Command {
 			altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "listen", EnvVars: envVars("listen"), Usage: "multiaddrs to listen on (default: QUIC and TCP, any port)"}),
 			altsrc.NewStringFlag(&cli.StringFlag{Name: "timing", Value: "wan", EnvVars: envVars("timing"), Usage: "membership timers: " + strings.Join(p2p.TimingNames(), ", ")}),
 			altsrc.NewIntFlag(&cli.IntFlag{Name: "threads", EnvVars: envVars("threads"), Usage: "CPU threads to measure with (0: all cores)"}),
+			altsrc.NewStringFlag(&cli.StringFlag{Name: "device", Value: "auto", EnvVars: envVars("device"), Usage: "the device to measure: auto, cpu or cuda:N[,fp32] (as node join)"}),
 			altsrc.NewIntFlag(&cli.IntFlag{Name: "max-memory", EnvVars: envVars("max-memory"), Usage: "judge the memory check against this many MiB, as node join --max-memory would"}),
 			&cli.BoolFlag{Name: "json", Usage: "print the checks as JSON"},
 		},
@@ -43,6 +45,12 @@ func doctorCommand() *cli.Command {
 				Threads: c.Int("threads"), MaxMemoryMiB: c.Int("max-memory"), Logger: log}
 			if cfg.Timing, err = p2p.TimingByName(c.String("timing")); err != nil {
 				return fmt.Errorf("--timing: %w", err)
+			}
+			if cfg.Device, cfg.DeviceNote, err = kernels.SelectDevice(c.String("device"), cfg.Threads); err != nil {
+				return err
+			}
+			if gpu, ok := cfg.Device.(*kernels.CUDA); ok {
+				defer gpu.Close()
 			}
 			if !c.Bool("json") {
 				fmt.Fprintln(os.Stderr, "skein node doctor: joining the run as an observer and measuring (seconds; the device is timed on the run's model)")

@@ -28,7 +28,7 @@ func nodeCommand() *cli.Command {
 		altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "listen", EnvVars: envVars("listen"), Usage: "multiaddrs to listen on (default: QUIC and TCP, any port)"}),
 		altsrc.NewStringFlag(&cli.StringFlag{Name: "timing", Value: "wan", EnvVars: envVars("timing"), Usage: "membership timers: " + strings.Join(p2p.TimingNames(), ", ") + " (tests)"}),
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "threads", Value: 0, EnvVars: envVars("threads"), Usage: "CPU threads to lend (0: all cores)"}),
-		altsrc.NewStringFlag(&cli.StringFlag{Name: "device", Value: "auto", EnvVars: envVars("device"), Usage: "what to train on: auto, cpu or cuda:N (the CUDA backend is not built yet: auto says so and uses the CPU, cuda:N refuses)"}),
+		altsrc.NewStringFlag(&cli.StringFlag{Name: "device", Value: "auto", EnvVars: envVars("device"), Usage: "what to train on: auto (GPU 0 if one answers, else the CPU, saying why), cpu, or cuda:N[,fp32] (an NVIDIA GPU through its driver; GEMMs in TF32 unless fp32)"}),
 		altsrc.NewFloat64Flag(&cli.Float64Flag{Name: "max-upload", EnvVars: envVars("max-upload"), Usage: "cap what this volunteer sends, in Mbit/s, on every stream (0: no cap); the run's planners are told"}),
 		altsrc.NewFloat64Flag(&cli.Float64Flag{Name: "max-download", EnvVars: envVars("max-download"), Usage: "cap what this volunteer receives, in Mbit/s, on every stream (0: no cap)"}),
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "max-memory", EnvVars: envVars("max-memory"), Usage: "refuse a run whose model, optimizer state and activations need more than this many MiB (0: the system's available memory)"}),
@@ -110,11 +110,17 @@ func nodeCommand() *cli.Command {
 			}
 			cfg.WAN = emulatedLink(c)
 			cfg.Version, cfg.Logger, cfg.Progress = version, log, os.Stderr
-			if _, note, err := kernels.SelectDevice(c.String("device"), cfg.Threads); err != nil {
+			dev, note, err := kernels.SelectDevice(c.String("device"), cfg.Threads)
+			if err != nil {
 				return err
-			} else if note != "" {
+			}
+			if note != "" {
 				fmt.Fprintln(os.Stderr, note)
 			}
+			if gpu, ok := dev.(*kernels.CUDA); ok {
+				defer gpu.Close()
+			}
+			cfg.Device = dev
 			hours, err := node.ParseActiveHours(c.String("active-hours"))
 			if err != nil {
 				return fmt.Errorf("--active-hours: %w", err)

@@ -8,6 +8,7 @@ import (
 	"github.com/urfave/cli/v2"
 	"github.com/urfave/cli/v2/altsrc"
 
+	"github.com/skein-ml/skein/kernels"
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/trainer"
 )
@@ -28,6 +29,7 @@ func trainCommand() *cli.Command {
 		altsrc.NewFloat64Flag(&cli.Float64Flag{Name: "clip", Value: d.AdamW.Clip, EnvVars: envVars("clip"), Usage: "global gradient-norm clip (0 disables)"}),
 		altsrc.NewUint64Flag(&cli.Uint64Flag{Name: "seed", Value: d.Seed, EnvVars: envVars("seed"), Usage: "seed of the initial weights and the data order"}),
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "threads", Value: 0, EnvVars: envVars("threads"), Usage: "CPU threads (0: all cores)"}),
+		altsrc.NewStringFlag(&cli.StringFlag{Name: "device", Value: "auto", EnvVars: envVars("device"), Usage: "what to train on: auto (GPU 0 if one answers, else the CPU, saying why), cpu, or cuda:N[,fp32] (GEMMs in TF32 unless fp32)"}),
 		altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "corpus", EnvVars: envVars("corpus"),
 			Usage: "files or directories to train on (repeatable; default: the Go standard library sources of this Go installation)"}),
 		altsrc.NewPathFlag(&cli.PathFlag{Name: "out", Value: d.Out, EnvVars: envVars("out"), Usage: "run directory for checkpoint.safetensors and metrics.jsonl"}),
@@ -58,6 +60,17 @@ func runTrain(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
+	dev, note, err := kernels.SelectDevice(c.String("device"), cfg.Threads)
+	if err != nil {
+		return err
+	}
+	if note != "" {
+		fmt.Fprintln(os.Stderr, note)
+	}
+	if gpu, ok := dev.(*kernels.CUDA); ok {
+		defer gpu.Close()
+	}
+	cfg.Dev = dev
 	mc, _ := model.Preset(cfg.Preset)
 	fmt.Fprintf(os.Stderr, "skein train: %s model (%.2fM parameters), batch %d, %d steps\n",
 		mc.Name, float64(mc.NumParams())/1e6, cfg.Batch, cfg.Steps)
