@@ -29,10 +29,11 @@ import (
 // gradients, moments and activations stay on the GPU across steps: only
 // CopyIn, CopyOut, the token ids and SumSquares's partial sums cross the bus.
 
-//go:generate clang -x cuda --cuda-device-only --cuda-gpu-arch=sm_80 -nocudainc -nocudalib -O3 -S -o cuda/kernels.ptx cuda/kernels.cu
+//go:generate clang -x cuda --cuda-device-only --cuda-gpu-arch=sm_80 -nocudainc -nocudalib -O3 -S -Xclang -target-feature -Xclang +ptx70 -o cuda/kernels.ptx cuda/kernels.cu
 
 // ptxFlags are go:generate's clang flags (TestPTXUpToDate runs them).
-var ptxFlags = []string{"-x", "cuda", "--cuda-device-only", "--cuda-gpu-arch=sm_80", "-nocudainc", "-nocudalib", "-O3", "-S"}
+var ptxFlags = []string{"-x", "cuda", "--cuda-device-only", "--cuda-gpu-arch=sm_80", "-nocudainc", "-nocudalib", "-O3", "-S",
+	"-Xclang", "-target-feature", "-Xclang", "+ptx70"} // PTX 7.0: the warp shuffles
 
 // ewisePTX is cuda/kernels.ptx, for sm_80 and later (the driver
 // JIT-compiles PTX forward to newer GPUs).
@@ -42,10 +43,11 @@ var ewisePTX []byte
 
 // cudaKernels are the entry points of ewisePTX.
 var cudaKernels = []string{"sk_gelu_forward", "sk_gelu_backward", "sk_residual_forward", "sk_residual_backward",
-	"sk_scale", "sk_adamw", "sk_layernorm_forward", "sk_layernorm_backward_dinp", "sk_layernorm_backward_dparams",
-	"sk_softmax_xent_forward", "sk_softmax_xent_backward", "sk_encoder_forward", "sk_encoder_backward",
-	"sk_attention_softmax", "sk_attention_softmax_backward", "sk_bias_add", "sk_bias_backward", "sk_sumsq_parts",
-	"sk_gemm_tiled"}
+	"sk_scale", "sk_adamw", "sk_layernorm_forward", "sk_layernorm_backward_dinp",
+	"sk_softmax_xent_forward", "sk_softmax_xent_backward", "sk_encoder_forward", "sk_encoder_backward_wte",
+	"sk_encoder_backward_wpe",
+	"sk_attention_softmax", "sk_attention_softmax_backward", "sk_bias_add", "sk_bias_backward_part",
+	"sk_bias_backward_sum", "sk_layernorm_dparams_part", "sk_layernorm_dparams_sum", "sk_sumsq_parts", "sk_gemm_tiled"}
 
 // ErrNoCUDA is returned (wrapped) when there is no usable NVIDIA GPU: no
 // driver, no device, or a device the driver refuses.
@@ -74,7 +76,7 @@ type CUDAConfig struct {
 
 // sumsqParts is how many partial sums SumSquares reduces on the GPU; the
 // host adds them in order (deterministic for a given length).
-const sumsqParts = 4096
+const sumsqParts = 1 << 16
 
 // CUDA is one GPU as a Device. Every method may be called from any
 // goroutine (calls are serialized); kernels are queued on the GPU in call
@@ -98,6 +100,7 @@ type CUDA struct {
 	params *[32]unsafe.Pointer // C memory: one launch's parameter pointers
 	cells  *[32]uint64         // C memory: their values
 	ids    *gpuMem             // token ids and targets, grown on demand
+	part   *gpuMem             // column sums' partial sums, grown on demand
 	parts  *gpuMem             // SumSquares's partial sums (doubles)
 	host   []float64
 }
@@ -418,12 +421,19 @@ func (c *CUDA) CopyOut(dst []float32, src Buffer) {
 // and copies them into the ids scratch buffer.
 func (c *CUDA) uploadIDs(op, arg string, x []int32, n, limit int) C.ulonglong {
 	checkIDs(op, arg, x, n, limit)
-	if c.ids == nil || c.ids.n < n {
-		c.ids = c.allocLocked(max(n, 1024))
+	return c.uploadInts(x)
+}
+
+// uploadInts copies x into the ids scratch buffer (the copy from pageable
+// memory waits for the kernels queued before it, which may still read the
+// buffer).
+func (c *CUDA) uploadInts(x []int32) C.ulonglong {
+	if c.ids == nil || c.ids.n < len(x) {
+		c.ids = c.allocLocked(max(len(x), 1024))
 	}
-	if c.err == nil && n > 0 {
-		if rc := C.skcu_htod(c.ids.ptr, unsafe.Pointer(&x[0]), C.size_t(4*n)); rc != 0 {
-			c.err = fmt.Errorf("%w: cuMemcpyHtoD of %s: %s", ErrDevice, arg, cuErr(rc))
+	if c.err == nil && len(x) > 0 {
+		if rc := C.skcu_htod(c.ids.ptr, unsafe.Pointer(&x[0]), C.size_t(4*len(x))); rc != 0 {
+			c.err = fmt.Errorf("%w: cuMemcpyHtoD of token ids: %s", ErrDevice, cuErr(rc))
 		}
 	}
 	return c.ids.ptr
@@ -461,6 +471,22 @@ func (c *CUDA) launch(fn string, gx, gy, gz, bx int, args ...arg) error {
 		return fmt.Errorf("launching %s: %s", fn, cuErr(rc))
 	}
 	return nil
+}
+
+// rowsOf queues a row kernel (SK_ROW_KERNEL): one warp per row.
+func (c *CUDA) rowsOf(fn string, rows int, args ...arg) error {
+	if rows <= 0 {
+		return nil
+	}
+	return c.launch(fn, (rows+7)/8, 1, 1, 256, args...)
+}
+
+// partials returns scratch for n float32s of partial sums.
+func (c *CUDA) partials(n int) *GPUBuffer {
+	if c.part == nil || c.part.n < n {
+		c.part = c.allocLocked(max(n, 1<<16))
+	}
+	return &GPUBuffer{mem: c.part, n: n}
 }
 
 // over queues fn with one thread per index in [0, n).
@@ -530,9 +556,15 @@ func (c *CUDA) EncoderBackward(dwte, dwpe, dout Buffer, tokens []int32, B, T, Ch
 	d := c.gbuf(op, "dout", dout, B*T*Ch)
 	we, V := c.rows(op, "dwte", dwte, 1, Ch)
 	pe, _ := c.rows(op, "dwpe", dwpe, T, Ch)
+	checkIDs(op, "tokens", tokens, B*T, V)
+	g := tokenGroups(tokens)
 	c.do(func() error {
-		tk := c.uploadIDs(op, "tokens", tokens, B*T, V)
-		return c.over("sk_encoder_backward", Ch, we, pe, d, tk, int32(B), int32(T), int32(Ch))
+		p := c.uploadInts(g.packed)
+		u := C.ulonglong(4 * g.u)
+		if err := c.over("sk_encoder_backward_wte", g.u*Ch, we, d, p, p+u, p+2*u+4, int32(g.u), int32(Ch)); err != nil {
+			return err
+		}
+		return c.over("sk_encoder_backward_wpe", T*Ch, pe, d, int32(B), int32(T), int32(Ch))
 	})
 }
 
@@ -554,7 +586,7 @@ func (c *CUDA) LayerNormForward(out, mean, rstd, inp, weight, bias Buffer, N, Ch
 	}
 	args := []arg{c.gbuf(op, "out", out, N*Ch), c.gbuf(op, "mean", mean, N), c.gbuf(op, "rstd", rstd, N),
 		c.gbuf(op, "inp", inp, N*Ch), c.gbuf(op, "weight", weight, Ch), c.gbuf(op, "bias", bias, Ch), int32(N), int32(Ch)}
-	c.do(func() error { return c.over("sk_layernorm_forward", N, args...) })
+	c.do(func() error { return c.rowsOf("sk_layernorm_forward", N, args...) })
 }
 
 // LayerNormBackward accumulates dinp, dweight and dbias.
@@ -567,10 +599,15 @@ func (c *CUDA) LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, 
 	d, x, w := c.gbuf(op, "dout", dout, N*Ch), c.gbuf(op, "inp", inp, N*Ch), c.gbuf(op, "weight", weight, Ch)
 	m, r := c.gbuf(op, "mean", mean, N), c.gbuf(op, "rstd", rstd, N)
 	c.do(func() error {
-		if err := c.over("sk_layernorm_backward_dinp", N, dx, d, x, w, m, r, int32(N), int32(Ch)); err != nil {
+		if err := c.rowsOf("sk_layernorm_backward_dinp", N, dx, d, x, w, m, r, int32(N), int32(Ch)); err != nil {
 			return err
 		}
-		return c.over("sk_layernorm_backward_dparams", Ch, dw, db, d, x, m, r, int32(N), int32(Ch))
+		np := colSumParts(N)
+		part := c.partials(np * 2 * Ch)
+		if err := c.over("sk_layernorm_dparams_part", np*Ch, part, d, x, m, r, int32(N), int32(Ch)); err != nil {
+			return err
+		}
+		return c.over("sk_layernorm_dparams_sum", Ch, dw, db, part, int32(N), int32(Ch))
 	})
 }
 
@@ -621,7 +658,12 @@ func (c *CUDA) MatmulBackward(dinp, dweight, dbias, dout, inp, weight Buffer, N,
 		if db == nil {
 			return nil
 		}
-		return c.over("sk_bias_backward", OC, db, d, int32(N), int32(OC))
+		np := colSumParts(N)
+		part := c.partials(np * OC)
+		if err := c.over("sk_bias_backward_part", np*OC, part, d, int32(N), int32(OC)); err != nil {
+			return err
+		}
+		return c.over("sk_bias_backward_sum", OC, db, part, int32(N), int32(OC))
 	})
 }
 
@@ -639,7 +681,7 @@ func (c *CUDA) AttentionForward(out, preatt, att, inp Buffer, B, T, Ch, NH int) 
 		if err := c.runGemm(op, scores); err != nil {
 			return err
 		}
-		if err := c.over("sk_attention_softmax", p.rows, pre, a, p.rows, int32(T)); err != nil {
+		if err := c.rowsOf("sk_attention_softmax", p.rows, pre, a, p.rows, int32(T)); err != nil {
 			return err
 		}
 		return c.runGemm(op, values)
@@ -663,7 +705,7 @@ func (c *CUDA) AttentionBackward(dinp, dpreatt, datt, dout, inp, att Buffer, B, 
 				return err
 			}
 		}
-		if err := c.over("sk_attention_softmax_backward", p.rows, dp, a, da, p.rows, int32(T)); err != nil {
+		if err := c.rowsOf("sk_attention_softmax_backward", p.rows, dp, a, da, p.rows, int32(T)); err != nil {
 			return err
 		}
 		for _, g := range after {
@@ -710,7 +752,7 @@ func (c *CUDA) SoftmaxCrossEntropyForward(losses, probs, logits Buffer, targets 
 	l, p, lg := c.gbuf(op, "losses", losses, N), c.gbuf(op, "probs", probs, N*Vp), c.gbuf(op, "logits", logits, N*Vp)
 	c.do(func() error {
 		tg := c.uploadIDs(op, "targets", targets, N, V)
-		return c.over("sk_softmax_xent_forward", N, l, p, lg, tg, int32(N), int32(V), int32(Vp))
+		return c.rowsOf("sk_softmax_xent_forward", N, l, p, lg, tg, int32(N), int32(V), int32(Vp))
 	})
 }
 
@@ -722,7 +764,7 @@ func (c *CUDA) SoftmaxCrossEntropyBackward(dlogits, probs Buffer, targets []int3
 	dl, p := c.gbuf(op, "dlogits", dlogits, N*Vp), c.gbuf(op, "probs", probs, N*Vp)
 	c.do(func() error {
 		tg := c.uploadIDs(op, "targets", targets, N, V)
-		return c.over("sk_softmax_xent_backward", N, dl, p, tg, dloss, int32(N), int32(V), int32(Vp))
+		return c.rowsOf("sk_softmax_xent_backward", N, dl, p, tg, dloss, int32(N), int32(V), int32(Vp))
 	})
 }
 

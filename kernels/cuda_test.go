@@ -304,3 +304,67 @@ func BenchmarkCUDAMatmul(b *testing.B) {
 		})
 	}
 }
+
+// Each Device method at the shapes of a GPT-2-small step (B = 8, T = 1024,
+// C = 768, 12 heads, vocabulary 50304): where a step's time goes on the
+// GPU. Skipped without a GPU.
+func BenchmarkCUDAOps(b *testing.B) {
+	c, err := OpenCUDA(0)
+	if err != nil {
+		b.Skipf("no GPU: %v", err)
+	}
+	defer c.Close()
+	const B, T, Ch, NH, V, Vp = 8, 1024, 768, 12, 50257, 50304
+	const N = B * T
+	rng := rand.New(rand.NewPCG(1, 2))
+	in := func(n int, s float32) Buffer { buf := c.Alloc(n); c.CopyIn(buf, randomVec(rng, n, s)); return buf }
+	tokens, targets := randomIDs(rng, N, V), randomIDs(rng, N, V)
+	x, y, w, bias := in(N*Ch, 1), in(N*Ch, 1), in(Ch, 1), in(Ch, 0.1)
+	mean, rstd := in(N, 1), in(N, 1)
+	x4, y4 := in(4*N*Ch, 1), in(4*N*Ch, 1)
+	qkv, dqkv := in(N*3*Ch, 1), in(N*3*Ch, 1)
+	sq1, sq2, sq3 := in(B*NH*T*T, 1), in(B*NH*T*T, 1), in(B*NH*T*T, 1)
+	logits, probs, losses := in(N*Vp, 3), in(N*Vp, 1), in(N, 1)
+	wte, wpe := in(Vp*Ch, 0.02), in(T*Ch, 0.02)
+	wfc, bfc := in(4*Ch*Ch, 0.02), in(4*Ch, 0.02)
+	params := in(124_000_000, 0.02)
+	grads, m, v := in(124_000_000, 0.01), in(124_000_000, 0.01), c.Alloc(124_000_000)
+	c.AttentionForward(y, sq1, sq2, qkv, B, T, Ch, NH)
+	for _, op := range []struct {
+		name string
+		run  func()
+	}{
+		{"encoder-forward", func() { c.EncoderForward(x, tokens, wte, wpe, B, T, Ch) }},
+		{"encoder-backward", func() { c.EncoderBackward(wte, wpe, y, tokens, B, T, Ch) }},
+		{"layernorm-forward", func() { c.LayerNormForward(y, mean, rstd, x, w, bias, N, Ch) }},
+		{"layernorm-backward", func() { c.LayerNormBackward(y, w, bias, x, x, w, mean, rstd, N, Ch) }},
+		{"matmul-fc-forward", func() { c.MatmulForward(x4, x, wfc, bfc, N, Ch, 4*Ch) }},
+		{"matmul-fc-backward", func() { c.MatmulBackward(y, wfc, bfc, x4, x, wfc, N, Ch, 4*Ch) }},
+		{"attention-forward", func() { c.AttentionForward(y, sq1, sq2, qkv, B, T, Ch, NH) }},
+		{"attention-backward", func() { c.AttentionBackward(dqkv, sq3, sq1, y, qkv, sq2, B, T, Ch, NH) }},
+		{"gelu-forward", func() { c.GeluForward(y4, x4, 4*N*Ch) }},
+		{"gelu-backward", func() { c.GeluBackward(y4, x4, x4, 4*N*Ch) }},
+		{"residual-forward", func() { c.ResidualForward(y, x, x, N*Ch) }},
+		{"lm-head-matmul-forward", func() { c.MatmulForward(logits, x, wte, nil, N, Ch, Vp) }},
+		{"lm-head-matmul-backward", func() { c.MatmulBackward(y, wte, nil, logits, x, wte, N, Ch, Vp) }},
+		{"softmax-xent-forward", func() { c.SoftmaxCrossEntropyForward(losses, probs, logits, targets, N, V, Vp) }},
+		{"softmax-xent-backward", func() { c.SoftmaxCrossEntropyBackward(logits, probs, targets, 1.0/N, N, V, Vp) }},
+		{"sum-squares-124M", func() { c.SumSquares(grads) }},
+		{"adamw-124M", func() { c.AdamW(params, grads, m, v, 1e-4, 0.9, 0.95, 1e-8, 0.1, 1) }},
+	} {
+		b.Run(op.name, func(b *testing.B) {
+			op.run()
+			c.CopyOut(make([]float32, 1), losses.Slice(0, 1))
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				op.run()
+			}
+			c.CopyOut(make([]float32, 1), losses.Slice(0, 1))
+			b.StopTimer()
+			if err := c.Err(); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(b.Elapsed().Seconds()*1e3/float64(b.N), "ms/op")
+		})
+	}
+}

@@ -53,7 +53,9 @@ func ewiseLayerNormForward(out, mean, rstd, inp, w, b []float32, rows, cols int)
 
 func ewiseLayerNormBackward(dinp, dw, db, dout, inp, w, mean, rstd []float32, rows, cols int) {
 	C.sk_layernorm_backward_dinp(fp(dinp), fp(dout), fp(inp), fp(w), fp(mean), fp(rstd), C.int(rows), C.int(cols))
-	C.sk_layernorm_backward_dparams(fp(dw), fp(db), fp(dout), fp(inp), fp(mean), fp(rstd), C.int(rows), C.int(cols))
+	part := make([]float32, colSumParts(rows)*2*cols)
+	C.sk_layernorm_dparams_part(fp(part), fp(dout), fp(inp), fp(mean), fp(rstd), C.int(rows), C.int(cols))
+	C.sk_layernorm_dparams_sum(fp(dw), fp(db), fp(part), C.int(rows), C.int(cols))
 }
 
 func ewiseSoftmaxXentForward(losses, probs, logits []float32, targets []int32, rows, v, vp int) {
@@ -69,7 +71,9 @@ func ewiseEncoderForward(out []float32, tokens []int32, wte, wpe []float32, b, t
 }
 
 func ewiseEncoderBackward(dwte, dwpe, dout []float32, tokens []int32, b, t, c int) {
-	C.sk_encoder_backward(fp(dwte), fp(dwpe), fp(dout), ip(tokens), C.int(b), C.int(t), C.int(c))
+	g := tokenGroups(tokens)
+	C.sk_encoder_backward_wte(fp(dwte), fp(dout), ip(g.toks()), ip(g.starts()), ip(g.order()), C.int(g.u), C.int(c))
+	C.sk_encoder_backward_wpe(fp(dwpe), fp(dout), C.int(b), C.int(t), C.int(c))
 }
 
 func ewiseAttentionSoftmax(pre, att []float32, rows, T int) {
@@ -85,8 +89,16 @@ func ewiseBiasAdd(out, bias []float32) {
 }
 
 func ewiseBiasBackward(dbias, dout []float32, rows int) {
-	C.sk_bias_backward(fp(dbias), fp(dout), C.int(rows), C.int(len(dbias)))
+	part := make([]float32, colSumParts(rows)*len(dbias))
+	C.sk_bias_backward_part(fp(part), fp(dout), C.int(rows), C.int(len(dbias)))
+	C.sk_bias_backward_sum(fp(dbias), fp(part), C.int(rows), C.int(len(dbias)))
 }
+
+// colSumRows is SK_RB: the rows of one chunk of a two-pass column sum.
+var colSumRows = int(C.sk_rb_value)
+
+// colSumParts is how many chunks a column sum over rows takes.
+func colSumParts(rows int) int { return (rows + colSumRows - 1) / colSumRows }
 
 // ewiseSumSquares is SumSquares as the GPU computes it: P partial sums of
 // strided elements, added in order.

@@ -11,10 +11,19 @@
 // indices come from the __nvvm_read_ptx_sreg_* builtins, and the only math
 // is exp, log and sqrt (SK_EXPF, SK_LOGF, SK_SQRTF), which map to PTX
 // instructions on the GPU and to libm on the CPU. The bias corrections of
-// AdamW (a pow) are computed by the caller. Row-wise kernels run one row
-// per thread (a first version: correct, not fast), and a reduction over
-// rows (layernorm's dweight, dbias) one column per thread, so that no two
-// threads write one element.
+// AdamW (a pow) are computed by the caller.
+//
+// Row-wise kernels (SK_ROW_KERNEL) run one row per warp on the GPU: lane
+// `lane` of `nl` = 32 takes columns lane, lane+32, ..., and SK_SUM and
+// SK_MAX combine the lanes' values with warp shuffles. On the CPU the same
+// code runs with one lane (nl = 1), where SK_SUM and SK_MAX are the value
+// itself. A row's scalar results are written by lane 0. Reductions over
+// rows (a column sum: layernorm's dweight and dbias, the matmul's dbias)
+// run in two passes that depend only on the shape, like the CPU backend's:
+// partial sums over chunks of SK_RB rows, one (chunk, column) per thread,
+// then the chunks in order, one column per thread. The encoder's backward
+// runs one (token, column) per thread over the rows grouped by token (no
+// two threads write one element).
 #ifndef SKEIN_EWISE_KERNELS_H
 #define SKEIN_EWISE_KERNELS_H
 
@@ -32,6 +41,31 @@
             call;                                                                              \
         }                                                                                      \
     }
+// One warp per row: launched with 32 threads per row (blocks are whole
+// warps, so a warp is all in range or all out and its shuffles are full).
+#define SK_ROW_KERNEL(name, params, rows, call)                                                \
+    extern "C" __attribute__((global)) void name params {                                     \
+        long t = (long)__nvvm_read_ptx_sreg_ctaid_x() * __nvvm_read_ptx_sreg_ntid_x() +         \
+                 __nvvm_read_ptx_sreg_tid_x();                                                 \
+        long i = t >> 5;                                                                       \
+        const int lane = (int)(t & 31), nl = 32;                                               \
+        if (i < (rows)) {                                                                      \
+            call;                                                                              \
+        }                                                                                      \
+    }
+static __attribute__((device)) inline float sk_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __nvvm_shfl_sync_bfly_f32(0xffffffffu, v, o, 0x1f);
+    return v;
+}
+static __attribute__((device)) inline float sk_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float u = __nvvm_shfl_sync_bfly_f32(0xffffffffu, v, o, 0x1f);
+        v = u > v ? u : v;
+    }
+    return v;
+}
+#define SK_SUM(x) sk_warp_sum(x)
+#define SK_MAX(x) sk_warp_max(x)
 #else
 #include <math.h>
 #define SK_FN static inline
@@ -45,7 +79,19 @@
             call;                                                                              \
         }                                                                                      \
     }
+#define SK_ROW_KERNEL(name, params, rows, call)                                                \
+    void name params {                                                                         \
+        const int lane = 0, nl = 1;                                                            \
+        for (long i = 0; i < (rows); i++) {                                                    \
+            call;                                                                              \
+        }                                                                                      \
+    }
+#define SK_SUM(x) (x)
+#define SK_MAX(x) (x)
 #endif
+
+// SK_RB is the rows of one chunk of a column sum.
+#define SK_RB 64
 
 #define SK_GELU_S 0.7978845608028654f // sqrt(2/pi)
 #define SK_GELU_K 0.044715f
@@ -90,74 +136,96 @@ SK_FN void sk_adamw_at(long i, float *p, const float *g, float *m, float *v, flo
 #define SK_LN_EPS 1e-5f
 
 // LayerNorm of row n: out = (x - mean) * rstd * w + b; mean and rstd saved.
-SK_FN void sk_ln_fwd_row(long n, float *out, float *mean, float *rstd, const float *inp,
-                         const float *w, const float *b, int C) {
+SK_FN void sk_ln_fwd_row(long n, int lane, int nl, float *out, float *mean, float *rstd,
+                         const float *inp, const float *w, const float *b, int C) {
     const float *x = inp + n * C;
     float *o = out + n * C;
     float s = 0.0f;
-    for (int i = 0; i < C; i++) s += x[i];
-    float m = s / (float)C;
+    for (int i = lane; i < C; i += nl) s += x[i];
+    float m = SK_SUM(s) / (float)C;
     float v = 0.0f;
-    for (int i = 0; i < C; i++) v += (x[i] - m) * (x[i] - m);
-    float rs = 1.0f / SK_SQRTF(v / (float)C + SK_LN_EPS);
-    for (int i = 0; i < C; i++) o[i] = (x[i] - m) * rs * w[i] + b[i];
-    mean[n] = m;
-    rstd[n] = rs;
+    for (int i = lane; i < C; i += nl) v += (x[i] - m) * (x[i] - m);
+    float rs = 1.0f / SK_SQRTF(SK_SUM(v) / (float)C + SK_LN_EPS);
+    for (int i = lane; i < C; i += nl) o[i] = (x[i] - m) * rs * w[i] + b[i];
+    if (lane == 0) {
+        mean[n] = m;
+        rstd[n] = rs;
+    }
 }
 
 // LayerNorm backward, the input gradient of row n (accumulated).
-SK_FN void sk_ln_bwd_dinp_row(long n, float *dinp, const float *dout, const float *inp,
-                              const float *w, const float *mean, const float *rstd, int C) {
+SK_FN void sk_ln_bwd_dinp_row(long n, int lane, int nl, float *dinp, const float *dout,
+                              const float *inp, const float *w, const float *mean,
+                              const float *rstd, int C) {
     const float *d = dout + n * C, *x = inp + n * C;
     float *dx = dinp + n * C;
     float m = mean[n], rs = rstd[n], a = 0.0f, bs = 0.0f;
-    for (int i = 0; i < C; i++) {
+    for (int i = lane; i < C; i += nl) {
         a += w[i] * d[i];
         bs += w[i] * d[i] * (x[i] - m) * rs;
     }
-    a /= (float)C;
-    bs /= (float)C;
-    for (int i = 0; i < C; i++) dx[i] += rs * (w[i] * d[i] - a - (x[i] - m) * rs * bs);
+    a = SK_SUM(a) / (float)C;
+    bs = SK_SUM(bs) / (float)C;
+    for (int i = lane; i < C; i += nl) dx[i] += rs * (w[i] * d[i] - a - (x[i] - m) * rs * bs);
 }
 
-// LayerNorm backward, the weight and bias gradients of column i over all N
-// rows, in row order (accumulated).
-SK_FN void sk_ln_bwd_dparams_col(long i, float *dw, float *db, const float *dout, const float *inp,
-                                 const float *mean, const float *rstd, int N, int C) {
+// LayerNorm backward, pass 1 of the weight and bias gradients: element q =
+// p*C + i sums column i over rows [p*SK_RB, (p+1)*SK_RB) into part (two
+// rows of C per chunk: dweight's, then dbias's).
+SK_FN void sk_ln_dparams_part(long q, float *part, const float *dout, const float *inp,
+                              const float *mean, const float *rstd, int N, int C) {
+    long p = q / C, i = q % C;
+    long n1 = (p + 1) * SK_RB < N ? (p + 1) * SK_RB : N;
     float sw = 0.0f, sb = 0.0f;
-    for (long n = 0; n < N; n++) {
+    for (long n = p * SK_RB; n < n1; n++) {
         float d = dout[n * C + i];
         sw += (inp[n * C + i] - mean[n]) * rstd[n] * d;
         sb += d;
+    }
+    part[p * 2 * C + i] = sw;
+    part[p * 2 * C + C + i] = sb;
+}
+
+// Pass 2: the chunks of column i, in order, added to dw and db.
+SK_FN void sk_ln_dparams_sum(long i, float *dw, float *db, const float *part, int N, int C) {
+    long np = (N + SK_RB - 1) / SK_RB;
+    float sw = 0.0f, sb = 0.0f;
+    for (long p = 0; p < np; p++) {
+        sw += part[p * 2 * C + i];
+        sb += part[p * 2 * C + C + i];
     }
     dw[i] += sw;
     db[i] += sb;
 }
 
 // Softmax and cross-entropy of row n over the first V of Vp logits.
-SK_FN void sk_smce_fwd_row(long n, float *losses, float *probs, const float *logits,
-                           const int *targets, int V, int Vp) {
+SK_FN void sk_smce_fwd_row(long n, int lane, int nl, float *losses, float *probs,
+                           const float *logits, const int *targets, int V, int Vp) {
     const float *l = logits + n * Vp;
     float *p = probs + n * Vp;
     float mx = SK_NEG_INF;
-    for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
+    for (int i = lane; i < V; i += nl) mx = l[i] > mx ? l[i] : mx;
+    mx = SK_MAX(mx);
     float s = 0.0f;
-    for (int i = 0; i < V; i++) {
+    for (int i = lane; i < V; i += nl) {
         p[i] = SK_EXPF(l[i] - mx);
         s += p[i];
     }
-    for (int i = 0; i < V; i++) p[i] /= s;
-    for (int i = V; i < Vp; i++) p[i] = 0.0f;
-    losses[n] = SK_LOGF(s) - (l[targets[n]] - mx);
+    s = SK_SUM(s);
+    float inv = 1.0f / s;
+    for (int i = lane; i < V; i += nl) p[i] *= inv;
+    for (int i = V + lane; i < Vp; i += nl) p[i] = 0.0f;
+    if (lane == 0) losses[n] = SK_LOGF(s) - (l[targets[n]] - mx);
 }
 
-// Its backward: dlogits += dloss * (probs - onehot(target)) (accumulated).
-SK_FN void sk_smce_bwd_row(long n, float *dlogits, const float *probs, const int *targets,
-                           float dloss, int V, int Vp) {
+// Its backward: dlogits += dloss * (probs - onehot(target)) (accumulated;
+// each lane writes only its own columns).
+SK_FN void sk_smce_bwd_row(long n, int lane, int nl, float *dlogits, const float *probs,
+                           const int *targets, float dloss, int V, int Vp) {
     float *dl = dlogits + n * Vp;
     const float *p = probs + n * Vp;
-    for (int i = 0; i < V; i++) dl[i] += dloss * p[i];
-    dl[targets[n]] -= dloss;
+    int t = targets[n];
+    for (int i = lane; i < V; i += nl) dl[i] += dloss * (i == t ? p[i] - 1.0f : p[i]);
 }
 
 // The encoder of row n = b*T + t: out = wte[token] + wpe[t].
@@ -168,34 +236,46 @@ SK_FN void sk_enc_fwd_row(long n, float *out, const int *tokens, const float *wt
     for (int i = 0; i < C; i++) o[i] = we[i] + pe[i];
 }
 
-// Its backward for column i: every row's gradient added, in row order, to
-// its token's and its position's rows (a column per thread: two rows with
-// one token never race, and the sums are in the same order as the CPU's).
-SK_FN void sk_enc_bwd_col(long i, float *dwte, float *dwpe, const float *dout, const int *tokens,
-                          int B, int T, int C) {
-    for (long n = 0; n < (long)B * T; n++) {
-        float d = dout[n * C + i];
-        dwte[(long)tokens[n] * C + i] += d;
-        dwpe[(n % T) * C + i] += d;
-    }
+// Its backward, the token embeddings' gradient: element q = u*C + i adds
+// column i of the rows that hold token toks[u] (rows order[starts[u]] ..
+// order[starts[u+1]-1], in row order) to dwte's row of that token. The
+// caller groups the rows by token (tokenGroups); each (token, column) has
+// one thread, and the additions come in the CPU's order: bit-identical.
+SK_FN void sk_enc_bwd_wte_at(long q, float *dwte, const float *dout, const int *toks,
+                             const int *starts, const int *order, int C) {
+    long u = q / C, i = q % C;
+    float *d = dwte + (long)toks[u] * C + i;
+    float acc = *d;
+    for (int k = starts[u]; k < starts[u + 1]; k++) acc += dout[(long)order[k] * C + i];
+    *d = acc;
+}
+
+// The position embeddings' gradient: element q = t*C + i adds column i of
+// rows t, T+t, 2T+t, ... in order.
+SK_FN void sk_enc_bwd_wpe_at(long q, float *dwpe, const float *dout, int B, int T, int C) {
+    long t = q / C, i = q % C;
+    float acc = dwpe[q];
+    for (long b = 0; b < B; b++) acc += dout[(b * T + t) * C + i];
+    dwpe[q] = acc;
 }
 
 // Causal softmax of attention row r of B*NH*T rows (t = r % T), over the
 // preatt row that the GEMM wrote (already scaled): att[j] for j <= t, and
 // 0 in both att and preatt after t (the CPU backend's convention).
-SK_FN void sk_att_softmax_row(long r, float *pre, float *att, int T) {
+SK_FN void sk_att_softmax_row(long r, int lane, int nl, float *pre, float *att, int T) {
     int t = (int)(r % T);
     float *p = pre + r * T, *a = att + r * T;
     float mx = SK_NEG_INF;
-    for (int j = 0; j <= t; j++) mx = p[j] > mx ? p[j] : mx;
+    for (int j = lane; j <= t; j += nl) mx = p[j] > mx ? p[j] : mx;
+    mx = SK_MAX(mx);
     float s = 0.0f;
-    for (int j = 0; j <= t; j++) {
+    for (int j = lane; j <= t; j += nl) {
         a[j] = SK_EXPF(p[j] - mx);
         s += a[j];
     }
-    float inv = 1.0f / s;
-    for (int j = 0; j <= t; j++) a[j] *= inv;
-    for (int j = t + 1; j < T; j++) {
+    float inv = 1.0f / SK_SUM(s);
+    for (int j = lane; j <= t; j += nl) a[j] *= inv;
+    for (int j = t + 1 + lane; j < T; j += nl) {
         a[j] = 0.0f;
         p[j] = 0.0f;
     }
@@ -204,24 +284,36 @@ SK_FN void sk_att_softmax_row(long r, float *pre, float *att, int T) {
 // Its backward for row r: dpre[j] = att[j] (datt[j] - sum_k att[k] datt[k])
 // for j <= t, and 0 after t (so that the GEMMs that follow may run over
 // the whole square).
-SK_FN void sk_att_softmax_bwd_row(long r, float *dpre, const float *att, const float *datt, int T) {
+SK_FN void sk_att_softmax_bwd_row(long r, int lane, int nl, float *dpre, const float *att,
+                                  const float *datt, int T) {
     int t = (int)(r % T);
     const float *a = att + r * T, *da = datt + r * T;
     float *dp = dpre + r * T;
     float s = 0.0f;
-    for (int j = 0; j <= t; j++) s += a[j] * da[j];
-    for (int j = 0; j <= t; j++) dp[j] = a[j] * (da[j] - s);
-    for (int j = t + 1; j < T; j++) dp[j] = 0.0f;
+    for (int j = lane; j <= t; j += nl) s += a[j] * da[j];
+    s = SK_SUM(s);
+    for (int j = lane; j <= t; j += nl) dp[j] = a[j] * (da[j] - s);
+    for (int j = t + 1 + lane; j < T; j += nl) dp[j] = 0.0f;
 }
 
 // The matmul's bias, added to element i of out (N,OC): out[i] += bias[i % OC].
 SK_FN void sk_bias_add_at(long i, float *out, const float *bias, int OC) { out[i] += bias[i % OC]; }
 
-// The bias gradient of column i: the sum of dout's column over N rows, in
-// row order (accumulated).
-SK_FN void sk_bias_bwd_col(long i, float *dbias, const float *dout, int N, int OC) {
+// The bias gradient, pass 1: element q = p*OC + i sums column i of dout
+// over the rows of chunk p into part.
+SK_FN void sk_bias_part(long q, float *part, const float *dout, int N, int OC) {
+    long p = q / OC, i = q % OC;
+    long n1 = (p + 1) * SK_RB < N ? (p + 1) * SK_RB : N;
     float s = 0.0f;
-    for (long n = 0; n < N; n++) s += dout[n * OC + i];
+    for (long n = p * SK_RB; n < n1; n++) s += dout[n * OC + i];
+    part[p * OC + i] = s;
+}
+
+// Pass 2: column i's chunks, in order, added to dbias.
+SK_FN void sk_bias_sum(long i, float *dbias, const float *part, int N, int OC) {
+    long np = (N + SK_RB - 1) / SK_RB;
+    float s = 0.0f;
+    for (long p = 0; p < np; p++) s += part[p * OC + i];
     dbias[i] += s;
 }
 
@@ -245,42 +337,49 @@ SK_KERNEL(sk_scale, (float *x, float s, long n), n, sk_scale_at(i, x, s))
 SK_KERNEL(sk_adamw, (float *p, const float *g, float *m, float *v, float lr, float b1, float b2,
                      float eps, float wd, float bc1, float bc2, long n),
           n, sk_adamw_at(i, p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2))
-SK_KERNEL(sk_layernorm_forward,
-          (float *out, float *mean, float *rstd, const float *inp, const float *w, const float *b,
+SK_ROW_KERNEL(sk_layernorm_forward,
+              (float *out, float *mean, float *rstd, const float *inp, const float *w,
+               const float *b, int N, int C),
+              N, sk_ln_fwd_row(i, lane, nl, out, mean, rstd, inp, w, b, C))
+SK_ROW_KERNEL(sk_layernorm_backward_dinp,
+              (float *dinp, const float *dout, const float *inp, const float *w,
+               const float *mean, const float *rstd, int N, int C),
+              N, sk_ln_bwd_dinp_row(i, lane, nl, dinp, dout, inp, w, mean, rstd, C))
+SK_KERNEL(sk_layernorm_dparams_part,
+          (float *part, const float *dout, const float *inp, const float *mean, const float *rstd,
            int N, int C),
-          N, sk_ln_fwd_row(i, out, mean, rstd, inp, w, b, C))
-SK_KERNEL(sk_layernorm_backward_dinp,
-          (float *dinp, const float *dout, const float *inp, const float *w, const float *mean,
-           const float *rstd, int N, int C),
-          N, sk_ln_bwd_dinp_row(i, dinp, dout, inp, w, mean, rstd, C))
-SK_KERNEL(sk_layernorm_backward_dparams,
-          (float *dw, float *db, const float *dout, const float *inp, const float *mean,
-           const float *rstd, int N, int C),
-          C, sk_ln_bwd_dparams_col(i, dw, db, dout, inp, mean, rstd, N, C))
+          (long)(N + SK_RB - 1) / SK_RB * C, sk_ln_dparams_part(i, part, dout, inp, mean, rstd, N, C))
+SK_KERNEL(sk_layernorm_dparams_sum, (float *dw, float *db, const float *part, int N, int C), C,
+          sk_ln_dparams_sum(i, dw, db, part, N, C))
 SK_KERNEL(sk_encoder_forward,
           (float *out, const int *tokens, const float *wte, const float *wpe, int B, int T, int C),
           (long)B * T, sk_enc_fwd_row(i, out, tokens, wte, wpe, T, C))
-SK_KERNEL(sk_encoder_backward,
-          (float *dwte, float *dwpe, const float *dout, const int *tokens, int B, int T, int C), C,
-          sk_enc_bwd_col(i, dwte, dwpe, dout, tokens, B, T, C))
-SK_KERNEL(sk_softmax_xent_forward,
-          (float *losses, float *probs, const float *logits, const int *targets, int N, int V,
-           int Vp),
-          N, sk_smce_fwd_row(i, losses, probs, logits, targets, V, Vp))
-SK_KERNEL(sk_softmax_xent_backward,
-          (float *dlogits, const float *probs, const int *targets, float dloss, int N, int V,
-           int Vp),
-          N, sk_smce_bwd_row(i, dlogits, probs, targets, dloss, V, Vp))
+SK_KERNEL(sk_encoder_backward_wte,
+          (float *dwte, const float *dout, const int *toks, const int *starts, const int *order,
+           int U, int C),
+          (long)U * C, sk_enc_bwd_wte_at(i, dwte, dout, toks, starts, order, C))
+SK_KERNEL(sk_encoder_backward_wpe, (float *dwpe, const float *dout, int B, int T, int C),
+          (long)T * C, sk_enc_bwd_wpe_at(i, dwpe, dout, B, T, C))
+SK_ROW_KERNEL(sk_softmax_xent_forward,
+              (float *losses, float *probs, const float *logits, const int *targets, int N,
+               int V, int Vp),
+              N, sk_smce_fwd_row(i, lane, nl, losses, probs, logits, targets, V, Vp))
+SK_ROW_KERNEL(sk_softmax_xent_backward,
+              (float *dlogits, const float *probs, const int *targets, float dloss, int N,
+               int V, int Vp),
+              N, sk_smce_bwd_row(i, lane, nl, dlogits, probs, targets, dloss, V, Vp))
 
-SK_KERNEL(sk_attention_softmax, (float *pre, float *att, long rows, int T), rows,
-          sk_att_softmax_row(i, pre, att, T))
-SK_KERNEL(sk_attention_softmax_backward,
-          (float *dpre, const float *att, const float *datt, long rows, int T), rows,
-          sk_att_softmax_bwd_row(i, dpre, att, datt, T))
+SK_ROW_KERNEL(sk_attention_softmax, (float *pre, float *att, long rows, int T), rows,
+              sk_att_softmax_row(i, lane, nl, pre, att, T))
+SK_ROW_KERNEL(sk_attention_softmax_backward,
+              (float *dpre, const float *att, const float *datt, long rows, int T), rows,
+              sk_att_softmax_bwd_row(i, lane, nl, dpre, att, datt, T))
 SK_KERNEL(sk_bias_add, (float *out, const float *bias, long n, int OC), n,
           sk_bias_add_at(i, out, bias, OC))
-SK_KERNEL(sk_bias_backward, (float *dbias, const float *dout, int N, int OC), OC,
-          sk_bias_bwd_col(i, dbias, dout, N, OC))
+SK_KERNEL(sk_bias_backward_part, (float *part, const float *dout, int N, int OC),
+          (long)(N + SK_RB - 1) / SK_RB * OC, sk_bias_part(i, part, dout, N, OC))
+SK_KERNEL(sk_bias_backward_sum, (float *dbias, const float *part, int N, int OC), OC,
+          sk_bias_sum(i, dbias, part, N, OC))
 SK_KERNEL(sk_sumsq_parts, (double *part, const float *x, long n, long P), P,
           sk_sumsq_part_at(i, part, x, n, P))
 

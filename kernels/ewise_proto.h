@@ -12,19 +12,23 @@ void sk_layernorm_forward(float *out, float *mean, float *rstd, const float *inp
                           const float *b, int N, int C);
 void sk_layernorm_backward_dinp(float *dinp, const float *dout, const float *inp, const float *w,
                                 const float *mean, const float *rstd, int N, int C);
-void sk_layernorm_backward_dparams(float *dw, float *db, const float *dout, const float *inp,
-                                   const float *mean, const float *rstd, int N, int C);
+void sk_layernorm_dparams_part(float *part, const float *dout, const float *inp,
+                               const float *mean, const float *rstd, int N, int C);
+void sk_layernorm_dparams_sum(float *dw, float *db, const float *part, int N, int C);
 void sk_softmax_xent_forward(float *losses, float *probs, const float *logits, const int *targets,
                              int N, int V, int Vp);
 void sk_softmax_xent_backward(float *dlogits, const float *probs, const int *targets, float dloss,
                               int N, int V, int Vp);
 void sk_encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe, int B,
                         int T, int C);
-void sk_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens, int B,
-                         int T, int C);
+void sk_encoder_backward_wte(float *dwte, const float *dout, const int *toks, const int *starts,
+                             const int *order, int U, int C);
+void sk_encoder_backward_wpe(float *dwpe, const float *dout, int B, int T, int C);
 void sk_attention_softmax(float *pre, float *att, long rows, int T);
 void sk_attention_softmax_backward(float *dpre, const float *att, const float *datt, long rows, int T);
 void sk_bias_add(float *out, const float *bias, long n, int OC);
-void sk_bias_backward(float *dbias, const float *dout, int N, int OC);
+void sk_bias_backward_part(float *part, const float *dout, int N, int OC);
+void sk_bias_backward_sum(float *dbias, const float *part, int N, int OC);
 void sk_sumsq_parts(double *part, const float *x, long n, long P);
+extern const int sk_rb_value; // SK_RB, the rows of one chunk of a column sum
 #endif
