@@ -38,3 +38,34 @@ grep -E -- '--- |weights after|step 9' "$OUT/trainer.log"
 	done
 	$D/skein bench train --device cpu --threads 0 --preset small --batch 16 --steps 3 --warmup 1
 } 2>&1 | tee "$OUT/train.jsonl"
+# The whole path on the GPU: skein train, then a DiLoCo run of a bootstrap
+# and two volunteers that train on the GPU (one context each), on loopback.
+e2e=$(mktemp -d)
+timeout 120 $D/skein train --device cuda:0 --preset small --batch 16 --steps 60 --eval-every 30 --corpus kernels --out "$e2e/train" 2>&1 | tail -4 | tee "$OUT/train-cli.log"
+cat >"$e2e/run.toml" <<'TOML'
+run_id = "gpu-e2e"
+[model]
+preset = "small"
+batch = 16
+[optimizer]
+kind = "diloco"
+inner_steps = 50
+inner_lr = 0.001
+warmup = 10
+[data]
+source = "shards"
+TOML
+net=(--listen /ip4/127.0.0.1/udp/0/quic-v1 --timing lan)
+$D/skein bootstrap --manifest "$e2e/run.toml" --corpus kernels --data-dir "$e2e/bs" "${net[@]}" >"$OUT/e2e-bootstrap.log" 2>&1 &
+bs=$!
+for _ in $(seq 100); do grep -q "/p2p/" "$OUT/e2e-bootstrap.log" && break; sleep 0.1; done
+addr=$(grep -m1 "/p2p/" "$OUT/e2e-bootstrap.log" | tr -d ' ')
+for i in 1 2; do
+	timeout 150 $D/skein node join --bootstrap "$addr" --data-dir "$e2e/v$i" --device cuda:0 --rounds 3 --min-peers 2 "${net[@]}" >"$OUT/e2e-v$i.log" 2>&1 &
+done
+wait %2 %3; rc=$?
+timeout 60 $D/skein node doctor --bootstrap "$addr" --device cuda:0 "${net[@]}" >"$OUT/e2e-doctor.log" 2>&1
+echo "node doctor on the GPU: exit $?"; grep -E "device|memory" "$OUT/e2e-doctor.log"
+kill $bs 2>/dev/null
+echo "two GPU volunteers, 3 DiLoCo rounds: exit $rc"
+grep -h "round\|device\|cuda" "$OUT"/e2e-v1.log | tail -6

@@ -30,7 +30,7 @@ wait $a
 join a --rounds 1 >"$dir/a2.log" 2>&1
 
 link=$(awk -v r="$RATE" 'BEGIN { print r * 1e6 / 8 / 1e6 }') # MB/s
-first() { sed -n 's/^first training step \([0-9.]*\)s after starting/\1/p' "$1"; }
+first() { sed -n 's/^first training step \([0-9.]*\)s after starting.*/\1/p' "$1"; }
 rate() { sed -n "s/^fetched $2: .*(\([0-9.]*\) MB\/s)/\1/p" "$1" | head -1; }
 echo "link: $RATE Mbit/s ($link MB/s), $LAT one way; $(grep -m1 -o 'packed the corpus.*' "$dir/bs.err")"
 printf '%-44s %8s\n' "join" "to first step"

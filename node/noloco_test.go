@@ -17,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -481,9 +482,13 @@ func TestJoinWhileBootstrapDown(t *testing.T) {
 	a.mu.Lock()
 	aAddr := a.addr
 	a.mu.Unlock()
-	b := r.join("b", "", 2, 2, nil, func(c *VolunteerConfig) { c.Bootstrap = []string{aAddr} })
+	dev := &countingDevice{CPU: kernels.NewCPU(1)}
+	b := r.join("b", "", 2, 2, nil, func(c *VolunteerConfig) { c.Bootstrap, c.Device = []string{aAddr}, dev })
 	if err := r.wait(b, long); err != nil {
 		t.Fatalf("joining through a volunteer: %v\n%s", err, b.output())
+	}
+	if dev.steps.Load() == 0 || !strings.Contains(b.output(), "on "+dev.Name()) {
+		t.Fatalf("b did not train on the device it was given (%d updates on it):\n%s", dev.steps.Load(), b.output())
 	}
 	if out := b.output(); !strings.Contains(out, `run "noloco-test": manifest `+r.m.ShortHash()) {
 		t.Fatalf("b did not take the run's manifest from a:\n%s", out)
@@ -507,4 +512,16 @@ func TestJoinWhileBootstrapDown(t *testing.T) {
 			t.Errorf("/metrics lacks %s", name)
 		}
 	}
+}
+
+// countingDevice is a CPU that counts its AdamW updates: proof that a
+// volunteer trains on the device it is given (--device).
+type countingDevice struct {
+	*kernels.CPU
+	steps atomic.Int64
+}
+
+func (d *countingDevice) AdamW(p, g, m, v kernels.Buffer, lr, b1, b2, eps, wd float32, t int) {
+	d.steps.Add(1)
+	d.CPU.AdamW(p, g, m, v, lr, b1, b2, eps, wd, t)
 }

@@ -17,7 +17,6 @@ import (
 
 	"github.com/skein-ml/skein/bootstrap/telemetry"
 	"github.com/skein-ml/skein/data"
-	"github.com/skein-ml/skein/kernels"
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
@@ -411,7 +410,7 @@ func (st *stagedVolunteer) take(ctx context.Context, a pipeline.Assignment) erro
 // (every member draws the same initial weights for a stage).
 func (st *stagedVolunteer) newReplica(s int) (*trainer.StageReplica, error) {
 	m := st.v.run
-	dev := kernels.NewCPU(st.v.cfg.Threads)
+	dev := st.v.dev
 	mr := pipeline.ModelRunnerConfig{Device: dev, Model: st.mc, Specs: st.specs, Stage: s, B: m.Model.Batch, T: st.T,
 		Seed: m.Model.Seed, Mu: st.sched.Microbatches}
 	if s == 0 {

@@ -315,7 +315,7 @@ type Volunteer struct {
 	reporter   *reporter
 	metrics    *metricsServer
 	device     string
-	dev        kernels.Device
+	dev        kernels.Device // trains (VolunteerConfig.Device)
 	joinedAt   time.Time
 	// firstStepAt is when the first inner step finished (join time).
 	firstStepAt time.Time
@@ -405,7 +405,13 @@ func NewVolunteer(ctx context.Context, cfg VolunteerConfig) (_ *Volunteer, err e
 		}
 		ncfg.ListenUDP = emu.ListenUDP
 	}
-	v.device = kernels.NewCPU(cfg.Threads).Name()
+	if v.dev = cfg.Device; v.dev == nil {
+		v.dev = kernels.NewCPU(cfg.Threads)
+	}
+	v.device = v.dev.Name()
+	if g, ok := v.dev.(interface{ GPU() string }); ok {
+		v.device = "cuda " + g.GPU() // the gossiped name is short (p2p.MaxDeviceLen)
+	}
 	ncfg.Meta.Role, ncfg.Meta.Device, ncfg.Meta.Version = p2p.RoleVolunteer, clip(v.device, p2p.MaxDeviceLen), clip(cfg.Version, p2p.MaxVersionLen)
 	if v.pn, err = p2p.NewNode(ctx, ncfg); err != nil {
 		return nil, err
@@ -440,7 +446,7 @@ func NewVolunteer(ctx context.Context, cfg VolunteerConfig) (_ *Volunteer, err e
 		hostCopies = nolocoHostCopies
 	}
 	if v.su, err = trainer.NewSetup(trainer.SetupConfig{Preset: m.Model.Preset, Batch: m.Model.Batch, SeqLen: m.SeqLen(),
-		Seed: m.Model.Seed, Threads: cfg.Threads, Corpus: corpus, Worker: trainer.WorkerSlot(v.pn.ID().String(), slots),
+		Seed: m.Model.Seed, Dev: v.dev, Corpus: corpus, Worker: trainer.WorkerSlot(v.pn.ID().String(), slots),
 		Workers: slots, AdamW: a, ValBatches: cfg.ValBatches, HostCopies: hostCopies,
 		MemAvailable: uint64(cfg.MaxMemoryMiB) << 20}); err != nil {
 		corpus.Close()
@@ -777,7 +783,7 @@ func (v *Volunteer) trainPhase(ctx context.Context) (phase, error) {
 		}
 		if v.firstStepAt.IsZero() {
 			v.firstStepAt = time.Now()
-			say(v.cfg.Progress, "first training step %.1fs after starting", v.firstStepAt.Sub(v.joinedAt).Seconds())
+			say(v.cfg.Progress, "first training step %.1fs after starting, on %s", v.firstStepAt.Sub(v.joinedAt).Seconds(), v.dev.Name())
 		}
 		v.innerStep++
 		ph.steps++
