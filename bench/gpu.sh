@@ -62,10 +62,40 @@ for _ in $(seq 100); do grep -q "/p2p/" "$OUT/e2e-bootstrap.log" && break; sleep
 addr=$(grep -m1 "/p2p/" "$OUT/e2e-bootstrap.log" | tr -d ' ')
 for i in 1 2; do
 	timeout 150 $D/skein node join --bootstrap "$addr" --data-dir "$e2e/v$i" --device cuda:0 --rounds 3 --min-peers 2 "${net[@]}" >"$OUT/e2e-v$i.log" 2>&1 &
+	pids[$i]=$!
 done
-wait %2 %3; rc=$?
+rc=0; for p in "${pids[@]}"; do wait "$p" || rc=$?; done
 timeout 60 $D/skein node doctor --bootstrap "$addr" --device cuda:0 "${net[@]}" >"$OUT/e2e-doctor.log" 2>&1
 echo "node doctor on the GPU: exit $?"; grep -E "device|memory" "$OUT/e2e-doctor.log"
 kill $bs 2>/dev/null
 echo "two GPU volunteers, 3 DiLoCo rounds: exit $rc"
 grep -h "round\|device\|cuda" "$OUT"/e2e-v1.log | tail -6
+# A staged run: two stages, one GPU volunteer each.
+cat >"$e2e/staged.toml" <<'TOML'
+run_id = "gpu-staged"
+[model]
+preset = "small"
+batch = 16
+[optimizer]
+kind = "diloco"
+inner_steps = 20
+inner_lr = 0.001
+warmup = 5
+[data]
+source = "shards"
+[pipeline]
+stages = 2
+microbatches = 4
+TOML
+$D/skein bootstrap --manifest "$e2e/staged.toml" --corpus kernels --data-dir "$e2e/sbs" "${net[@]}" >"$OUT/staged-bootstrap.log" 2>&1 &
+bs=$!
+for _ in $(seq 100); do grep -q "/p2p/" "$OUT/staged-bootstrap.log" && break; sleep 0.1; done
+addr=$(grep -m1 "/p2p/" "$OUT/staged-bootstrap.log" | tr -d ' ')
+for i in 1 2; do
+	timeout 120 $D/skein node join --bootstrap "$addr" --data-dir "$e2e/s$i" --device cuda:0 --rounds 3 "${net[@]}" >"$OUT/staged-v$i.log" 2>&1 &
+	pids[$i]=$!
+done
+rc=0; for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+kill $bs 2>/dev/null
+echo "two staged GPU volunteers, 3 rounds: exit $rc"
+grep -h "stage\|round\|first" "$OUT"/staged-v1.log | tail -6

@@ -543,7 +543,7 @@ func (c *CUDA) EncoderForward(out Buffer, tokens []int32, wte, wpe Buffer, B, T,
 	pe, _ := c.rows(op, "wpe", wpe, T, Ch)
 	c.do(func() error {
 		tk := c.uploadIDs(op, "tokens", tokens, B*T, V)
-		return c.over("sk_encoder_forward", B*T, o, tk, we, pe, int32(B), int32(T), int32(Ch))
+		return c.over("sk_encoder_forward", B*T*Ch, o, tk, we, pe, int32(B), int32(T), int32(Ch))
 	})
 }
 
@@ -557,7 +557,7 @@ func (c *CUDA) EncoderBackward(dwte, dwpe, dout Buffer, tokens []int32, B, T, Ch
 	we, V := c.rows(op, "dwte", dwte, 1, Ch)
 	pe, _ := c.rows(op, "dwpe", dwpe, T, Ch)
 	checkIDs(op, "tokens", tokens, B*T, V)
-	g := tokenGroups(tokens)
+	g := tokenGroups(tokens, V)
 	c.do(func() error {
 		p := c.uploadInts(g.packed)
 		u := C.ulonglong(4 * g.u)

@@ -71,7 +71,7 @@ func ewiseEncoderForward(out []float32, tokens []int32, wte, wpe []float32, b, t
 }
 
 func ewiseEncoderBackward(dwte, dwpe, dout []float32, tokens []int32, b, t, c int) {
-	g := tokenGroups(tokens)
+	g := tokenGroups(tokens, len(dwte)/c)
 	C.sk_encoder_backward_wte(fp(dwte), fp(dout), ip(g.toks()), ip(g.starts()), ip(g.order()), C.int(g.u), C.int(c))
 	C.sk_encoder_backward_wpe(fp(dwpe), fp(dout), C.int(b), C.int(t), C.int(c))
 }

@@ -228,12 +228,12 @@ SK_FN void sk_smce_bwd_row(long n, int lane, int nl, float *dlogits, const float
     for (int i = lane; i < V; i += nl) dl[i] += dloss * (i == t ? p[i] - 1.0f : p[i]);
 }
 
-// The encoder of row n = b*T + t: out = wte[token] + wpe[t].
-SK_FN void sk_enc_fwd_row(long n, float *out, const int *tokens, const float *wte, const float *wpe,
-                          int T, int C) {
-    float *o = out + n * C;
-    const float *we = wte + (long)tokens[n] * C, *pe = wpe + (n % T) * C;
-    for (int i = 0; i < C; i++) o[i] = we[i] + pe[i];
+// The encoder, element q = n*C + i of row n = b*T + t: out = wte[token] +
+// wpe[t] (one element per thread: adjacent threads, adjacent columns).
+SK_FN void sk_enc_fwd_at(long q, float *out, const int *tokens, const float *wte, const float *wpe,
+                         int T, int C) {
+    long n = q / C, i = q % C;
+    out[q] = wte[(long)tokens[n] * C + i] + wpe[(n % T) * C + i];
 }
 
 // Its backward, the token embeddings' gradient: element q = u*C + i adds
@@ -353,7 +353,7 @@ SK_KERNEL(sk_layernorm_dparams_sum, (float *dw, float *db, const float *part, in
           sk_ln_dparams_sum(i, dw, db, part, N, C))
 SK_KERNEL(sk_encoder_forward,
           (float *out, const int *tokens, const float *wte, const float *wpe, int B, int T, int C),
-          (long)B * T, sk_enc_fwd_row(i, out, tokens, wte, wpe, T, C))
+          (long)B * T * C, sk_enc_fwd_at(i, out, tokens, wte, wpe, T, C))
 SK_KERNEL(sk_encoder_backward_wte,
           (float *dwte, const float *dout, const int *toks, const int *starts, const int *order,
            int U, int C),

@@ -1,35 +1,45 @@
 package kernels
 
-import "slices"
-
 // groups is the rows of a batch grouped by token, for the encoder's
 // backward on the GPU (sk_encoder_backward_wte). packed holds, for one
-// copy to the device, the u distinct tokens, u+1 offsets into order, and
-// order: the row indices sorted by token, rows of one token in row order.
+// copy to the device, the u distinct tokens in ascending order, u+1
+// offsets into order, and order: the row indices grouped by token, rows of
+// one token in row order.
 type groups struct {
 	u      int
 	packed []int32
 }
 
-// tokenGroups groups the rows of tokens by token.
-func tokenGroups(tokens []int32) groups {
+// tokenGroups groups the rows of tokens (each in [0, vocab)) by token: a
+// counting sort, stable, in O(len(tokens) + vocab).
+func tokenGroups(tokens []int32, vocab int) groups {
 	n := len(tokens)
-	order := make([]int32, n)
-	for i := range order {
-		order[i] = int32(i)
+	count := make([]int32, vocab+1)
+	for _, t := range tokens {
+		count[t+1]++
 	}
-	slices.SortStableFunc(order, func(a, b int32) int { return int(tokens[a]) - int(tokens[b]) })
-	var toks, starts []int32
-	for k, r := range order {
-		if k == 0 || tokens[r] != tokens[order[k-1]] {
-			toks = append(toks, tokens[r])
-			starts = append(starts, int32(k))
+	u := 0
+	for t := 1; t <= vocab; t++ {
+		if count[t] > 0 {
+			u++
+		}
+		count[t] += count[t-1] // count[t]: the first slot of token t
+	}
+	packed := make([]int32, 2*u+1+n)
+	toks, starts, order := packed[:u], packed[u:2*u+1], packed[2*u+1:]
+	k := 0
+	for t := 0; t < vocab; t++ {
+		if count[t+1] > count[t] {
+			toks[k], starts[k] = int32(t), count[t]
+			k++
 		}
 	}
-	starts = append(starts, int32(n))
-	packed := make([]int32, 0, len(toks)+len(starts)+n)
-	packed = append(append(append(packed, toks...), starts...), order...)
-	return groups{u: len(toks), packed: packed}
+	starts[u] = int32(n)
+	for r, t := range tokens {
+		order[count[t]] = int32(r)
+		count[t]++
+	}
+	return groups{u: u, packed: packed}
 }
 
 func (g groups) toks() []int32   { return g.packed[:g.u] }
