@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/libp2p/go-libp2p/p2p/host/autonat"
 	"github.com/libp2p/go-libp2p/p2p/protocol/ping"
 	ma "github.com/multiformats/go-multiaddr"
 	manet "github.com/multiformats/go-multiaddr/net"
@@ -117,7 +118,7 @@ func Doctor(ctx context.Context, cfg DoctorConfig) ([]Check, error) {
 	} else {
 		add(Check{Name: "connection", Status: CheckWarn, Detail: "no bootstrap in the membership (it is down?): connection, latency and bandwidth not measured"})
 	}
-	checks = append(checks, reachabilityCheck(pn))
+	checks = append(checks, reachabilityCheck(ctx, pn, boot, ok))
 	checks = append(checks, machineChecks(ctx, cfg, m)...)
 	return checks, nil
 }
@@ -246,20 +247,40 @@ func clockCheck(ctx context.Context, pn *p2p.Node, boot peer.ID) Check {
 	return c
 }
 
-// reachabilityCheck judges from this node's addresses whether others can
-// dial it.
-func reachabilityCheck(pn *p2p.Node) Check {
+// reachabilityCheck asks the bootstrap, if there is one, to dial this node
+// back on a new connection from another identity (libp2p's AutoNAT, which
+// every Skein host serves): a success proves others can dial it directly.
+// Without an answer it judges from this node's own addresses.
+func reachabilityCheck(ctx context.Context, pn *p2p.Node, boot peer.ID, haveBoot bool) Check {
 	var public []string
 	for _, a := range pn.Addrs() {
 		if isPublicAddr(a) {
 			public = append(public, a.String())
 		}
 	}
-	if len(public) > 0 {
-		return Check{Name: "reachability", Status: CheckPass, Detail: fmt.Sprintf("public address %s", public[0])}
+	natAdvice := "peers reach you by hole punching or through a relay; forwarding a UDP port to this machine makes you directly reachable"
+	why := ""
+	if haveBoot {
+		dctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		err := autonat.NewAutoNATClient(pn.Host(), nil, nil).DialBack(dctx, boot)
+		cancel()
+		switch {
+		case err == nil:
+			return Check{Name: "reachability", Status: CheckPass,
+				Detail: "the bootstrap dialed this machine back on a new connection: others can reach it directly"}
+		case autonat.IsDialError(err):
+			return Check{Name: "reachability", Status: CheckWarn,
+				Detail: fmt.Sprintf("the bootstrap could not dial this machine back (%v): a NAT or firewall is in the way", err), Advice: natAdvice}
+		case autonat.IsDialRefused(err):
+			why = fmt.Sprintf("; the bootstrap did not try to dial back (%v: it dials public addresses only)", err)
+		default:
+			why = fmt.Sprintf("; no dial-back from the bootstrap (%v)", err)
+		}
 	}
-	return Check{Name: "reachability", Status: CheckWarn, Detail: "no public address: behind a NAT",
-		Advice: "peers reach you by hole punching or through a relay; forwarding a UDP port to this machine makes you directly reachable"}
+	if len(public) > 0 {
+		return Check{Name: "reachability", Status: CheckPass, Detail: fmt.Sprintf("public address %s%s", public[0], why)}
+	}
+	return Check{Name: "reachability", Status: CheckWarn, Detail: "no public address: behind a NAT" + why, Advice: natAdvice}
 }
 
 func isPublicAddr(a ma.Multiaddr) bool {

@@ -43,6 +43,13 @@ func TestDoctor(t *testing.T) {
 	if status["download"] == CheckFail || status["download"] == "" || status["reachability"] != CheckWarn {
 		t.Errorf("download %q, reachability %q (loopback only)", status["download"], status["reachability"])
 	}
+	// The bootstrap answered the dial-back request: on loopback it
+	// declines (it dials public addresses only), and the report says so.
+	for _, c := range checks {
+		if c.Name == "reachability" && !strings.Contains(c.Detail, "did not try to dial back") {
+			t.Errorf("reachability: %q, want the bootstrap's refusal to dial back a loopback address", c.Detail)
+		}
+	}
 	var report bytes.Buffer
 	if err := WriteChecks(&report, checks); err != nil {
 		t.Fatalf("%v\n%s", err, report.String())
