@@ -340,6 +340,21 @@ func (s *server) serve() error {
 	}); err != nil {
 		return err
 	}
+	probes := make(chan struct{}, 2) // upload probes at once: each reads up to p2p.UploadMaxBytes
+	if err := s.seed.Handle(p2p.ProtoUploadProbe, p2p.UploadFrameConfig(), func(_ context.Context, st *p2p.Stream) error {
+		if _, member := s.seed.Member(st.Peer()); !member {
+			return fmt.Errorf("bootstrap: upload probe from %s, not a member of run %q", st.Peer(), s.run.RunID)
+		}
+		select {
+		case probes <- struct{}{}:
+			defer func() { <-probes }()
+		default:
+			return fmt.Errorf("bootstrap: upload probe from %s: two already running", st.Peer())
+		}
+		return p2p.ServeUploadProbe(st)
+	}); err != nil {
+		return err
+	}
 	return s.seed.Handle(p2p.ProtoTelemetry, p2p.MessageFrameConfig(telemetry.MaxReportSize), s.telemetry)
 }
 

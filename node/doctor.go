@@ -22,6 +22,7 @@ import (
 	"github.com/skein-ml/skein/kernels"
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/p2p"
+	"github.com/skein-ml/skein/p2p/wan"
 	"github.com/skein-ml/skein/trainer"
 )
 
@@ -63,6 +64,9 @@ type DoctorConfig struct {
 	// DeviceNote is why that device was chosen (--device auto), for the
 	// device line.
 	DeviceNote string
+	// WAN, if set, emulates this machine's link on every QUIC packet it
+	// sends (--emulate-rate/--emulate-latency: measurements and tests).
+	WAN *wan.Link
 	// BenchSteps is how many training steps time the device (0: 3).
 	BenchSteps int
 	Logger     *slog.Logger
@@ -92,6 +96,13 @@ func Doctor(ctx context.Context, cfg DoctorConfig) ([]Check, error) {
 	if len(cfg.Listen) > 0 {
 		nc.ListenAddrs = cfg.Listen
 	}
+	if cfg.WAN != nil {
+		emu, err := wan.New(*cfg.WAN, uint64(time.Now().UnixNano()))
+		if err != nil {
+			return nil, fmt.Errorf("%w: --emulate-rate/--emulate-latency: %w", ErrConfig, err)
+		}
+		nc.ListenUDP = emu.ListenUDP
+	}
 	began := time.Now()
 	pn, err := p2p.NewNode(ctx, nc)
 	if err != nil {
@@ -114,6 +125,7 @@ func Doctor(ctx context.Context, cfg DoctorConfig) ([]Check, error) {
 	if ok {
 		checks = append(checks, connectionChecks(ctx, pn, boot)...)
 		checks = append(checks, downloadCheck(ctx, pn, boot, m))
+		checks = append(checks, uploadCheck(ctx, pn, boot))
 		checks = append(checks, clockCheck(ctx, pn, boot))
 	} else {
 		add(Check{Name: "connection", Status: CheckWarn, Detail: "no bootstrap in the membership (it is down?): connection, latency and bandwidth not measured"})
@@ -203,6 +215,29 @@ func downloadCheck(ctx context.Context, pn *p2p.Node, boot peer.ID, m manifest.M
 		c.Status, c.Advice = CheckWarn, "under 5 Mbit/s, fetching the run's state and shards takes long; a wired connection helps"
 	case got < 1<<20:
 		c.Status, c.Detail = CheckWarn, c.Detail+": the run's first shard is too small for more than a rough figure"
+	}
+	return c
+}
+
+// uploadCheck measures the upload rate to the bootstrap: filler chunks for
+// up to 8 s or 16 MB, timed where they arrive (p2p.ProtoUploadProbe).
+// Rounds upload a pseudo-gradient per round, so the uplink usually sets a
+// volunteer's pace.
+func uploadCheck(ctx context.Context, pn *p2p.Node, boot peer.ID) Check {
+	uctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	r, err := pn.MeasureUpload(uctx, boot, 16<<20, 8*time.Second)
+	if err != nil {
+		return Check{Name: "upload", Status: CheckWarn, Detail: fmt.Sprintf("not measured: %v", err)}
+	}
+	mbps := r.Mbps()
+	c := Check{Name: "upload", Status: CheckPass, Value: mbps,
+		Detail: fmt.Sprintf("%.1f Mbit/s to the bootstrap (%.1f MB in %.1fs, timed at its end)", mbps, float64(r.Bytes)/1e6, r.Duration.Seconds())}
+	switch {
+	case r.Bytes < 1<<20 || r.Duration < 100*time.Millisecond:
+		c.Status, c.Detail = CheckWarn, c.Detail+": too little for more than a rough figure"
+	case mbps < 2:
+		c.Status, c.Advice = CheckWarn, "under 2 Mbit/s up, each round's upload takes long: the run may finish rounds without you; a wired connection helps"
 	}
 	return c
 }

@@ -36,3 +36,12 @@ func FuzzParseClock(f *testing.F) {
 		}
 	})
 }
+
+func FuzzParseUploadReceipt(f *testing.F) {
+	f.Add(UploadReceiptFrame, AppendUploadReceipt(nil, UploadReceipt{Bytes: 8 << 20, Duration: 3 * time.Second}))
+	f.Fuzz(func(t *testing.T, typ byte, b []byte) {
+		if r, err := ParseUploadReceipt(typ, b); err == nil && string(AppendUploadReceipt(nil, r)) != string(b) {
+			t.Fatal("decode then encode changed the bytes")
+		}
+	})
+}

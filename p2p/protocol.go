@@ -55,6 +55,10 @@ var (
 	// ProtoClock answers the bootstrap's clock (8 bytes, Unix nanoseconds,
 	// big-endian): `skein node doctor` measures this machine's skew.
 	ProtoClock = Protocol{"clock", 1}
+	// ProtoUploadProbe takes filler chunks and answers how fast they
+	// arrived (upload.go): `skein node doctor` measures this machine's
+	// upload rate against the bootstrap.
+	ProtoUploadProbe = Protocol{"upload-probe", 1}
 )
 
 // ProtoStageReduce carries the DiLoCo collective of stage s's replicas in a

@@ -21,13 +21,14 @@ func doctorCommand() *cli.Command {
 		Usage: "check, before joining, whether this machine and network can help a run",
 		Description: `Joins the run's swarm through its bootstrap as an observer (it trains and serves nothing)
    and checks: the bootstrap and the run's manifest, whether the connection to the bootstrap is
-   direct or relayed and its round trip, the download rate from it (on one of the run's shards),
-   this machine's clock against the bootstrap's,
-   whether this machine has a public address, the device and its training throughput on the run's
-   model, and whether the run fits in memory (or in --max-memory). Each line says pass, warn or
-   fail, with advice; the command fails when a check fails. --json prints the checks for scripts.
-   Not checked yet: a dial-back by the bootstrap, the upload rate.`,
-		Flags: []cli.Flag{
+   direct or relayed and its round trip, the download rate from it (on one of the run's shards)
+   and the upload rate to it (timed where the bytes arrive), this machine's clock against the
+   bootstrap's, whether others can dial this machine (the bootstrap dials it back on a new
+   connection; without an answer, whether it has a public address), the device (--device) and
+   its training throughput on the run's model, and whether the run fits in memory (or in
+   --max-memory; on a GPU, the model in the GPU's free memory). Each line says pass, warn or
+   fail, with advice; the command fails when a check fails. --json prints the checks for scripts.`,
+		Flags: append([]cli.Flag{
 			altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "bootstrap", EnvVars: envVars("bootstrap"), Usage: "the run's bootstrap multiaddr, as `skein bootstrap` prints it"}),
 			altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "listen", EnvVars: envVars("listen"), Usage: "multiaddrs to listen on (default: QUIC and TCP, any port)"}),
 			altsrc.NewStringFlag(&cli.StringFlag{Name: "timing", Value: "wan", EnvVars: envVars("timing"), Usage: "membership timers: " + strings.Join(p2p.TimingNames(), ", ")}),
@@ -35,14 +36,14 @@ func doctorCommand() *cli.Command {
 			altsrc.NewStringFlag(&cli.StringFlag{Name: "device", Value: "auto", EnvVars: envVars("device"), Usage: "the device to measure: auto, cpu or cuda:N[,fp32] (as node join)"}),
 			altsrc.NewIntFlag(&cli.IntFlag{Name: "max-memory", EnvVars: envVars("max-memory"), Usage: "judge the memory check against this many MiB, as node join --max-memory would"}),
 			&cli.BoolFlag{Name: "json", Usage: "print the checks as JSON"},
-		},
+		}, emulationFlags()...),
 		Action: func(c *cli.Context) error {
 			log, err := logger(c)
 			if err != nil {
 				return err
 			}
 			cfg := node.DoctorConfig{Bootstrap: c.StringSlice("bootstrap"), Listen: c.StringSlice("listen"),
-				Threads: c.Int("threads"), MaxMemoryMiB: c.Int("max-memory"), Logger: log}
+				Threads: c.Int("threads"), MaxMemoryMiB: c.Int("max-memory"), WAN: emulatedLink(c), Logger: log}
 			if cfg.Timing, err = p2p.TimingByName(c.String("timing")); err != nil {
 				return fmt.Errorf("--timing: %w", err)
 			}
