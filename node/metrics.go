@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"time"
@@ -47,9 +48,8 @@ func serveMetrics(addr string, v *Volunteer) (*metricsServer, error) {
 		}
 		return float64(n)
 	})
-	gauge("cap_upload_mbps", "The volunteer's upload cap on every stream, Mbit/s (0: none).", func() float64 { return v.cfg.MaxUploadMbps })
-	gauge("cap_download_mbps", "The volunteer's download cap on every stream, Mbit/s (0: none).", func() float64 { return v.cfg.MaxDownloadMbps })
-	gauge("cap_memory_mib", "The most memory the volunteer lets a run need, MiB (0: the system's available memory).", func() float64 { return float64(v.cfg.MaxMemoryMiB) })
+	registerCaps(gauge, v.cfg)
+	gauge("active", "1 while the volunteer trains, 0 while it is paused (a signal, or outside --active-hours).", func() float64 { return 1 })
 	gauge("compute_fraction", "Fraction of the last round's wall time spent in inner steps.", func() float64 {
 		m := snap()
 		if m.wallSec <= 0 {
@@ -63,6 +63,43 @@ func serveMetrics(addr string, v *Volunteer) (*metricsServer, error) {
 	counter("bytes_sent_total", "Bytes sent over libp2p since start.", func() float64 { return float64(v.pn.Traffic().Total.Out) })
 	counter("bytes_received_total", "Bytes received over libp2p since start.", func() float64 { return float64(v.pn.Traffic().Total.In) })
 
+	return listenMetrics(addr, reg, v.log)
+}
+
+// registerCaps registers the gauges of what the volunteer lends (--threads,
+// --max-upload, --max-download, --max-memory), paused or not.
+func registerCaps(gauge func(name, help string, f func() float64), cfg VolunteerConfig) {
+	gauge("cap_upload_mbps", "The volunteer's upload cap on every stream, Mbit/s (0: none).", func() float64 { return cfg.MaxUploadMbps })
+	gauge("cap_download_mbps", "The volunteer's download cap on every stream, Mbit/s (0: none).", func() float64 { return cfg.MaxDownloadMbps })
+	gauge("cap_memory_mib", "The most memory the volunteer lets a run need, MiB (0: the system's available memory).", func() float64 { return float64(cfg.MaxMemoryMiB) })
+	gauge("cap_threads", "CPU threads the volunteer lends (0: all cores).", func() float64 { return float64(cfg.Threads) })
+}
+
+// servePausedMetrics serves a paused volunteer's metrics: the caps,
+// skein_node_active 0, and when the active hours resume training (0: on a
+// signal).
+func servePausedMetrics(cfg VolunteerConfig, resume time.Time) (*metricsServer, error) {
+	reg := prometheus.NewRegistry()
+	gauge := func(name, help string, f func() float64) {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "skein", Subsystem: "node", Name: name, Help: help}, f))
+	}
+	registerCaps(gauge, cfg)
+	gauge("active", "1 while the volunteer trains, 0 while it is paused (a signal, or outside --active-hours).", func() float64 { return 0 })
+	gauge("resume_time_seconds", "When the active hours resume training, Unix seconds (0: on a resume signal).", func() float64 {
+		if resume.IsZero() {
+			return 0
+		}
+		return float64(resume.Unix())
+	})
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return listenMetrics(cfg.MetricsAddr, reg, log)
+}
+
+// listenMetrics serves reg on http://addr/metrics.
+func listenMetrics(addr string, reg *prometheus.Registry, log *slog.Logger) (*metricsServer, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("node: metrics listener: %w", err)
@@ -72,10 +109,10 @@ func serveMetrics(addr string, v *Volunteer) (*metricsServer, error) {
 	s := &metricsServer{ln: ln, srv: &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 30 * time.Second}}
 	go func() {
 		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			v.log.Warn("metrics server stopped", "err", err)
+			log.Warn("metrics server stopped", "err", err)
 		}
 	}()
-	v.log.Info("serving metrics", "url", "http://"+ln.Addr().String()+"/metrics")
+	log.Info("serving metrics", "url", "http://"+ln.Addr().String()+"/metrics")
 	return s, nil
 }
 

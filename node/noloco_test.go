@@ -507,7 +507,7 @@ func TestJoinWhileBootstrapDown(t *testing.T) {
 	if n, _ := strconv.Atoi(string(m[1])); n < 1 {
 		t.Fatalf("skein_node_round %d, want >= 1", n)
 	}
-	for _, name := range []string{"skein_node_tokens_total", "skein_node_bytes_sent_total", "skein_node_validation_loss"} {
+	for _, name := range []string{"skein_node_tokens_total", "skein_node_bytes_sent_total", "skein_node_validation_loss", "skein_node_active 1", "skein_node_cap_threads 1"} {
 		if !strings.Contains(string(body), name) {
 			t.Errorf("/metrics lacks %s", name)
 		}

@@ -125,30 +125,48 @@ func (a ActiveHours) Next(t time.Time) time.Time {
 // paused: toggle pauses and resumes it (a signal). At a window's end or a
 // pause it leaves the run gracefully (the checkpoint saved); at the next
 // window or on resume it joins again from that checkpoint.
+//
+// While it is paused, cfg.MetricsAddr (if set) still answers: the caps and
+// skein_node_active 0, with when training resumes.
 func JoinScheduled(ctx context.Context, cfg VolunteerConfig, hours ActiveHours, toggle <-chan struct{}) error {
+	return joinScheduled(ctx, cfg, hours, toggle, Join)
+}
+
+func joinScheduled(ctx context.Context, cfg VolunteerConfig, hours ActiveHours, toggle <-chan struct{},
+	join func(context.Context, VolunteerConfig) error) error {
 	paused := false
 	for ctx.Err() == nil {
 		if paused || !hours.Active(time.Now()) {
 			wait := "a resume signal"
 			var at <-chan time.Time
+			var resume time.Time
 			if !paused {
-				next := hours.Next(time.Now())
-				wait = "the active hours (" + hours.String() + "), at " + next.Format("15:04")
-				at = time.After(time.Until(next))
+				resume = hours.Next(time.Now())
+				wait = "the active hours (" + hours.String() + "), at " + resume.Format("15:04")
+				at = time.After(time.Until(resume))
 			}
 			say(cfg.Progress, "paused: training resumes with %s", wait)
+			var ms *metricsServer
+			if cfg.MetricsAddr != "" {
+				var err error
+				if ms, err = servePausedMetrics(cfg, resume); err != nil {
+					return err
+				}
+			}
 			select {
 			case <-ctx.Done():
-				return nil
 			case <-toggle:
 				paused = !paused
 			case <-at:
+			}
+			if ms != nil {
+				ms.close()
 			}
 			continue
 		}
 		jctx, leave := context.WithCancel(ctx)
 		done := make(chan error, 1)
-		go func() { done <- Join(jctx, cfg) }()
+		go func() { done <- join(jctx, cfg) }()
 		var end <-chan time.Time
 		if !hours.Always() {
 			end = time.After(time.Until(hours.Next(time.Now())))

@@ -1,7 +1,12 @@
 package node
 
 import (
+	"context"
 	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 )
@@ -61,5 +66,61 @@ func TestActiveHours(t *testing.T) {
 	var always ActiveHours
 	if !always.Active(at(3, 0)) || !always.Next(at(3, 0)).IsZero() {
 		t.Error("the zero ActiveHours is always active and never changes")
+	}
+}
+
+// A pause signal leaves the run and a resume joins it again; while paused,
+// --metrics still answers with the caps and skein_node_active 0.
+func TestJoinScheduledPauseResume(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	cfg := DefaultVolunteerConfig("pause-test")
+	cfg.MetricsAddr, cfg.Threads, cfg.MaxUploadMbps, cfg.Progress = addr, 3, 16, io.Discard
+	joins := make(chan struct{}, 4)
+	join := func(ctx context.Context, _ VolunteerConfig) error {
+		joins <- struct{}{}
+		<-ctx.Done()
+		return nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	toggle := make(chan struct{})
+	done := make(chan error, 1)
+	go func() { done <- joinScheduled(ctx, cfg, ActiveHours{}, toggle, join) }()
+	wait := func(what string) {
+		t.Helper()
+		select {
+		case <-joins:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no join %s", what)
+		}
+	}
+	wait("at the start")
+	toggle <- struct{}{} // pause
+	var body string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if resp, err := http.Get("http://" + addr + "/metrics"); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			body = string(b)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no /metrics while paused")
+		}
+	}
+	for _, want := range []string{"skein_node_active 0", "skein_node_cap_threads 3", "skein_node_cap_upload_mbps 16", "skein_node_resume_time_seconds 0"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("paused /metrics lacks %q:\n%s", want, body)
+		}
+	}
+	toggle <- struct{}{} // resume
+	wait("after the resume signal")
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
