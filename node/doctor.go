@@ -23,6 +23,7 @@ import (
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/p2p/wan"
+	"github.com/skein-ml/skein/pipeline"
 	"github.com/skein-ml/skein/trainer"
 )
 
@@ -356,12 +357,25 @@ func machineChecks(ctx context.Context, cfg DoctorConfig, m manifest.Manifest) [
 		}
 		out = append(out, c)
 	}
-	need := trainer.MemoryNeed(mc, m.Model.Batch, m.SeqLen(), dilocoHostCopies)
+	// A staged volunteer holds one stage, the largest it could be given.
+	needOf := func(hostCopies int) uint64 { return trainer.MemoryNeed(mc, m.Model.Batch, m.SeqLen(), hostCopies) }
+	if m.Pipeline.Staged() {
+		if specs, err := pipeline.SplitLayers(mc, m.Pipeline.Stages); err == nil {
+			needOf = func(hostCopies int) uint64 {
+				var n uint64
+				for _, sp := range specs {
+					n = max(n, trainer.StageMemoryNeed(mc, sp, m.Model.Batch, m.SeqLen(), hostCopies))
+				}
+				return n
+			}
+		}
+	}
+	need := needOf(dilocoHostCopies)
 	if gpu, ok := dev.(interface {
 		MemInfo() (uint64, uint64, error)
 	}); ok {
 		// The stage lives on the GPU; the outer state stays on the host.
-		onGPU := trainer.MemoryNeed(mc, m.Model.Batch, m.SeqLen(), 0)
+		onGPU := needOf(0)
 		free, _, err := gpu.MemInfo()
 		switch {
 		case err != nil:

@@ -119,6 +119,15 @@ func (v *Volunteer) initStaged(corpus *data.Corpus) error {
 	if err != nil {
 		return err
 	}
+	// Any stage may be this volunteer's: refuse now if the largest does not
+	// fit (stage DiLoCo keeps its outer state beside the replica).
+	if err := trainer.CheckStageMemory(mc, specs, m.Model.Batch, m.SeqLen(), dilocoHostCopies,
+		uint64(v.cfg.MaxMemoryMiB)<<20, v.dev); err != nil {
+		if v.cfg.MaxMemoryMiB > 0 {
+			err = fmt.Errorf("%w (the cap this volunteer was given: --max-memory %d MiB)", err, v.cfg.MaxMemoryMiB)
+		}
+		return err
+	}
 	st := &stagedVolunteer{v: v, mc: mc, specs: specs, sched: m.Schedule(), T: m.SeqLen(), reportAt: time.Now()}
 	st.adamW = optimizer.DefaultAdamW()
 	st.adamW.LR, st.adamW.Warmup, st.adamW.TotalSteps, st.adamW.WeightDecay, st.adamW.Clip = m.Optimizer.InnerLR,

@@ -21,9 +21,7 @@ var ErrMemory = errors.New("trainer: model does not fit in memory")
 // hostCopies more copies of the parameters kept by the caller (an outer
 // optimizer's phi, momentum and buffers), and the activations of one batch.
 func memoryNeed(mc model.Config, B, T, hostCopies int) uint64 {
-	params := uint64(mc.NumParams())
-	acts := uint64(model.ActivationFloats(mc, model.FullSpec(mc), B, T))
-	return 4 * ((4+uint64(hostCopies))*params + acts)
+	return StageMemoryNeed(mc, model.FullSpec(mc), B, T, hostCopies)
 }
 
 // MemoryNeed is the estimate NewSetup checks (memoryNeed): what training
@@ -31,6 +29,38 @@ func memoryNeed(mc model.Config, B, T, hostCopies int) uint64 {
 // parameters kept beside it.
 func MemoryNeed(mc model.Config, B, T, hostCopies int) uint64 {
 	return memoryNeed(mc, B, T, hostCopies)
+}
+
+// stageParams is the parameter count of stage spec of mc.
+func stageParams(mc model.Config, spec model.StageSpec) uint64 {
+	var n uint64
+	for _, t := range model.Layout(mc, spec) {
+		n += uint64(t.Size())
+	}
+	return n
+}
+
+// StageMemoryNeed is memoryNeed for one stage of a pipeline: its
+// parameters' four copies and hostCopies more, and its activations.
+func StageMemoryNeed(mc model.Config, spec model.StageSpec, B, T, hostCopies int) uint64 {
+	acts := uint64(model.ActivationFloats(mc, spec, B, T))
+	return 4 * ((4+uint64(hostCopies))*stageParams(mc, spec) + acts)
+}
+
+// CheckStageMemory refuses a staged volunteer that could be placed on a
+// stage it cannot hold: the largest of specs is checked as NewSetup checks
+// a whole model (available, dev: as there).
+func CheckStageMemory(mc model.Config, specs []model.StageSpec, B, T, hostCopies int, available uint64, dev any) error {
+	big := 0
+	for i, sp := range specs {
+		if StageMemoryNeed(mc, sp, B, T, 0) > StageMemoryNeed(mc, specs[big], B, T, 0) {
+			big = i
+		}
+	}
+	if len(specs) == 0 {
+		return nil
+	}
+	return checkSpecMemory(mc, specs[big], fmt.Sprintf("the largest stage (%s) of the %s model", specs[big].Holds(), mc.Name), B, T, hostCopies, available, dev)
 }
 
 // MemAvailable is the system's available memory (MemAvailable of
@@ -50,19 +80,23 @@ type deviceMemory interface {
 // device with its own memory, the stage is held to the device's free
 // memory and only the caller's copies to the host's.
 func checkMemory(mc model.Config, B, T, hostCopies int, available uint64, dev any) error {
+	return checkSpecMemory(mc, model.FullSpec(mc), "the "+mc.Name+" model", B, T, hostCopies, available, dev)
+}
+
+func checkSpecMemory(mc model.Config, spec model.StageSpec, name string, B, T, hostCopies int, available uint64, dev any) error {
 	what := "weights, gradients, AdamW moments, outer state and activations"
-	need := memoryNeed(mc, B, T, hostCopies)
+	need := StageMemoryNeed(mc, spec, B, T, hostCopies)
 	if dm, ok := dev.(deviceMemory); ok {
 		free, _, err := dm.MemInfo()
 		if err != nil {
 			return err
 		}
-		onDev := memoryNeed(mc, B, T, 0)
+		onDev := StageMemoryNeed(mc, spec, B, T, 0)
 		if onDev > free {
-			return fmt.Errorf("%w: the %s model at batch %d x %d needs about %.2f GiB on %s (weights, gradients, AdamW moments and activations), but %.2f GiB of it is free; use a smaller model or batch",
-				ErrMemory, mc.Name, B, T, gib(onDev), dm.Name(), gib(free))
+			return fmt.Errorf("%w: %s at batch %d x %d needs about %.2f GiB on %s (weights, gradients, AdamW moments and activations), but %.2f GiB of it is free; use a smaller model or batch",
+				ErrMemory, name, B, T, gib(onDev), dm.Name(), gib(free))
 		}
-		need, what = 4*uint64(hostCopies)*uint64(mc.NumParams()), "outer state, on the host"
+		need, what = 4*uint64(hostCopies)*stageParams(mc, spec), "outer state, on the host"
 	}
 	if available == 0 {
 		var ok bool
@@ -73,8 +107,8 @@ func checkMemory(mc model.Config, B, T, hostCopies int, available uint64, dev an
 	if need <= available {
 		return nil
 	}
-	return fmt.Errorf("%w: the %s model at batch %d x %d needs about %.2f GiB (%s), but %.2f GiB is available; use a smaller model or batch",
-		ErrMemory, mc.Name, B, T, gib(need), what, gib(available))
+	return fmt.Errorf("%w: %s at batch %d x %d needs about %.2f GiB (%s), but %.2f GiB is available; use a smaller model or batch",
+		ErrMemory, name, B, T, gib(need), what, gib(available))
 }
 
 func gib(b uint64) float64 { return float64(b) / (1 << 30) }

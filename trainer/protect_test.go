@@ -12,6 +12,7 @@ import (
 
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/optimizer"
+	"github.com/skein-ml/skein/pipeline"
 )
 
 // An existing checkpoint is never overwritten by accident: a new run on its
@@ -165,5 +166,32 @@ func TestStepReportsNonFinite(t *testing.T) {
 	su.Dev.CopyIn(su.Stage.Params, p)
 	if _, err := su.Step(0); !errors.Is(err, ErrNonFinite) {
 		t.Fatalf("poisoned weights: %v, want ErrNonFinite", err)
+	}
+}
+
+// A staged volunteer is held to the largest stage it could be given: less
+// than the whole model, and refused below it.
+func TestCheckStageMemory(t *testing.T) {
+	mc, _ := model.Preset("small")
+	specs, err := pipeline.SplitLayers(mc, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var big uint64
+	for _, sp := range specs {
+		big = max(big, StageMemoryNeed(mc, sp, 4, 64, 7))
+	}
+	if whole := memoryNeed(mc, 4, 64, 7); big >= whole {
+		t.Fatalf("largest stage needs %d bytes, the whole model %d", big, whole)
+	}
+	if err := CheckStageMemory(mc, specs, 4, 64, 7, big, nil); err != nil {
+		t.Fatalf("exactly enough refused: %v", err)
+	}
+	err = CheckStageMemory(mc, specs, 4, 64, 7, big-1, nil)
+	if !errors.Is(err, ErrMemory) || !strings.Contains(err.Error(), "largest stage") {
+		t.Fatalf("one byte short: %v", err)
+	}
+	if err := CheckStageMemory(mc, specs, 4, 64, 7, 1<<40, fakeGPU{free: 1 << 20}); !errors.Is(err, ErrMemory) || !strings.Contains(err.Error(), "fake") {
+		t.Fatalf("a GPU too small: %v", err)
 	}
 }
