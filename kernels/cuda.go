@@ -70,7 +70,8 @@ type CUDAConfig struct {
 	NoCUBLAS bool
 	// CUBLASPath, if set, is tried before the usual library names
 	// (libcublas.so.13, .12, .11); SKEIN_CUBLAS in the environment is the
-	// default.
+	// default. cuBLAS is loaded once per process: only the first NewCUDA
+	// that asks for it chooses.
 	CUBLASPath string
 }
 
@@ -110,6 +111,30 @@ var _ Device = (*CUDA)(nil)
 var cudaLoad struct {
 	once sync.Once
 	err  error
+}
+
+// cublasLoad serializes the loading of cuBLAS: the first call's outcome
+// (and library) holds for the process.
+var cublasLoad struct {
+	sync.Mutex
+	done bool
+	msg  string
+}
+
+// loadCUBLAS loads cuBLAS once ("" on success, else why not); path is
+// tried first on that first call only.
+func loadCUBLAS(path string) string {
+	cublasLoad.Lock()
+	defer cublasLoad.Unlock()
+	if !cublasLoad.done {
+		cp := C.CString(path)
+		if msg := C.skcb_load(cp); msg != nil {
+			cublasLoad.msg = C.GoString(msg)
+		}
+		C.free(unsafe.Pointer(cp))
+		cublasLoad.done = true
+	}
+	return cublasLoad.msg
 }
 
 func loadDriver() error {
@@ -178,11 +203,8 @@ func NewCUDA(cfg CUDAConfig) (*CUDA, error) {
 		if path == "" {
 			path = os.Getenv("SKEIN_CUBLAS")
 		}
-		cp := C.CString(path)
-		msg := C.skcb_load(cp)
-		C.free(unsafe.Pointer(cp))
-		if msg != nil {
-			c.gemm = "tiled gemm (" + C.GoString(msg) + ")"
+		if msg := loadCUBLAS(path); msg != "" {
+			c.gemm = "tiled gemm (" + msg + ")"
 		} else {
 			var ver C.int
 			tf32 := C.int(1)
@@ -345,8 +367,11 @@ func (c *CUDA) allocLocked(n int) *gpuMem {
 		}
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
-		C.skcu_ctx_set(m.c.ctx)
-		C.skcu_free(m.ptr)
+		// Kernels queued before may still read it: wait for them (a
+		// freed buffer is rare: scratch grown, a stage rebuilt).
+		if C.skcu_ctx_set(m.c.ctx) == 0 && C.skcu_sync() == 0 {
+			C.skcu_free(m.ptr)
+		}
 	})
 	return m
 }
@@ -415,13 +440,6 @@ func (c *CUDA) CopyOut(dst []float32, src Buffer) {
 		}
 		return nil
 	})
-}
-
-// uploadIDs checks ids like the CPU backend (length n, each in [0, limit))
-// and copies them into the ids scratch buffer.
-func (c *CUDA) uploadIDs(op, arg string, x []int32, n, limit int) C.ulonglong {
-	checkIDs(op, arg, x, n, limit)
-	return c.uploadInts(x)
 }
 
 // uploadInts copies x into the ids scratch buffer (the copy from pageable
@@ -515,6 +533,18 @@ func (c *CUDA) runGemm(op string, g gemmOp) error {
 		if g.b.rs == 1 && g.b.cs != 1 {
 			tb, ldb = 1, g.b.cs
 		}
+		// A dimension of size 1 never uses its stride, but cuBLAS wants
+		// every leading dimension at least the stored rows' length.
+		if ta == 0 {
+			lda = max(lda, g.K)
+		} else {
+			lda = max(lda, g.M)
+		}
+		if tb == 0 {
+			ldb = max(ldb, g.N)
+		} else {
+			ldb = max(ldb, g.K)
+		}
 		for z1 := 0; z1 < g.nb1; z1++ {
 			o := C.ulonglong(4 * z1)
 			if rc := C.skcb_sgemm(c.blas, C.int(ta), C.int(tb), C.int(g.M), C.int(g.N), C.int(g.K), C.float(g.alpha),
@@ -525,11 +555,30 @@ func (c *CUDA) runGemm(op string, g gemmOp) error {
 		}
 		return nil
 	}
-	return c.launch("sk_gemm_tiled", (g.N+63)/64, (g.M+63)/64, g.nb1*g.nb2, 256,
-		int32(g.M), int32(g.N), int32(g.K), g.alpha,
-		a, g.a.rs, g.a.cs, g.a.s1, g.a.s2,
-		b, g.b.rs, g.b.cs, g.b.s1, g.b.s2,
-		g.beta, cc, g.c.rs, g.c.s1, g.c.s2, int32(g.nb2))
+	// The grid's y and z are at most 65535 blocks: rows in slices of
+	// 65535*64, batches in slices of whole z1 groups.
+	const maxGrid = 65535
+	if g.nb2 > maxGrid || (g.N+63)/64 > 1<<31-1 {
+		return fmt.Errorf("%s: %d heads or %d columns exceed the tiled GEMM's grid", op, g.nb2, g.N)
+	}
+	per := max(maxGrid/g.nb2, 1) // z1 groups per launch
+	for z1 := 0; z1 < g.nb1; z1 += per {
+		nz := min(per, g.nb1-z1)
+		for m0 := 0; m0 < g.M; m0 += maxGrid * 64 {
+			m := min(maxGrid*64, g.M-m0)
+			ao := C.ulonglong(4 * (z1*g.a.s1 + m0*g.a.rs))
+			bo := C.ulonglong(4 * z1 * g.b.s1)
+			co := C.ulonglong(4 * (z1*g.c.s1 + m0*g.c.rs))
+			if err := c.launch("sk_gemm_tiled", (g.N+63)/64, (m+63)/64, nz*g.nb2, 256,
+				int32(m), int32(g.N), int32(g.K), g.alpha,
+				a+ao, g.a.rs, g.a.cs, g.a.s1, g.a.s2,
+				b+bo, g.b.rs, g.b.cs, g.b.s1, g.b.s2,
+				g.beta, cc+co, g.c.rs, g.c.s1, g.c.s2, int32(g.nb2)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // EncoderForward: out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:].
@@ -541,8 +590,9 @@ func (c *CUDA) EncoderForward(out Buffer, tokens []int32, wte, wpe Buffer, B, T,
 	o := c.gbuf(op, "out", out, B*T*Ch)
 	we, V := c.rows(op, "wte", wte, 1, Ch)
 	pe, _ := c.rows(op, "wpe", wpe, T, Ch)
+	checkIDs(op, "tokens", tokens, B*T, V)
 	c.do(func() error {
-		tk := c.uploadIDs(op, "tokens", tokens, B*T, V)
+		tk := c.uploadInts(tokens)
 		return c.over("sk_encoder_forward", B*T*Ch, o, tk, we, pe, int32(B), int32(T), int32(Ch))
 	})
 }
@@ -750,8 +800,9 @@ func (c *CUDA) SoftmaxCrossEntropyForward(losses, probs, logits Buffer, targets 
 	const op = "SoftmaxCrossEntropyForward"
 	vocabShape(op, N, V, Vp)
 	l, p, lg := c.gbuf(op, "losses", losses, N), c.gbuf(op, "probs", probs, N*Vp), c.gbuf(op, "logits", logits, N*Vp)
+	checkIDs(op, "targets", targets, N, V)
 	c.do(func() error {
-		tg := c.uploadIDs(op, "targets", targets, N, V)
+		tg := c.uploadInts(targets)
 		return c.rowsOf("sk_softmax_xent_forward", N, l, p, lg, tg, int32(N), int32(V), int32(Vp))
 	})
 }
@@ -762,8 +813,9 @@ func (c *CUDA) SoftmaxCrossEntropyBackward(dlogits, probs Buffer, targets []int3
 	const op = "SoftmaxCrossEntropyBackward"
 	vocabShape(op, N, V, Vp)
 	dl, p := c.gbuf(op, "dlogits", dlogits, N*Vp), c.gbuf(op, "probs", probs, N*Vp)
+	checkIDs(op, "targets", targets, N, V)
 	c.do(func() error {
-		tg := c.uploadIDs(op, "targets", targets, N, V)
+		tg := c.uploadInts(targets)
 		return c.rowsOf("sk_softmax_xent_backward", N, dl, p, tg, dloss, int32(N), int32(V), int32(Vp))
 	})
 }

@@ -206,10 +206,11 @@ int skcb_create(void **h, int tf32, int *version) {
     // CUBLAS_TF32_TENSOR_OP_MATH (3) lets single-precision GEMMs round
     // their inputs to TF32 on the tensor cores, accumulating in fp32;
     // CUBLAS_DEFAULT_MATH (0) keeps them in full fp32.
-    if ((rc = b_math(*h, tf32 ? 3 : 0)) != 0) {
-        return rc;
+    if ((rc = b_math(*h, tf32 ? 3 : 0)) != 0 || (rc = b_version(*h, version)) != 0) {
+        b_destroy(*h);
+        *h = NULL;
     }
-    return b_version(*h, version);
+    return rc;
 }
 
 int skcb_destroy(void *h) { return b_destroy(h); }

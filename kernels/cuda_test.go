@@ -96,7 +96,7 @@ func exercise(dev Device) []output {
 	dev.SoftmaxCrossEntropyBackward(dl, sp, targets, 1.0/N, N, V, Vp)
 	read("cross-entropy dlogits", false, dl)
 
-	for _, sh := range [][3]int{{67, 96, 130}, {256, 384, 1152}} {
+	for _, sh := range [][3]int{{67, 96, 130}, {256, 384, 1152}, {64, 1, 16}, {64, 16, 1}} {
 		mN, mC, mOC := sh[0], sh[1], sh[2]
 		tag := fmt.Sprintf(" %dx%dx%d", mN, mC, mOC)
 		inp, w, bias := in(rv(mN*mC, 1)), in(rv(mOC*mC, 0.1)), in(rv(mOC, 1))

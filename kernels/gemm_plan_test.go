@@ -50,7 +50,7 @@ func TestGemmPlansMatchCPU(t *testing.T) {
 			t.Logf("%-36s relative error %.2g", what, e)
 		}
 	}
-	for _, sh := range [][3]int{{67, 96, 130}, {5, 16, 3}} {
+	for _, sh := range [][3]int{{67, 96, 130}, {5, 16, 3}, {64, 1, 16}, {64, 16, 1}} {
 		N, Ch, OC := sh[0], sh[1], sh[2]
 		tag := fmt.Sprintf(" %dx%dx%d", N, Ch, OC)
 		inp, w, bias := randomVec(rng, N*Ch, 1), randomVec(rng, OC*Ch, 0.1), randomVec(rng, OC, 1)

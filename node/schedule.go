@@ -91,8 +91,10 @@ func (a ActiveHours) Active(t time.Time) bool {
 	if a.Always() {
 		return true
 	}
-	day := time.Date(t.Year(), t.Month(), t.Day(), 0, 0, 0, 0, t.Location())
-	since := t.Sub(day)
+	// The wall clock's time of day (not the time elapsed since midnight,
+	// which a daylight-saving change shifts by an hour).
+	since := time.Duration(t.Hour())*time.Hour + time.Duration(t.Minute())*time.Minute +
+		time.Duration(t.Second())*time.Second + time.Duration(t.Nanosecond())
 	for _, w := range a.windows {
 		if w.from < w.to && since >= w.from && since < w.to {
 			return true
@@ -143,14 +145,16 @@ func joinScheduled(ctx context.Context, cfg VolunteerConfig, hours ActiveHours, 
 			if !paused {
 				resume = hours.Next(time.Now())
 				wait = "the active hours (" + hours.String() + "), at " + resume.Format("15:04")
-				at = time.After(time.Until(resume))
+				if !resume.IsZero() {
+					at = time.After(time.Until(resume))
+				}
 			}
 			say(cfg.Progress, "paused: training resumes with %s", wait)
 			var ms *metricsServer
 			if cfg.MetricsAddr != "" {
 				var err error
 				if ms, err = servePausedMetrics(cfg, resume); err != nil {
-					return err
+					say(cfg.Progress, "paused: no metrics while paused: %v", err)
 				}
 			}
 			select {
@@ -168,8 +172,8 @@ func joinScheduled(ctx context.Context, cfg VolunteerConfig, hours ActiveHours, 
 		done := make(chan error, 1)
 		go func() { done <- join(jctx, cfg) }()
 		var end <-chan time.Time
-		if !hours.Always() {
-			end = time.After(time.Until(hours.Next(time.Now())))
+		if next := hours.Next(time.Now()); !next.IsZero() {
+			end = time.After(time.Until(next)) // none when the windows cover the whole day
 		}
 		var err error
 		select {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -122,5 +123,27 @@ func TestJoinScheduledPauseResume(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Windows that cover the whole day never end: the volunteer joins once
+// and stays (it used to leave and rejoin at once, forever).
+func TestJoinScheduledWholeDay(t *testing.T) {
+	hours, err := ParseActiveHours("00:00-24:00")
+	if err != nil {
+		t.Skipf("00:00-24:00 is refused: %v", err)
+	}
+	cfg := DefaultVolunteerConfig("whole-day")
+	cfg.Progress = io.Discard
+	var joins atomic.Int32
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	err = joinScheduled(ctx, cfg, hours, nil, func(ctx context.Context, _ VolunteerConfig) error {
+		joins.Add(1)
+		<-ctx.Done()
+		return nil
+	})
+	if err != nil || joins.Load() != 1 {
+		t.Fatalf("joined %d times (%v), want once", joins.Load(), err)
 	}
 }

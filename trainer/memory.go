@@ -48,19 +48,18 @@ func StageMemoryNeed(mc model.Config, spec model.StageSpec, B, T, hostCopies int
 }
 
 // CheckStageMemory refuses a staged volunteer that could be placed on a
-// stage it cannot hold: the largest of specs is checked as NewSetup checks
-// a whole model (available, dev: as there).
+// stage it cannot hold: every stage of specs is checked as NewSetup checks
+// a whole model (available, dev: as there). The stages differ in what
+// dominates (the embedding stage in parameters, the head's in logits), so
+// each is checked, not one "largest".
 func CheckStageMemory(mc model.Config, specs []model.StageSpec, B, T, hostCopies int, available uint64, dev any) error {
-	big := 0
 	for i, sp := range specs {
-		if StageMemoryNeed(mc, sp, B, T, 0) > StageMemoryNeed(mc, specs[big], B, T, 0) {
-			big = i
+		name := fmt.Sprintf("stage %d of %d (%s) of the %s model", i, len(specs), sp.Holds(), mc.Name)
+		if err := checkSpecMemory(mc, sp, name, B, T, hostCopies, available, dev); err != nil {
+			return err
 		}
 	}
-	if len(specs) == 0 {
-		return nil
-	}
-	return checkSpecMemory(mc, specs[big], fmt.Sprintf("the largest stage (%s) of the %s model", specs[big].Holds(), mc.Name), B, T, hostCopies, available, dev)
+	return nil
 }
 
 // MemAvailable is the system's available memory (MemAvailable of

@@ -188,7 +188,7 @@ func TestCheckStageMemory(t *testing.T) {
 		t.Fatalf("exactly enough refused: %v", err)
 	}
 	err = CheckStageMemory(mc, specs, 4, 64, 7, big-1, nil)
-	if !errors.Is(err, ErrMemory) || !strings.Contains(err.Error(), "largest stage") {
+	if !errors.Is(err, ErrMemory) || !strings.Contains(err.Error(), "stage ") {
 		t.Fatalf("one byte short: %v", err)
 	}
 	if err := CheckStageMemory(mc, specs, 4, 64, 7, 1<<40, fakeGPU{free: 1 << 20}); !errors.Is(err, ErrMemory) || !strings.Contains(err.Error(), "fake") {
