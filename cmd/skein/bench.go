@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"github.com/skein-ml/skein/experiment"
-	"github.com/skein-ml/skein/kernels"
 	"github.com/skein-ml/skein/trainer"
 	"github.com/urfave/cli/v2"
 )
@@ -31,13 +30,11 @@ func benchCommand() *cli.Command {
 				&cli.IntFlag{Name: "warmup", Value: 3, Usage: "untimed steps first"},
 			},
 			Action: func(c *cli.Context) error {
-				dev, note, err := kernels.SelectDevice(c.String("device"), c.Int("threads"))
+				dev, _, release, err := openDevice(c, c.Int("threads"), false)
 				if err != nil {
 					return err
 				}
-				if note != "" {
-					fmt.Fprintln(os.Stderr, note)
-				}
+				defer release()
 				res, err := trainer.BenchTrain(c.Context, dev, c.String("preset"), c.Int("batch"), c.Int("threads"), c.Int("steps"), c.Int("warmup"))
 				if err != nil {
 					return err

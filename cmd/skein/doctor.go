@@ -9,7 +9,6 @@ import (
 	"github.com/urfave/cli/v2"
 	"github.com/urfave/cli/v2/altsrc"
 
-	"github.com/skein-ml/skein/kernels"
 	"github.com/skein-ml/skein/node"
 	"github.com/skein-ml/skein/p2p"
 )
@@ -47,12 +46,11 @@ func doctorCommand() *cli.Command {
 			if cfg.Timing, err = p2p.TimingByName(c.String("timing")); err != nil {
 				return fmt.Errorf("--timing: %w", err)
 			}
-			if cfg.Device, cfg.DeviceNote, err = kernels.SelectDevice(c.String("device"), cfg.Threads); err != nil {
+			var release func()
+			if cfg.Device, cfg.DeviceNote, release, err = openDevice(c, cfg.Threads, true); err != nil {
 				return err
 			}
-			if gpu, ok := cfg.Device.(*kernels.CUDA); ok {
-				defer gpu.Close()
-			}
+			defer release()
 			if !c.Bool("json") {
 				fmt.Fprintln(os.Stderr, "skein node doctor: joining the run as an observer and measuring (seconds; the device is timed on the run's model)")
 			}

@@ -10,7 +10,6 @@ import (
 
 	"github.com/skein-ml/skein/bootstrap/manifest"
 	"github.com/skein-ml/skein/compression"
-	"github.com/skein-ml/skein/kernels"
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/node"
 	"github.com/skein-ml/skein/p2p"
@@ -110,16 +109,11 @@ func nodeCommand() *cli.Command {
 			}
 			cfg.WAN = emulatedLink(c)
 			cfg.Version, cfg.Logger, cfg.Progress = version, log, os.Stderr
-			dev, note, err := kernels.SelectDevice(c.String("device"), cfg.Threads)
+			dev, _, release, err := openDevice(c, cfg.Threads, false)
 			if err != nil {
 				return err
 			}
-			if note != "" {
-				fmt.Fprintln(os.Stderr, note)
-			}
-			if gpu, ok := dev.(*kernels.CUDA); ok {
-				defer gpu.Close()
-			}
+			defer release()
 			cfg.Device = dev
 			hours, err := node.ParseActiveHours(c.String("active-hours"))
 			if err != nil {

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/skein-ml/skein/kernels"
 	"github.com/skein-ml/skein/p2p/wan"
 	"github.com/urfave/cli/v2"
 	"github.com/urfave/cli/v2/altsrc"
@@ -74,6 +75,24 @@ func logger(c *cli.Context) (*slog.Logger, error) {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", c.String("log-level"))
 	}
 	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl})), nil
+}
+
+// openDevice is --device for a command: the device, and a release to
+// defer (a GPU's context is closed); auto's note goes to stderr unless
+// quiet (the caller shows it elsewhere).
+func openDevice(c *cli.Context, threads int, quiet bool) (dev kernels.Device, note string, release func(), err error) {
+	dev, note, err = kernels.SelectDevice(c.String("device"), threads)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	if note != "" && !quiet {
+		fmt.Fprintln(os.Stderr, note)
+	}
+	release = func() {}
+	if gpu, ok := dev.(*kernels.CUDA); ok {
+		release = gpu.Close
+	}
+	return dev, note, release, nil
 }
 
 // emulationFlags slow this process's QUIC packets down like a WAN link.

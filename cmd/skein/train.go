@@ -8,7 +8,6 @@ import (
 	"github.com/urfave/cli/v2"
 	"github.com/urfave/cli/v2/altsrc"
 
-	"github.com/skein-ml/skein/kernels"
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/trainer"
 )
@@ -60,16 +59,11 @@ func runTrain(c *cli.Context) error {
 	if err != nil {
 		return err
 	}
-	dev, note, err := kernels.SelectDevice(c.String("device"), cfg.Threads)
+	dev, _, release, err := openDevice(c, cfg.Threads, false)
 	if err != nil {
 		return err
 	}
-	if note != "" {
-		fmt.Fprintln(os.Stderr, note)
-	}
-	if gpu, ok := dev.(*kernels.CUDA); ok {
-		defer gpu.Close()
-	}
+	defer release()
 	cfg.Dev = dev
 	mc, _ := model.Preset(cfg.Preset)
 	fmt.Fprintf(os.Stderr, "skein train: %s model (%.2fM parameters), batch %d, %d steps\n",
