@@ -29,14 +29,16 @@ import (
 // gradients, moments and activations stay on the GPU across steps: only
 // CopyIn, CopyOut, the token ids and SumSquares's partial sums cross the bus.
 
-//go:generate clang -x cuda --cuda-device-only --cuda-gpu-arch=sm_80 -nocudainc -nocudalib -O3 -S -Xclang -target-feature -Xclang +ptx70 -o cuda/kernels.ptx cuda/kernels.cu
+//go:generate clang -x cuda --cuda-device-only --cuda-gpu-arch=sm_60 -nocudainc -nocudalib -O3 -S -Xclang -target-feature -Xclang +ptx70 -o cuda/kernels.ptx cuda/kernels.cu
 
 // ptxFlags are go:generate's clang flags (TestPTXUpToDate runs them).
-var ptxFlags = []string{"-x", "cuda", "--cuda-device-only", "--cuda-gpu-arch=sm_80", "-nocudainc", "-nocudalib", "-O3", "-S",
+var ptxFlags = []string{"-x", "cuda", "--cuda-device-only", "--cuda-gpu-arch=sm_60", "-nocudainc", "-nocudalib", "-O3", "-S",
 	"-Xclang", "-target-feature", "-Xclang", "+ptx70"} // PTX 7.0: the warp shuffles
 
-// ewisePTX is cuda/kernels.ptx, for sm_80 and later (the driver
-// JIT-compiles PTX forward to newer GPUs).
+// ewisePTX is cuda/kernels.ptx, for sm_60 (Pascal) and every later GPU:
+// the driver JIT-compiles PTX forward, and the kernels use nothing newer
+// (warp shuffles, fast exp2/log2). cuBLAS uses TF32 only where the GPU
+// has it (sm_80 on) and plain fp32 before.
 //
 //go:embed cuda/kernels.ptx
 var ewisePTX []byte
