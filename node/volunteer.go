@@ -641,8 +641,12 @@ func (v *Volunteer) Close() error {
 	m := v.last
 	v.mu.Unlock()
 	if m.wallTotal > 0 {
-		say(v.cfg.Progress, "trained %d tokens in %d rounds (%d adopted); computing %.0f%% of the time (%.1fs of %.1fs)",
-			m.tokensTotal, m.contributed+m.adopted, m.adopted, 100*m.computeTotal/m.wallTotal, m.computeTotal, m.wallTotal)
+		what := fmt.Sprintf("trained %d tokens", m.tokensTotal)
+		if v.st != nil && m.tokensTotal == 0 {
+			what = "trained its stage" // a staged run counts tokens where they enter, at stage 0
+		}
+		say(v.cfg.Progress, "%s in %d rounds (%d adopted); computing %.0f%% of the time (%.1fs of %.1fs)",
+			what, m.contributed+m.adopted, m.adopted, 100*m.computeTotal/m.wallTotal, m.computeTotal, m.wallTotal)
 	}
 	err := v.close()
 	switch {
