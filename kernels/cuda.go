@@ -104,6 +104,7 @@ type CUDA struct {
 	cells  *[32]uint64         // C memory: their values
 	ids    *gpuMem             // token ids and targets, grown on demand
 	part   *gpuMem             // column sums' partial sums, grown on demand
+	groups groupScratch        // the encoder backward's grouping of rows by token
 	parts  *gpuMem             // SumSquares's partial sums (doubles)
 	host   []float64
 }
@@ -609,8 +610,8 @@ func (c *CUDA) EncoderBackward(dwte, dwpe, dout Buffer, tokens []int32, B, T, Ch
 	we, V := c.rows(op, "dwte", dwte, 1, Ch)
 	pe, _ := c.rows(op, "dwpe", dwpe, T, Ch)
 	checkIDs(op, "tokens", tokens, B*T, V)
-	g := tokenGroups(tokens, V)
 	c.do(func() error {
+		g := c.groups.group(tokens, V)
 		p := c.uploadInts(g.packed)
 		u := C.ulonglong(4 * g.u)
 		if err := c.over("sk_encoder_backward_wte", g.u*Ch, we, d, p, p+u, p+2*u+4, int32(g.u), int32(Ch)); err != nil {

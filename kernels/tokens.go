@@ -13,8 +13,22 @@ type groups struct {
 // tokenGroups groups the rows of tokens (each in [0, vocab)) by token: a
 // counting sort, stable, in O(len(tokens) + vocab).
 func tokenGroups(tokens []int32, vocab int) groups {
+	var s groupScratch
+	return s.group(tokens, vocab)
+}
+
+// groupScratch is the memory of tokenGroups, kept between calls (the GPU's
+// encoder backward runs it every step); the groups it returns are valid
+// until its next call.
+type groupScratch struct{ count, packed []int32 }
+
+func (s *groupScratch) group(tokens []int32, vocab int) groups {
 	n := len(tokens)
-	count := make([]int32, vocab+1)
+	if cap(s.count) < vocab+1 {
+		s.count = make([]int32, vocab+1)
+	}
+	count := s.count[:vocab+1]
+	clear(count)
 	for _, t := range tokens {
 		count[t+1]++
 	}
@@ -25,7 +39,10 @@ func tokenGroups(tokens []int32, vocab int) groups {
 		}
 		count[t] += count[t-1] // count[t]: the first slot of token t
 	}
-	packed := make([]int32, 2*u+1+n)
+	if cap(s.packed) < 2*u+1+n {
+		s.packed = make([]int32, 2*min(n, vocab)+1+n) // room for any batch of n
+	}
+	packed := s.packed[:2*u+1+n]
 	toks, starts, order := packed[:u], packed[u:2*u+1], packed[2*u+1:]
 	k := 0
 	for t := 0; t < vocab; t++ {

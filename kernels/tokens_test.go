@@ -10,9 +10,13 @@ import (
 // token in row order, with offsets that delimit the groups.
 func TestTokenGroups(t *testing.T) {
 	rng := rand.New(rand.NewPCG(9, 9))
-	for _, tc := range []struct{ n, vocab int }{{0, 5}, {1, 1}, {7, 3}, {1000, 50}, {300, 100000}} {
+	var reused groupScratch
+	for _, tc := range []struct{ n, vocab int }{{0, 5}, {1, 1}, {7, 3}, {1000, 50}, {300, 100000}, {1000, 50}, {2, 7}} {
 		tokens := randomIDs(rng, tc.n, tc.vocab)
-		g := tokenGroups(tokens, tc.vocab)
+		g := reused.group(tokens, tc.vocab) // one scratch for every case, as on the GPU
+		if fresh := tokenGroups(tokens, tc.vocab); !slices.Equal(g.packed, fresh.packed) || g.u != fresh.u {
+			t.Fatalf("n %d: reused scratch %v, fresh %v", tc.n, g.packed, fresh.packed)
+		}
 		toks, starts, order := g.toks(), g.starts(), g.order()
 		if len(order) != tc.n || len(starts) != g.u+1 || starts[g.u] != int32(tc.n) {
 			t.Fatalf("n %d: %d rows, %d offsets ending at %d", tc.n, len(order), len(starts), starts[g.u])
