@@ -843,9 +843,12 @@ func (n *Node) updateMeta(ctx context.Context, f func(*Meta)) error {
 	n.meta = m
 	n.md.set(b)
 	n.metaMu.Unlock()
+	// At most 5 s (memberlist's default), sooner if ctx ends sooner: a
+	// caller's long deadline (a test's run, minutes away) once held a
+	// volunteer here for minutes on a loaded machine.
 	timeout := 5 * time.Second
-	if d, ok := ctx.Deadline(); ok {
-		timeout = time.Until(d)
+	if d, ok := ctx.Deadline(); ok && time.Until(d) < timeout {
+		timeout = max(time.Until(d), time.Millisecond) // 0 would wait for ever
 	}
 	// memberlist fails when its broadcast of the update has not gone out
 	// within the timeout (a loaded machine, many members). The update is
