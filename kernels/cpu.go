@@ -130,11 +130,18 @@ func optPtr(op, arg string, b Buffer, want int) *C.float {
 // rowsPtr checks that b holds a whole number (at least min) of rows of C.
 func rowsPtr(op, arg string, b Buffer, min, Ch int) (*C.float, int) {
 	h := host(op, arg, b)
-	if Ch <= 0 || len(h)%Ch != 0 || len(h)/Ch < min {
+	rows := checkRows(op, arg, len(h), min, Ch)
+	return (*C.float)(unsafe.Pointer(&h[0])), rows
+}
+
+// checkRows panics unless n elements are a whole number (at least min) of
+// rows of Ch, and returns the rows.
+func checkRows(op, arg string, n, min, Ch int) int {
+	if Ch <= 0 || n%Ch != 0 || n/Ch < min {
 		panic(fmt.Errorf("%w: %s: %s has %d elements, want a multiple of C = %d, at least %d rows",
-			ErrShape, op, arg, len(h), Ch, min))
+			ErrShape, op, arg, n, Ch, min))
 	}
-	return (*C.float)(unsafe.Pointer(&h[0])), len(h) / Ch
+	return n / Ch
 }
 
 // ids checks len(ids) == n and every id in [0, limit).

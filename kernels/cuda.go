@@ -624,11 +624,7 @@ func (c *CUDA) EncoderBackward(dwte, dwpe, dout Buffer, tokens []int32, B, T, Ch
 // rows checks that b holds a whole number (at least min) of rows of Ch.
 func (c *CUDA) rows(op, arg string, b Buffer, min, Ch int) (*GPUBuffer, int) {
 	g := c.gbuf(op, arg, b, -1)
-	if Ch <= 0 || g.n%Ch != 0 || g.n/Ch < min {
-		panic(fmt.Errorf("%w: %s: %s has %d elements, want a multiple of C = %d, at least %d rows",
-			ErrShape, op, arg, g.n, Ch, min))
-	}
-	return g, g.n / Ch
+	return g, checkRows(op, arg, g.n, min, Ch)
 }
 
 // LayerNormForward normalizes N rows of C (eps 1e-5), saving mean and rstd.
@@ -869,15 +865,6 @@ func (c *CUDA) AdamW(params, grads, m, v Buffer, lr, beta1, beta2, eps, wd float
 	c.do(func() error {
 		return c.over("sk_adamw", n, p, g, mb, vb, lr, beta1, beta2, eps, wd, bc1, bc2, n)
 	})
-}
-
-// Err returns dev's sticky failure, for a device that can fail
-// asynchronously (CUDA); nil for the CPU.
-func Err(dev Device) error {
-	if f, ok := dev.(interface{ Err() error }); ok {
-		return f.Err()
-	}
-	return nil
 }
 
 // SelectDevice is --device: "cpu", "auto", or "cuda:N" with an optional

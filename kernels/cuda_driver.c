@@ -127,16 +127,6 @@ int skcu_sync(void) { return p_sync(); }
 int skcu_memset32(unsigned long long dst, unsigned v, size_t n) { return p_memset(dst, v, n); }
 int skcu_meminfo(size_t *free, size_t *total) { return p_meminfo(free, total); }
 
-// skcu_launch runs fn over n elements, 256 threads a block, with the
-// kernel's parameters as an array of pointers to their values.
-int skcu_launch(void *fn, long n, void **params) {
-    unsigned blocks = (unsigned)((n + 255) / 256);
-    if (n <= 0) {
-        return 0;
-    }
-    return p_launch(fn, blocks, 1, 1, 256, 1, 1, 0, NULL, params, NULL);
-}
-
 // skcu_launch_grid runs fn on a grid of gx*gy*gz blocks of bx threads.
 int skcu_launch_grid(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, void **params) {
     if (gx == 0 || gy == 0 || gz == 0) {

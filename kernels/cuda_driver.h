@@ -18,7 +18,6 @@ int skcu_free(unsigned long long ptr);
 int skcu_htod(unsigned long long dst, const void *src, size_t bytes);
 int skcu_dtoh(void *dst, unsigned long long src, size_t bytes);
 int skcu_sync(void);
-int skcu_launch(void *fn, long n, void **params);
 int skcu_memset32(unsigned long long dst, unsigned v, size_t n);
 int skcu_meminfo(size_t *free, size_t *total);
 int skcu_launch_grid(void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, void **params);

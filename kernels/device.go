@@ -101,3 +101,12 @@ type Device interface {
 	// decoupled: p -= lr * (mhat/(sqrt(vhat)+eps) + wd*p).
 	AdamW(params, grads, m, v Buffer, lr, beta1, beta2, eps, wd float32, t int)
 }
+
+// Err returns dev's sticky failure, for a device that can fail
+// asynchronously (CUDA); nil for the CPU.
+func Err(dev Device) error {
+	if f, ok := dev.(interface{ Err() error }); ok {
+		return f.Err()
+	}
+	return nil
+}
