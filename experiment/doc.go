@@ -1,6 +1,6 @@
 // Package experiment runs in-process swarms and benchmarks on one machine:
 // several workers training one model with DiLoCo, NoLoCo or a synchronous
-// baseline, talking through optimizer.MemNetwork, and the convergence
+// baseline, talking through transport.MemNetwork, and the convergence
 // benchmark (`skein bench convergence`) with its table and SVG curves; and
 // staged runs (RunStaged): the model split into pipeline stages with
 // replicas, every microbatch relayed over pipeline.RelayDriver, DiLoCo per

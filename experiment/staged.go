@@ -19,11 +19,12 @@ import (
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/pipeline"
 	"github.com/skein-ml/skein/trainer"
+	"github.com/skein-ml/skein/transport"
 )
 
 // A staged run trains one model split into S pipeline stages, R replicas
 // per stage, in process: every microbatch travels its SkipPipe path over
-// pipeline.RelayDriver on an optimizer.MemNetwork (activations forward,
+// pipeline.RelayDriver on an transport.MemNetwork (activations forward,
 // gradients back, as between volunteers), each stage replica takes an
 // AdamW step on the gradient of the microbatches that visited it, and
 // every H steps the replicas of each stage average with DiLoCo over the
@@ -384,9 +385,9 @@ type stagedRun struct {
 	corpus  *data.Corpus
 	nodes   []*trainer.StageReplica // node v = stage v/R, replica v%R
 	drivers []*pipeline.RelayDriver
-	relay   *optimizer.MemNetwork   // nil with a StagedNetwork
+	relay   *transport.MemNetwork   // nil with a StagedNetwork
 	sw      *stagedSwarm            // nil without
-	outer   []*optimizer.MemNetwork // one per stage
+	outer   []*transport.MemNetwork // one per stage
 	colls   []optimizer.Collective  // per node (DiLoCo)
 	outers  []stageOuter            // per node
 	eval    *trainer.Setup
@@ -510,7 +511,7 @@ func newStagedRun(ctx context.Context, cfg StagedConfig) (_ *stagedRun, err erro
 		}
 		r.closers = append(r.closers, r.sw.close)
 	} else {
-		r.relay = optimizer.NewMemNetwork()
+		r.relay = transport.NewMemNetwork()
 	}
 	if err := r.startRelays(); err != nil {
 		return nil, err
@@ -556,22 +557,22 @@ func (r *stagedRun) relayConfig(v int) pipeline.RelayConfig {
 }
 
 // peerID is how the relay and the collectives name node v.
-func (r *stagedRun) peerID(v int) optimizer.PeerID {
+func (r *stagedRun) peerID(v int) transport.PeerID {
 	if r.sw != nil {
 		return r.sw.id(v)
 	}
-	return optimizer.PeerID(fmt.Sprintf("stage%d-replica%d", v/r.cfg.Replicas, v%r.cfg.Replicas))
+	return transport.PeerID(fmt.Sprintf("stage%d-replica%d", v/r.cfg.Replicas, v%r.cfg.Replicas))
 }
 
 // startRelays starts every node's relay driver over the current nodes.
 func (r *stagedRun) startRelays() error {
 	r.cold = true
-	ids := make([]optimizer.PeerID, len(r.nodes))
+	ids := make([]transport.PeerID, len(r.nodes))
 	for v := range ids {
 		ids[v] = r.peerID(v)
 	}
 	for v, node := range r.nodes {
-		var peers optimizer.Peers
+		var peers transport.Peers
 		if r.sw != nil {
 			p, closeP, err := r.sw.relayPeers(v)
 			if err != nil {
@@ -624,20 +625,20 @@ func (r *stagedRun) startOuter() error {
 // current weights, at round 0.
 func (r *stagedRun) startStageOuter(s int) error {
 	R := r.cfg.Replicas
-	var net *optimizer.MemNetwork
-	members := make([]optimizer.PeerID, R)
+	var net *transport.MemNetwork
+	members := make([]transport.PeerID, R)
 	for k := range R {
 		members[k] = r.peerID(s*R + k)
 	}
 	if r.sw == nil {
-		net = optimizer.NewMemNetwork()
+		net = transport.NewMemNetwork()
 		r.outer = append(r.outer, net)
 	}
 	for k := range R {
 		v := s*R + k
 		node := r.nodes[v]
-		var p optimizer.Peers
-		var signer optimizer.Signer
+		var p transport.Peers
+		var signer transport.Signer
 		if r.sw != nil {
 			var closeP func()
 			var err error

@@ -16,11 +16,10 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/libp2p/go-libp2p/core/protocol"
 
-	"github.com/skein-ml/skein/node"
-	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/p2p/wan"
 	"github.com/skein-ml/skein/pipeline"
+	"github.com/skein-ml/skein/transport"
 )
 
 // StagedNetwork moves a staged run's traffic over real libp2p instead of
@@ -174,16 +173,16 @@ func (sw *stagedSwarm) live() []*p2p.Node {
 }
 
 // id is node v's peer ID, as the relay and the collectives name it.
-func (sw *stagedSwarm) id(v int) optimizer.PeerID {
+func (sw *stagedSwarm) id(v int) transport.PeerID {
 	sw.mu.Lock()
 	defer sw.mu.Unlock()
-	return optimizer.PeerID(sw.nodes[v].ID().String())
+	return transport.PeerID(sw.nodes[v].ID().String())
 }
 
 // relayPeers is node v's endpoint of the SkipPipe relay, and what closes
 // it.
-func (sw *stagedSwarm) relayPeers(v int) (optimizer.Peers, func(), error) {
-	p, err := node.NewP2PPeers(sw.live()[v], p2p.ProtoActivations, uint32(sw.relay), 2*time.Minute)
+func (sw *stagedSwarm) relayPeers(v int) (transport.Peers, func(), error) {
+	p, err := p2p.NewPeers(sw.live()[v], p2p.ProtoActivations, uint32(sw.relay), 2*time.Minute)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -192,16 +191,16 @@ func (sw *stagedSwarm) relayPeers(v int) (optimizer.Peers, func(), error) {
 
 // outerPeers is node v's endpoint of stage s's collective, whose members are
 // the stage's replicas only.
-func (sw *stagedSwarm) outerPeers(v, s int, members []optimizer.PeerID) (optimizer.Peers, func(), error) {
-	p, err := node.NewP2PPeers(sw.live()[v], p2p.ProtoStageReduce(s), uint32(sw.outer), 2*time.Minute)
+func (sw *stagedSwarm) outerPeers(v, s int, members []transport.PeerID) (transport.Peers, func(), error) {
+	p, err := p2p.NewPeers(sw.live()[v], p2p.ProtoStageReduce(s), uint32(sw.outer), 2*time.Minute)
 	if err != nil {
 		return nil, nil, err
 	}
-	return stagePeers{P2PPeers: p, members: members}, p.Close, nil
+	return stagePeers{Peers: p, members: members}, p.Close, nil
 }
 
 // signer is node v's signature for the collective's messages.
-func (sw *stagedSwarm) signer(v int) optimizer.Signer { return node.NodeSigner(sw.live()[v]) }
+func (sw *stagedSwarm) signer(v int) transport.Signer { return sw.live()[v].Signer() }
 
 // publish makes norm and params what node v serves to a replacement.
 func (sw *stagedSwarm) publish(v int, norm float64, params []float32) {
@@ -274,11 +273,11 @@ func (sw *stagedSwarm) close() {
 
 // stagePeers narrows a collective's membership to one stage's replicas.
 type stagePeers struct {
-	*node.P2PPeers
-	members []optimizer.PeerID
+	*p2p.Peers
+	members []transport.PeerID
 }
 
-func (p stagePeers) Members() []optimizer.PeerID { return slices.Clone(p.members) }
+func (p stagePeers) Members() []transport.PeerID { return slices.Clone(p.members) }
 
 // memBuffer is an io.WriterAt over a fixed buffer.
 type memBuffer []byte

@@ -15,9 +15,9 @@ import (
 	"time"
 
 	"github.com/skein-ml/skein/compression"
-	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p/wan"
 	"github.com/skein-ml/skein/pipeline"
+	"github.com/skein-ml/skein/transport"
 )
 
 // smallStaged is a staged run small enough for -race in CI: 3 stages of 2
@@ -295,9 +295,9 @@ func testStagedCheckFreeRebuild(t *testing.T, network bool) {
 		return sum / float64(R)
 	}
 	np, nn := meanNorm(1), meanNorm(3)
-	var before []optimizer.PeerID
+	var before []transport.PeerID
 	if network {
-		before = []optimizer.PeerID{r.peerID(2 * R), r.peerID(2*R + 1), r.peerID(R)}
+		before = []transport.PeerID{r.peerID(2 * R), r.peerID(2*R + 1), r.peerID(R)}
 	}
 	if !(np > 0) || !(nn > 0) || np == nn {
 		t.Fatalf("gradient norms %v and %v: the test needs two distinct positive ones", np, nn)
@@ -311,7 +311,7 @@ func testStagedCheckFreeRebuild(t *testing.T, network bool) {
 	}
 	if network {
 		// The lost stage's nodes are new identities; the others kept theirs.
-		after := []optimizer.PeerID{r.peerID(2 * R), r.peerID(2*R + 1), r.peerID(R)}
+		after := []transport.PeerID{r.peerID(2 * R), r.peerID(2*R + 1), r.peerID(R)}
 		if after[0] == before[0] || after[1] == before[1] || after[2] != before[2] {
 			t.Fatalf("peers %v before the failure, %v after: want stage 2's replaced, stage 1's kept", before, after)
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/trainer"
+	"github.com/skein-ml/skein/transport"
 )
 
 // Algorithm names a way of training with several workers.
@@ -34,7 +35,7 @@ const (
 )
 
 // SwarmConfig configures an in-process multi-worker run on one machine:
-// the workers talk through optimizer.MemNetwork, so the run measures the
+// the workers talk through transport.MemNetwork, so the run measures the
 // algorithm, not the network.
 type SwarmConfig struct {
 	Algorithm  Algorithm
@@ -194,16 +195,16 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 	}
 
 	// Outer machinery for the distributed algorithms.
-	var net *optimizer.MemNetwork
+	var net *transport.MemNetwork
 	var dilocos []*optimizer.DiLoCo
 	var nolocos []*optimizer.NoLoCo
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if nw > 1 {
-		net = optimizer.NewMemNetwork()
+		net = transport.NewMemNetwork()
 		defer net.Close()
 		for i, w := range workers {
-			p := net.Join(optimizer.PeerID(fmt.Sprintf("worker-%02d", i)))
+			p := net.Join(transport.PeerID(fmt.Sprintf("worker-%02d", i)))
 			switch cfg.Algorithm {
 			case DiLoCo:
 				bc := optimizer.DefaultButterflyConfig(len(w.theta), swarmSigner{p.Self()}, swarmTick.Seconds())
@@ -281,7 +282,7 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 	}
 	if net != nil {
 		for i := range workers {
-			res.BytesSent += net.BytesSent(optimizer.PeerID(fmt.Sprintf("worker-%02d", i)))
+			res.BytesSent += net.BytesSent(transport.PeerID(fmt.Sprintf("worker-%02d", i)))
 		}
 	}
 	res.Seconds = time.Since(began).Seconds()
@@ -297,9 +298,9 @@ const swarmTick = 5 * time.Millisecond
 // swarmSigner signs with deterministic ed25519 keys derived from the
 // worker's name: in-process workers trust each other; the collective
 // still checks every signature.
-type swarmSigner struct{ self optimizer.PeerID }
+type swarmSigner struct{ self transport.PeerID }
 
-func swarmKey(id optimizer.PeerID) ed25519.PrivateKey {
+func swarmKey(id transport.PeerID) ed25519.PrivateKey {
 	seed := sha256.Sum256([]byte("skein-swarm-key/" + id))
 	return ed25519.NewKeyFromSeed(seed[:])
 }
@@ -308,6 +309,6 @@ func (s swarmSigner) Sign(msg []byte) ([]byte, error) {
 	return ed25519.Sign(swarmKey(s.self), msg), nil
 }
 
-func (s swarmSigner) Verify(id optimizer.PeerID, msg, sig []byte) bool {
+func (s swarmSigner) Verify(id transport.PeerID, msg, sig []byte) bool {
 	return len(sig) == ed25519.SignatureSize && ed25519.Verify(swarmKey(id).Public().(ed25519.PublicKey), msg, sig)
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
+	"github.com/skein-ml/skein/transport"
 )
 
 // The DiLoCo side of a volunteer: every member trains H inner steps, then
@@ -25,14 +26,14 @@ import (
 func (v *Volunteer) initDiLoCo() (err error) {
 	m := v.run
 	maxMsg := uint32(min(stateSize(v.n)+1<<20, 1<<30))
-	if v.peers, err = NewP2PPeers(v.pn, p2p.ProtoReduce, maxMsg, 60*time.Second); err != nil {
+	if v.peers, err = p2p.NewPeers(v.pn, p2p.ProtoReduce, maxMsg, 60*time.Second); err != nil {
 		return err
 	}
 	// The butterfly collective (optimizer/butterfly.go): each round's group
 	// agreed before it starts, every part aggregated by two owners with a
 	// trimmed mean and cross-checked.
 	rc := v.cfg.Collective
-	bc := optimizer.DefaultButterflyConfig(v.n, nodeSigner{v.pn}, butterflyTick.Seconds())
+	bc := optimizer.DefaultButterflyConfig(v.n, v.pn.Signer(), butterflyTick.Seconds())
 	bc.Codec.Codec = m.Codec()
 	bc.MaxAbs, bc.Hostile = rc.MaxAbs, v.cfg.Hostile
 	ticks := func(d time.Duration) int64 { return max(1, int64(d/butterflyTick)) }
@@ -44,7 +45,7 @@ func (v *Volunteer) initDiLoCo() (err error) {
 	if log == nil {
 		log = v.log
 	}
-	onReject := func(p optimizer.PeerID, err error) {
+	onReject := func(p transport.PeerID, err error) {
 		v.log.Warn("offender excluded from the run", "peer", p, "err", err)
 		if rc.OnReject != nil {
 			rc.OnReject(p, err)
@@ -85,19 +86,6 @@ func HostileMode(name string) string {
 
 // butterflyTick is the collective's clock.
 const butterflyTick = 50 * time.Millisecond
-
-// nodeSigner signs the collective's messages with the node's identity.
-type nodeSigner struct{ n *p2p.Node }
-
-// NodeSigner is the optimizer.Signer of node n: messages signed with its
-// libp2p identity, verified against the sender's peer ID.
-func NodeSigner(n *p2p.Node) optimizer.Signer { return nodeSigner{n} }
-
-func (s nodeSigner) Sign(msg []byte) ([]byte, error) { return s.n.Sign(msg) }
-
-func (s nodeSigner) Verify(id optimizer.PeerID, msg, sig []byte) bool {
-	return p2p.VerifyPeer(string(id), msg, sig)
-}
 
 // runDiLoCo catches up with the run, then trains round after round: an
 // inner phase followed by a contribution to the collective.
@@ -357,7 +345,7 @@ func catchUp(ctx context.Context, pn *p2p.Node, dl *optimizer.DiLoCo, n int, log
 
 // announcement is what one volunteer gossips: its round and state hash.
 type announcement struct {
-	id    optimizer.PeerID
+	id    transport.PeerID
 	round uint64
 	hash  uint64
 }
@@ -367,7 +355,7 @@ func announcements(pn *p2p.Node) []announcement {
 	var out []announcement
 	for _, m := range pn.Members() {
 		if m.Meta.Role == p2p.RoleVolunteer && m.ID != pn.ID() {
-			out = append(out, announcement{optimizer.PeerID(m.ID.String()), m.Meta.Round, m.Meta.StateHash})
+			out = append(out, announcement{transport.PeerID(m.ID.String()), m.Meta.Round, m.Meta.StateHash})
 		}
 	}
 	return out
@@ -387,10 +375,10 @@ const maxLoneJump = 2
 // gossiping a huge round and serving weights of its own is never followed
 // (issue 9). It returns the hash and its announcers, sorted; none when
 // nothing qualifies.
-func quorumAhead(others []announcement, after uint64) (uint64, []optimizer.PeerID) {
+func quorumAhead(others []announcement, after uint64) (uint64, []transport.PeerID) {
 	quorum := min(2, len(others))
 	type key struct{ round, hash uint64 }
-	by := map[key][]optimizer.PeerID{}
+	by := map[key][]transport.PeerID{}
 	for _, a := range others {
 		if a.round > after && a.hash != 0 {
 			k := key{a.round, a.hash}
@@ -399,9 +387,9 @@ func quorumAhead(others []announcement, after uint64) (uint64, []optimizer.PeerI
 	}
 	// pick returns the best state among those ok accepts: latest round,
 	// then most announcers, then smallest hash.
-	pick := func(ok func(k key, ids []optimizer.PeerID) bool) (uint64, []optimizer.PeerID) {
+	pick := func(ok func(k key, ids []transport.PeerID) bool) (uint64, []transport.PeerID) {
 		var best key
-		var bestIDs []optimizer.PeerID
+		var bestIDs []transport.PeerID
 		for k, ids := range by {
 			if !ok(k, ids) {
 				continue
@@ -414,10 +402,10 @@ func quorumAhead(others []announcement, after uint64) (uint64, []optimizer.PeerI
 		slices.Sort(bestIDs)
 		return best.hash, bestIDs
 	}
-	if h, ids := pick(func(_ key, ids []optimizer.PeerID) bool { return len(ids) >= quorum }); ids != nil {
+	if h, ids := pick(func(_ key, ids []transport.PeerID) bool { return len(ids) >= quorum }); ids != nil {
 		return h, ids
 	}
-	return pick(func(k key, _ []optimizer.PeerID) bool { return k.round <= after+maxLoneJump })
+	return pick(func(k key, _ []transport.PeerID) bool { return k.round <= after+maxLoneJump })
 }
 
 // runAhead is the highest round another volunteer announces.
@@ -435,13 +423,13 @@ func runAhead(pn *p2p.Node) uint64 {
 // that every member picks the same one (two members that ended a round
 // differently must not each keep their own). nil when this member holds the
 // winning hash or nobody else has announced this round yet.
-func divergedFrom(pn *p2p.Node, round, mine uint64) ([]optimizer.PeerID, uint64) {
-	byHash := map[uint64][]optimizer.PeerID{}
+func divergedFrom(pn *p2p.Node, round, mine uint64) ([]transport.PeerID, uint64) {
+	byHash := map[uint64][]transport.PeerID{}
 	for _, m := range pn.Members() {
 		if m.Meta.Role != p2p.RoleVolunteer || m.ID == pn.ID() || m.Meta.Round != round || m.Meta.StateHash == 0 {
 			continue
 		}
-		byHash[m.Meta.StateHash] = append(byHash[m.Meta.StateHash], optimizer.PeerID(m.ID.String()))
+		byHash[m.Meta.StateHash] = append(byHash[m.Meta.StateHash], transport.PeerID(m.ID.String()))
 	}
 	hash, ids := winningState(mine, byHash)
 	return ids, hash
@@ -450,7 +438,7 @@ func divergedFrom(pn *p2p.Node, round, mine uint64) ([]optimizer.PeerID, uint64)
 // winningState applies divergedFrom's rule to the holders of each hash
 // (self not included in byHash) and returns the winning hash and its
 // holders; none when this member holds it.
-func winningState(mine uint64, byHash map[uint64][]optimizer.PeerID) (uint64, []optimizer.PeerID) {
+func winningState(mine uint64, byHash map[uint64][]transport.PeerID) (uint64, []transport.PeerID) {
 	best, bestN := mine, len(byHash[mine])+1
 	for h, ids := range byHash {
 		if h != mine && (len(ids) > bestN || (len(ids) == bestN && h < best)) {
@@ -465,7 +453,7 @@ func winningState(mine uint64, byHash map[uint64][]optimizer.PeerID) (uint64, []
 
 // adoptFrom downloads the shared state with hash want from the first of ids
 // that serves it (at this member's round or later), and installs it.
-func adoptFrom(ctx context.Context, pn *p2p.Node, log *slog.Logger, dl *optimizer.DiLoCo, n int, ids []optimizer.PeerID, want uint64, progress io.Writer) error {
+func adoptFrom(ctx context.Context, pn *p2p.Node, log *slog.Logger, dl *optimizer.DiLoCo, n int, ids []transport.PeerID, want uint64, progress io.Writer) error {
 	_, err := adoptState(ctx, pn, log, dl, n, dl.Round, want, ids, progress)
 	return err
 }

@@ -1,7 +1,7 @@
 // Package node is the volunteer daemon (`skein node join`): it joins a run
 // through its bootstrap or any known member, fetches the run's state,
 // trains with trainer's setup chain, contributes to each outer round over
-// p2p (driving the optimizer's collectives through P2PPeers), re-syncs when
+// p2p (driving the optimizer's collectives through p2p.Peers), re-syncs when
 // it falls behind or diverges, checkpoints locally, resumes on restart and
 // leaves gracefully.
 //

@@ -11,6 +11,7 @@ import (
 	"github.com/skein-ml/skein/compression"
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
+	"github.com/skein-ml/skein/transport"
 )
 
 // The NoLoCo side of a volunteer (ALGORITHMS.md 2): every member trains H
@@ -36,14 +37,14 @@ type nolocoState struct {
 func (v *Volunteer) initNoLoCo() (err error) {
 	// One message carries phi and the outer gradient, each at most fp32.
 	maxMsg := uint32(min(stateSize(v.n)+1<<20, 1<<30))
-	if v.peers, err = NewP2PPeers(v.pn, p2p.ProtoGossip, maxMsg, 60*time.Second); err != nil {
+	if v.peers, err = p2p.NewPeers(v.pn, p2p.ProtoGossip, maxMsg, 60*time.Second); err != nil {
 		return err
 	}
 	cfg := nolocoConfig(v.run, v.cfg.Collective)
 	if cfg.Logger == nil {
 		cfg.Logger = v.log
 	}
-	cfg.PeerStep = func(p optimizer.PeerID) uint64 { return announcedStep(v.pn, p) }
+	cfg.PeerStep = func(p transport.PeerID) uint64 { return announcedStep(v.pn, p) }
 	// The receiver outlives Run's ctx; Close stops it.
 	opt, err := optimizer.NewNoLoCo(context.Background(), cfg, v.peers, v.theta)
 	if err != nil {
@@ -139,7 +140,7 @@ func (v *Volunteer) runNoLoCo(ctx context.Context) error {
 		}
 		s.install(ctx, v)
 		v.lastReported = o.Step
-		averaged := append([]optimizer.PeerID{v.peers.Self()}, st.Heard...)
+		averaged := append([]transport.PeerID{v.peers.Self()}, st.Heard...)
 		rep := RoundReport{Round: o.Step, Loss: ph.meanLoss(), Members: len(v.peers.Members()),
 			Stats: optimizer.RoundStats{Round: o.Step, Group: averaged, Attempts: 1,
 				BytesSent: st.BytesSent, BytesRecv: st.BytesRecv, Duration: st.Duration}}
@@ -215,7 +216,7 @@ func (s *nolocoState) round() uint64 {
 
 // announcedStep is the next step member p announces it will run;
 // math.MaxUint64 when p is no longer a member.
-func announcedStep(pn *p2p.Node, p optimizer.PeerID) uint64 {
+func announcedStep(pn *p2p.Node, p transport.PeerID) uint64 {
 	id, err := peer.Decode(string(p))
 	if err != nil {
 		return math.MaxUint64

@@ -28,6 +28,7 @@ import (
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/p2p/p2ptest"
+	"github.com/skein-ml/skein/transport"
 )
 
 // nolocoRun is a NoLoCo run in this process: a bootstrap seed serving the
@@ -106,7 +107,7 @@ type testVolunteer struct {
 	mu   sync.Mutex
 	out  bytes.Buffer
 	reps []RoundReport
-	id   optimizer.PeerID
+	id   transport.PeerID
 	addr string // full multiaddr, once joined
 }
 
@@ -172,7 +173,7 @@ func (r *nolocoRun) join(name, dir string, rounds, minPeers int, onRound func(Ro
 			return
 		}
 		tv.mu.Lock()
-		tv.id = optimizer.PeerID(v.pn.ID().String())
+		tv.id = transport.PeerID(v.pn.ID().String())
 		tv.addr = v.pn.Addrs()[0].String()
 		tv.mu.Unlock()
 		err = v.Run(ctx)
@@ -404,7 +405,7 @@ func TestNoLoCoCheckpointRoundTrip(t *testing.T) {
 	}
 	st := stage(7)
 	n := st.NumParams()
-	net := optimizer.NewMemNetwork()
+	net := transport.NewMemNetwork()
 	defer net.Close()
 	phi := make([]float32, n)
 	for i := range phi {

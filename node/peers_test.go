@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
-	"net"
 	"os"
 	"slices"
 	"sync"
@@ -15,7 +14,7 @@ import (
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/p2p/p2ptest"
-	"github.com/skein-ml/skein/p2p/wan"
+	"github.com/skein-ml/skein/transport"
 )
 
 // DiLoCo rounds over real libp2p streams on loopback: four volunteers and a
@@ -42,22 +41,22 @@ func TestHostileVolunteerOverP2P(t *testing.T) {
 	for _, mode := range optimizer.HostileModes {
 		t.Run(mode, func(t *testing.T) {
 			var mu sync.Mutex
-			reported := map[string]map[optimizer.PeerID]bool{} // by reporter
+			reported := map[string]map[transport.PeerID]bool{} // by reporter
 			tr := newP2PTrainers(t, 4, 50_000, p2ptest.Options{}, func(i int, n *p2p.Node, c *optimizer.ButterflyConfig, o *optimizer.ButterflyOptions) {
 				if i == 3 {
 					c.Hostile = mode
 				}
 				me := n.ID().String()
-				o.OnReject = func(p optimizer.PeerID, err error) {
+				o.OnReject = func(p transport.PeerID, err error) {
 					mu.Lock()
 					defer mu.Unlock()
 					if reported[me] == nil {
-						reported[me] = map[optimizer.PeerID]bool{}
+						reported[me] = map[transport.PeerID]bool{}
 					}
 					reported[me][p] = true
 				}
 			})
-			hostile := optimizer.PeerID(tr.nodes[3].ID().String())
+			hostile := transport.PeerID(tr.nodes[3].ID().String())
 			for round := range 2 {
 				before := slices.Clone(tr.ds[0].Phi)
 				tr.round(t, round, 3)
@@ -106,8 +105,7 @@ func newP2PTrainers(t testing.TB, m, P int, opts p2ptest.Options, configure func
 	for {
 		ok := true
 		for _, n := range tr.nodes {
-			pp := &P2PPeers{n: n}
-			if len(pp.Members()) != m {
+			if len(volunteerIDs(n)) != m {
 				ok = false
 			}
 		}
@@ -129,12 +127,12 @@ func newP2PTrainers(t testing.TB, m, P int, opts p2ptest.Options, configure func
 	tr.ds = make([]*optimizer.DiLoCo, m)
 	tr.thetas = make([][]float32, m)
 	for i, n := range tr.nodes {
-		pp, err := NewP2PPeers(n, p2p.ProtoReduce, 1<<22, 10*time.Second)
+		pp, err := p2p.NewPeers(n, p2p.ProtoReduce, 1<<22, 10*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(pp.Close)
-		bc := optimizer.DefaultButterflyConfig(P, nodeSigner{n}, butterflyTick.Seconds())
+		bc := optimizer.DefaultButterflyConfig(P, n.Signer(), butterflyTick.Seconds())
 		opt := optimizer.ButterflyOptions{Tick: butterflyTick}
 		if os.Getenv("SKEIN_TEST_LOG") != "" {
 			opt.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("trainer", i)
@@ -181,90 +179,13 @@ func (tr *p2pTrainers) round(t testing.TB, round, honest int) {
 	}
 }
 
-// TestInboxBudgets: a peer flooding the inbox fills only its own share;
-// another peer's messages still get in, and draining frees the share.
-func TestInboxBudgets(t *testing.T) {
-	p := &P2PPeers{perPeer: 100, total: 250, queued: map[optimizer.PeerID]int64{}}
-	for i := range 10 {
-		if got, want := p.reserve("flood", 30), i < 3; got != want {
-			t.Fatalf("flood message %d: reserved %v, want %v", i, got, want)
+// volunteerIDs are the members n sees whose role is volunteer.
+func volunteerIDs(n *p2p.Node) []p2p.Member {
+	var out []p2p.Member
+	for _, m := range n.Members() {
+		if m.Meta.Role == p2p.RoleVolunteer {
+			out = append(out, m)
 		}
 	}
-	if !p.reserve("honest", 100) {
-		t.Fatal("the honest peer's message was refused during the flood")
-	}
-	if p.reserve("third", 100) {
-		t.Fatal("past the total budget")
-	}
-	p.release("flood", 30)
-	if !p.reserve("flood", 30) || p.reserve("flood", 11) {
-		t.Fatal("the flood's share is not freed by draining, or not bounded after")
-	}
-	p.release("honest", 100)
-	if p.queued["honest"] != 0 || p.queuedAll != 90 {
-		t.Fatalf("accounting: %v, total %d", p.queued, p.queuedAll)
-	}
-}
-
-// Send returns once the message is written, not a round trip later: a
-// message to a peer must not wait for the receiver's confirmation of the
-// previous one (closing a lazily negotiated stream reads it), or every
-// collective and relay exchange would run at one message per RTT. With
-// 200 ms one way (memberlist's LAN timing still holds), five sends to one
-// peer return within one round trip, where waiting would take five, and
-// all five arrive.
-func TestSendDoesNotWaitForTheReceiver(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a libp2p swarm")
-	}
-	const latency = 200 * time.Millisecond
-	a, b := wanPair(t, latency)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	// Connection up and the protocol known to the sender's peerstore.
-	if err := a.Send(ctx, b.Self(), []byte("warm")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.Recv(ctx); err != nil {
-		t.Fatal(err)
-	}
-	began := time.Now()
-	for i := range 5 {
-		if err := a.Send(ctx, b.Self(), []byte{byte(i)}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if d := time.Since(began); d >= 2*latency {
-		t.Fatalf("five sends took %v: each waited for the receiver (%v one way)", d, latency)
-	}
-	got := map[byte]bool{}
-	for range 5 {
-		m, err := b.Recv(ctx)
-		if err != nil {
-			t.Fatalf("%d of 5 messages arrived: %v", len(got), err)
-		}
-		got[m.Payload[0]] = true
-	}
-	if len(got) != 5 {
-		t.Fatalf("messages %v", got)
-	}
-}
-
-// wanPair is two volunteers (and a seed) on loopback QUIC with every UDP
-// packet through the WAN emulator at latency one way (one shaper per
-// sending socket), and their endpoints of the activations protocol.
-func wanPair(tb testing.TB, latency time.Duration) (a, b *P2PPeers) {
-	tb.Helper()
-	e, err := wan.New(wan.Link{Latency: latency}, 1)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	e.SetKeyFunc(func(local, _ net.Addr) [2]string { return [2]string{local.String(), "uplink"} })
-	sw := p2ptest.NewSwarm(tb, 3, p2ptest.Options{Listen: []string{"/ip4/127.0.0.1/udp/0/quic-v1"}, ListenUDP: e.ListenUDP, Timing: p2p.LANTiming()})
-	for i, p := range []**P2PPeers{&a, &b} {
-		if *p, err = NewP2PPeers(sw.Nodes[1+i], p2p.ProtoActivations, 1<<22, time.Minute); err != nil {
-			tb.Fatal(err)
-		}
-	}
-	return a, b
+	return out
 }

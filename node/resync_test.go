@@ -16,6 +16,7 @@ import (
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/p2p/p2ptest"
+	"github.com/skein-ml/skein/transport"
 )
 
 // A member whose state hash differs from the majority's at the same round
@@ -53,7 +54,7 @@ func TestDivergedMemberResyncs(t *testing.T) {
 			return bytes.NewReader(blob), int64(len(blob)), nil
 		}, 0)
 	}
-	var majority []optimizer.PeerID
+	var majority []transport.PeerID
 	deadline := time.Now().Add(10 * time.Second)
 	for len(majority) != 3 && time.Now().Before(deadline) {
 		time.Sleep(50 * time.Millisecond)
@@ -75,27 +76,27 @@ func TestDivergedMemberResyncs(t *testing.T) {
 }
 
 func TestWinningState(t *testing.T) {
-	ids := func(names ...string) []optimizer.PeerID {
-		var out []optimizer.PeerID
+	ids := func(names ...string) []transport.PeerID {
+		var out []transport.PeerID
 		for _, n := range names {
-			out = append(out, optimizer.PeerID(n))
+			out = append(out, transport.PeerID(n))
 		}
 		return out
 	}
 	tests := []struct {
 		name   string
 		mine   uint64
-		byHash map[uint64][]optimizer.PeerID
-		want   []optimizer.PeerID
+		byHash map[uint64][]transport.PeerID
+		want   []transport.PeerID
 	}{
 		{"alone", 7, nil, nil},
-		{"all agree", 7, map[uint64][]optimizer.PeerID{7: ids("a", "b")}, nil},
-		{"outnumbered", 7, map[uint64][]optimizer.PeerID{7: ids("a"), 9: ids("b", "c", "d")}, ids("b", "c", "d")},
-		{"majority with me", 7, map[uint64][]optimizer.PeerID{7: ids("a", "b"), 5: ids("c", "d")}, nil},
-		{"two-way tie, mine larger", 9, map[uint64][]optimizer.PeerID{3: ids("a")}, ids("a")},
-		{"two-way tie, mine smaller", 3, map[uint64][]optimizer.PeerID{9: ids("a")}, nil},
-		{"three-way tie", 8, map[uint64][]optimizer.PeerID{9: ids("a"), 4: ids("b")}, ids("b")},
-		{"largest group among others", 1, map[uint64][]optimizer.PeerID{9: ids("a", "b"), 4: ids("c")}, ids("a", "b")},
+		{"all agree", 7, map[uint64][]transport.PeerID{7: ids("a", "b")}, nil},
+		{"outnumbered", 7, map[uint64][]transport.PeerID{7: ids("a"), 9: ids("b", "c", "d")}, ids("b", "c", "d")},
+		{"majority with me", 7, map[uint64][]transport.PeerID{7: ids("a", "b"), 5: ids("c", "d")}, nil},
+		{"two-way tie, mine larger", 9, map[uint64][]transport.PeerID{3: ids("a")}, ids("a")},
+		{"two-way tie, mine smaller", 3, map[uint64][]transport.PeerID{9: ids("a")}, nil},
+		{"three-way tie", 8, map[uint64][]transport.PeerID{9: ids("a"), 4: ids("b")}, ids("b")},
+		{"largest group among others", 1, map[uint64][]transport.PeerID{9: ids("a", "b"), 4: ids("c")}, ids("a", "b")},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -111,26 +112,26 @@ func TestWinningState(t *testing.T) {
 // was adopted by everyone).
 func TestQuorumAhead(t *testing.T) {
 	a := func(id string, round, hash uint64) announcement {
-		return announcement{optimizer.PeerID(id), round, hash}
+		return announcement{transport.PeerID(id), round, hash}
 	}
 	for _, tt := range []struct {
 		name   string
 		others []announcement
 		after  uint64
-		want   []optimizer.PeerID
+		want   []transport.PeerID
 		hash   uint64
 	}{
 		{"lone attacker far ahead", []announcement{a("x", 1_000_000, 66), a("b", 5, 7), a("c", 5, 7)}, 5, nil, 0},
-		{"two agree ahead", []announcement{a("b", 6, 7), a("c", 6, 7), a("x", 99, 66)}, 5, []optimizer.PeerID{"b", "c"}, 7},
-		{"latest round with a quorum", []announcement{a("b", 6, 7), a("c", 6, 7), a("d", 7, 8), a("e", 7, 9)}, 5, []optimizer.PeerID{"b", "c"}, 7},
-		{"excluded: the one member that finished, a joiner behind", []announcement{a("b", 6, 7), a("c", 0, 0)}, 5, []optimizer.PeerID{"b"}, 7},
-		{"lone member a few rounds ahead", []announcement{a("b", 7, 7), a("c", 5, 8)}, 5, []optimizer.PeerID{"b"}, 7},
+		{"two agree ahead", []announcement{a("b", 6, 7), a("c", 6, 7), a("x", 99, 66)}, 5, []transport.PeerID{"b", "c"}, 7},
+		{"latest round with a quorum", []announcement{a("b", 6, 7), a("c", 6, 7), a("d", 7, 8), a("e", 7, 9)}, 5, []transport.PeerID{"b", "c"}, 7},
+		{"excluded: the one member that finished, a joiner behind", []announcement{a("b", 6, 7), a("c", 0, 0)}, 5, []transport.PeerID{"b"}, 7},
+		{"lone member a few rounds ahead", []announcement{a("b", 7, 7), a("c", 5, 8)}, 5, []transport.PeerID{"b"}, 7},
 		{"lone member too far ahead", []announcement{a("b", 8, 7), a("c", 5, 8)}, 5, nil, 0},
-		{"only other volunteer", []announcement{a("b", 9, 7)}, 5, []optimizer.PeerID{"b"}, 7},
+		{"only other volunteer", []announcement{a("b", 9, 7)}, 5, []transport.PeerID{"b"}, 7},
 		{"nobody ahead", []announcement{a("b", 5, 7), a("c", 4, 7)}, 5, nil, 0},
 		{"no hash announced", []announcement{a("b", 6, 0), a("c", 6, 0)}, 5, nil, 0},
 		{"more announcers win a tie in round", []announcement{a("b", 6, 7), a("c", 6, 7), a("d", 6, 8), a("e", 6, 8), a("f", 6, 8)}, 5,
-			[]optimizer.PeerID{"d", "e", "f"}, 8},
+			[]transport.PeerID{"d", "e", "f"}, 8},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			hash, got := quorumAhead(tt.others, tt.after)
@@ -161,8 +162,8 @@ func TestAdoptRefusesForgedState(t *testing.T) {
 	liar.ServeBulk(func(context.Context, peer.ID, string) (io.ReaderAt, int64, error) {
 		return bytes.NewReader(blob), int64(len(blob)), nil
 	}, 0)
-	id := optimizer.PeerID(liar.ID().String())
-	err := adoptFrom(context.Background(), me, nil, mine, n, []optimizer.PeerID{id}, honest.StateHash(), nil)
+	id := transport.PeerID(liar.ID().String())
+	err := adoptFrom(context.Background(), me, nil, mine, n, []transport.PeerID{id}, honest.StateHash(), nil)
 	if !errors.Is(err, ErrBadState) || mine.Round != 0 {
 		t.Fatalf("forged state: err %v, round %d; want ErrBadState and nothing adopted", err, mine.Round)
 	}

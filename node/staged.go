@@ -22,6 +22,7 @@ import (
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/pipeline"
 	"github.com/skein-ml/skein/trainer"
+	"github.com/skein-ml/skein/transport"
 )
 
 // The staged side of a volunteer (a manifest with [pipeline] stages > 1):
@@ -79,8 +80,8 @@ type stagedVolunteer struct {
 	self  int                  // this member's node index in plan
 	rep   *trainer.StageReplica
 	relay *pipeline.RelayDriver
-	relP  *P2PPeers
-	outP  *P2PPeers
+	relP  *p2p.Peers
+	outP  *p2p.Peers
 	coll  *optimizer.ButterflyDriver
 	ctx   context.Context // the stage's drivers run under it (runCtx)
 	stopC context.CancelFunc
@@ -578,9 +579,9 @@ func (st *stagedVolunteer) fetchWeights(ctx context.Context, id string, n int) (
 // one to it.
 func (st *stagedVolunteer) startRelay(ctx context.Context, a pipeline.Assignment, self int) error {
 	v := st.v
-	ids := make([]optimizer.PeerID, len(a.Peers))
+	ids := make([]transport.PeerID, len(a.Peers))
 	for i, id := range a.Peers {
-		ids[i] = optimizer.PeerID(id)
+		ids[i] = transport.PeerID(id)
 	}
 	pl := a.Placement()
 	cfg := pipeline.DefaultRelayConfig(pl, self, st.rep.Runner().ActivationLen(), relayTick.Seconds())
@@ -590,7 +591,7 @@ func (st *stagedVolunteer) startRelay(ctx context.Context, a pipeline.Assignment
 		return st.relay.Switch(ctx, ids, st.rep.Recorder(), cfg)
 	}
 	var err error
-	if st.relP, err = NewP2PPeers(v.pn, p2p.ProtoActivations, uint32(min(cfg.MaxMessage(), math.MaxUint32)), time.Minute); err != nil {
+	if st.relP, err = p2p.NewPeers(v.pn, p2p.ProtoActivations, uint32(min(cfg.MaxMessage(), math.MaxUint32)), time.Minute); err != nil {
 		return err
 	}
 	if st.relay, err = pipeline.NewRelayDriver(st.relP, ids, st.rep.Recorder(), cfg, pipeline.RelayOptions{Tick: relayTick, Logger: v.log}); err != nil {
@@ -641,24 +642,24 @@ func (st *stagedVolunteer) startOuter(a pipeline.Assignment, s int, from start) 
 func (st *stagedVolunteer) restartOuter(a pipeline.Assignment, s int) error {
 	v := st.v
 	st.stopOuter()
-	var members []optimizer.PeerID
+	var members []transport.PeerID
 	for _, u := range a.Members(s) {
-		members = append(members, optimizer.PeerID(a.Peers[u]))
+		members = append(members, transport.PeerID(a.Peers[u]))
 	}
 	n := st.rep.Len()
-	p, err := NewP2PPeers(v.pn, p2p.ProtoStageReduce(s), uint32(min(stateSize(n)+1<<20, 1<<30)), stagedOuterW)
+	p, err := p2p.NewPeers(v.pn, p2p.ProtoStageReduce(s), uint32(min(stateSize(n)+1<<20, 1<<30)), stagedOuterW)
 	if err != nil {
 		return err
 	}
 	st.outP = p
 	rc := v.cfg.Collective
-	bc := optimizer.DefaultButterflyConfig(n, nodeSigner{v.pn}, butterflyTick.Seconds())
+	bc := optimizer.DefaultButterflyConfig(n, v.pn.Signer(), butterflyTick.Seconds())
 	bc.Codec.Codec = v.run.Codec()
 	bc.MaxAbs = rc.MaxAbs
 	ticks := func(d time.Duration) int64 { return max(1, int64(d/butterflyTick)) }
 	bc.PhaseWait, bc.MinPhase, bc.MaxPhase = ticks(rc.InitialDeadline), ticks(rc.MinDeadline), ticks(rc.MaxDeadline)
 	bc.MaxStashBytes = max(rc.MaxStashBytes, 8*int64(n))
-	coll, err := optimizer.NewButterflyDriver(stageMembers{P2PPeers: p, members: members}, bc,
+	coll, err := optimizer.NewButterflyDriver(stageMembers{Peers: p, members: members}, bc,
 		optimizer.ButterflyOptions{Tick: butterflyTick, Logger: v.log})
 	if err != nil {
 		return err
@@ -684,11 +685,11 @@ func (st *stagedVolunteer) restartOuter(a pipeline.Assignment, s int) error {
 
 // stageMembers narrows a collective's membership to one stage's members.
 type stageMembers struct {
-	*P2PPeers
-	members []optimizer.PeerID
+	*p2p.Peers
+	members []transport.PeerID
 }
 
-func (p stageMembers) Members() []optimizer.PeerID { return slices.Clone(p.members) }
+func (p stageMembers) Members() []transport.PeerID { return slices.Clone(p.members) }
 
 // stopStage stops the stage's drivers (a member leaving its stage).
 func (st *stagedVolunteer) stopStage() {

@@ -19,9 +19,9 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	"github.com/skein-ml/skein/internal/atomicfile"
 	"github.com/skein-ml/skein/model"
-	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/trainer"
+	"github.com/skein-ml/skein/transport"
 )
 
 // The shared outer state as this volunteer keeps it in its local
@@ -238,7 +238,7 @@ func (v *Volunteer) resumeLocal(st outerState) bool {
 
 // membersAhead lists the other volunteers that announce a round beyond
 // after, the most advanced first.
-func membersAhead(pn *p2p.Node, after uint64) []optimizer.PeerID {
+func membersAhead(pn *p2p.Node, after uint64) []transport.PeerID {
 	var ahead []p2p.Member
 	for _, m := range pn.Members() {
 		if m.Meta.Role == p2p.RoleVolunteer && m.ID != pn.ID() && m.Meta.Round > after {
@@ -246,9 +246,9 @@ func membersAhead(pn *p2p.Node, after uint64) []optimizer.PeerID {
 		}
 	}
 	slices.SortFunc(ahead, func(a, b p2p.Member) int { return cmp.Compare(b.Meta.Round, a.Meta.Round) })
-	ids := make([]optimizer.PeerID, len(ahead))
+	ids := make([]transport.PeerID, len(ahead))
 	for i, m := range ahead {
-		ids[i] = optimizer.PeerID(m.ID.String())
+		ids[i] = transport.PeerID(m.ID.String())
 	}
 	return ids
 }
@@ -259,7 +259,7 @@ func membersAhead(pn *p2p.Node, after uint64) []optimizer.PeerID {
 // what a member serves must be what the run announced, never one member's
 // word), installs it in st and says whose index it followed.
 func adoptState(ctx context.Context, pn *p2p.Node, log *slog.Logger, st outerState, n int, minRound uint64, want uint64,
-	ids []optimizer.PeerID, progress io.Writer) (optimizer.PeerID, error) {
+	ids []transport.PeerID, progress io.Writer) (transport.PeerID, error) {
 	round, phi, mom, from, err := fetchVerifiedState(ctx, pn, log, n, minRound, want, ids, progress)
 	if err != nil {
 		return "", err

@@ -20,6 +20,7 @@ import (
 
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
+	"github.com/skein-ml/skein/transport"
 )
 
 // The shared state as members serve it to joiners (bulk key stateKey for
@@ -200,7 +201,7 @@ type stateDownload struct {
 // next round mid-download refuses the rest, and the next member's state is
 // taken whole instead.
 func fetchVerifiedState(ctx context.Context, pn *p2p.Node, log *slog.Logger, n int, minRound, want uint64,
-	ids []optimizer.PeerID, progress io.Writer) (round uint64, phi, mom []float32, from optimizer.PeerID, err error) {
+	ids []transport.PeerID, progress io.Writer) (round uint64, phi, mom []float32, from transport.PeerID, err error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/p2p/p2ptest"
+	"github.com/skein-ml/skein/transport"
 )
 
 // The served index decodes back to the round and the chunk hashes the
@@ -154,12 +155,12 @@ func TestFetchStateChunks(t *testing.T) {
 	serve(honest2, servedState{good, 5})
 	serve(liar, servedState{forged, 5})
 	serve(movedOn, servedState{later, 6})
-	id := func(n *p2p.Node) optimizer.PeerID { return optimizer.PeerID(n.ID().String()) }
+	id := func(n *p2p.Node) transport.PeerID { return transport.PeerID(n.ID().String()) }
 
 	rec := &logRecorder{}
 	// The liar's and the moved-on member's spans fail the check; the
 	// repair takes them from the others.
-	ids := []optimizer.PeerID{id(honest1), id(liar), id(movedOn), id(honest2)}
+	ids := []transport.PeerID{id(honest1), id(liar), id(movedOn), id(honest2)}
 	round, gotPhi, gotMom, from, err := fetchVerifiedState(context.Background(), me, slog.New(rec), n, 5, want, ids, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -178,7 +179,7 @@ func TestFetchStateChunks(t *testing.T) {
 	}
 
 	// Only the liar and a member at another round: nothing intact.
-	_, _, _, _, err = fetchVerifiedState(context.Background(), me, nil, n, 5, want, []optimizer.PeerID{id(liar), id(movedOn)}, nil)
+	_, _, _, _, err = fetchVerifiedState(context.Background(), me, nil, n, 5, want, []transport.PeerID{id(liar), id(movedOn)}, nil)
 	if !errors.Is(err, ErrBadState) || !strings.Contains(err.Error(), "1 of 4 chunks") {
 		t.Fatalf("err %v, want ErrBadState with chunk 1 missing", err)
 	}
@@ -205,7 +206,7 @@ func TestFetchStateChunks(t *testing.T) {
 		return bytes.NewReader(later), int64(len(later)), nil
 	}, 0)
 	rec = &logRecorder{}
-	round, gotPhi, _, from, err = fetchVerifiedState(context.Background(), me, slog.New(rec), n, 5, 0, []optimizer.PeerID{id(racer), id(liar), id(honest1)}, nil)
+	round, gotPhi, _, from, err = fetchVerifiedState(context.Background(), me, slog.New(rec), n, 5, 0, []transport.PeerID{id(racer), id(liar), id(honest1)}, nil)
 	if err != nil || round != 5 || from != id(honest1) || !slices.Equal(gotPhi, phi) {
 		t.Fatalf("round %d from %s, err %v: want honest1's state whole", round, from, err)
 	}
@@ -216,7 +217,7 @@ func TestFetchStateChunks(t *testing.T) {
 		t.Fatalf("want the liar blamed, not the member that moved on:\n%s", logged)
 	}
 	// Nobody can serve its state whole: the last failure is reported.
-	_, _, _, _, err = fetchVerifiedState(context.Background(), me, nil, n, 5, 0, []optimizer.PeerID{id(racer), id(liar)}, nil)
+	_, _, _, _, err = fetchVerifiedState(context.Background(), me, nil, n, 5, 0, []transport.PeerID{id(racer), id(liar)}, nil)
 	if !errors.Is(err, ErrBadState) {
 		t.Fatalf("err %v, want ErrBadState", err)
 	}

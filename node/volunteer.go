@@ -30,6 +30,7 @@ import (
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/p2p/wan"
 	"github.com/skein-ml/skein/trainer"
+	"github.com/skein-ml/skein/transport"
 )
 
 // VolunteerConfig configures `skein node join`: a volunteer that joins a run
@@ -114,7 +115,7 @@ type CollectiveConfig struct {
 	// (raised to a few rounds' worth of the model's messages).
 	MaxStashBytes int64
 	// OnReject is told about every offender.
-	OnReject func(from optimizer.PeerID, err error)
+	OnReject func(from transport.PeerID, err error)
 	Logger   *slog.Logger
 }
 
@@ -285,7 +286,7 @@ type Volunteer struct {
 	log   *slog.Logger
 	pn    *p2p.Node
 	su    *trainer.Setup
-	peers *P2PPeers
+	peers *p2p.Peers
 	coll  *optimizer.ButterflyDriver
 	dl    *optimizer.DiLoCo
 
@@ -717,7 +718,7 @@ func (v *Volunteer) Run(ctx context.Context) error {
 // (unchanged for a second), so that the first round's group is the same
 // everywhere. It reports false when ctx ended first.
 func (v *Volunteer) waitForPeers(ctx context.Context) bool {
-	var last []optimizer.PeerID
+	var last []transport.PeerID
 	for stable := 0; stable < 2; {
 		cur := v.peers.Members()
 		slices.Sort(cur)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/skein-ml/skein/compression"
+	"github.com/skein-ml/skein/transport"
 )
 
 // The butterfly collective: an I/O-free state machine in the manner of
@@ -111,7 +112,7 @@ type ButterflyConfig struct {
 	// MaxStashBytes bounds the messages kept for a round or group not yet
 	// reached (a quarter of it per sender).
 	MaxStashBytes int64
-	Signer        Signer
+	Signer        transport.Signer
 	// Hostile makes this member misbehave, for chaos tests only (skein
 	// demo --chaos --hostile): HostileScale sends its contribution times
 	// 1000, HostileSignFlip its negation (both well-formed: robust
@@ -135,7 +136,7 @@ var hostileScale = map[string]float32{HostileScale: 1000, HostileSignFlip: -1}
 
 // DefaultButterflyConfig returns WAN-minded defaults for ticks of tick
 // (for example 50 ms).
-func DefaultButterflyConfig(n int, signer Signer, tickSeconds float64) ButterflyConfig {
+func DefaultButterflyConfig(n int, signer transport.Signer, tickSeconds float64) ButterflyConfig {
 	c := compression.DefaultConfig()
 	c.Codec = compression.MinMax8
 	c.ZstdLevel = 0
@@ -173,13 +174,13 @@ func (c ButterflyConfig) Validate() error {
 
 // Envelope is one message for the driver to send.
 type Envelope struct {
-	To      PeerID
+	To      transport.PeerID
 	Payload []byte
 }
 
 // Offense names a member caught misbehaving, and how.
 type Offense struct {
-	Peer   PeerID
+	Peer   transport.PeerID
 	Reason string
 }
 
@@ -188,7 +189,7 @@ type Offense struct {
 type RoundResult struct {
 	Round    uint64
 	Attempt  uint32
-	Group    []PeerID
+	Group    []transport.PeerID
 	LeftOut  bool // this member was not in the group; it fetched the result
 	Verified int  // parts whose aggregate was confirmed by two owners or an audit
 	Audits   int
@@ -216,10 +217,10 @@ var (
 // Butterfly is the state machine of one member.
 type Butterfly struct {
 	cfg  ButterflyConfig
-	self PeerID
+	self transport.PeerID
 	now  int64
-	view []PeerID // sorted, self included
-	ban  map[PeerID]string
+	view []transport.PeerID // sorted, self included
+	ban  map[transport.PeerID]string
 
 	enc *compression.Encoder
 	dec *compression.Decoder
@@ -241,7 +242,7 @@ type Butterfly struct {
 
 type bfStashed struct {
 	at   int64 // when it arrived
-	from PeerID
+	from transport.PeerID
 	h    header
 	body []byte
 }
@@ -250,7 +251,7 @@ type bfStashed struct {
 // late fetches and audits.
 type bfFinished struct {
 	gh    uint64
-	group []PeerID
+	group []transport.PeerID
 	owned map[uint32]*bfOwned
 }
 
@@ -260,20 +261,20 @@ type bfRound struct {
 	stateHash uint64
 	x, out    []float32
 
-	readies    map[PeerID]bfReady
-	ranked     []PeerID
+	readies    map[transport.PeerID]bfReady
+	ranked     []transport.PeerID
 	leaderIdx  int
 	leadSince  int64
 	readyAt    int64 // when this member last sent its READY
-	finishedBy map[PeerID]bool
+	finishedBy map[transport.PeerID]bool
 
 	// the group, once accepted
-	group    []PeerID
+	group    []transport.PeerID
 	gh       uint64
 	groupAt  int64
-	groupB   []byte // the signed group message, forwarded to late members
-	leader   PeerID // who signed it
-	me       int    // index in group, -1 when left out
+	groupB   []byte           // the signed group message, forwarded to late members
+	leader   transport.PeerID // who signed it
+	me       int              // index in group, -1 when left out
 	owned    map[uint32]*bfOwned
 	parts    []bfPart
 	gatherAt int64 // when this member finished aggregating its parts
@@ -291,7 +292,7 @@ type bfReady struct {
 type bfOwned struct {
 	p       uint32
 	primary bool
-	co      PeerID // the co-owner; "" with one replica
+	co      transport.PeerID // the co-owner; "" with one replica
 	inputs  map[uint32]*bfInput
 	// refused holds the members whose signed input to this part failed
 	// the bounds: nothing better will come from them this round, so the
@@ -303,7 +304,7 @@ type bfOwned struct {
 	done      bool
 	frame     []byte // the aggregate, encoded
 	decls     []decl
-	fetchers  []PeerID // asked for the aggregate before it was done
+	fetchers  []transport.PeerID // asked for the aggregate before it was done
 }
 
 type bfInput struct {
@@ -314,7 +315,7 @@ type bfInput struct {
 
 // bfPart is this member's view of one part's result.
 type bfPart struct {
-	a, b             PeerID // owners
+	a, b             transport.PeerID // owners
 	frameA, frameB   []byte
 	declA, declB     []decl
 	digestB          []byte
@@ -330,7 +331,7 @@ type bfPart struct {
 }
 
 // NewButterfly returns the machine of member self.
-func NewButterfly(cfg ButterflyConfig, self PeerID) (*Butterfly, error) {
+func NewButterfly(cfg ButterflyConfig, self transport.PeerID) (*Butterfly, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -343,7 +344,7 @@ func NewButterfly(cfg ButterflyConfig, self PeerID) (*Butterfly, error) {
 		enc.Close()
 		return nil, err
 	}
-	return &Butterfly{cfg: cfg, self: self, view: []PeerID{self}, ban: map[PeerID]string{}, enc: enc, dec: dec,
+	return &Butterfly{cfg: cfg, self: self, view: []transport.PeerID{self}, ban: map[transport.PeerID]string{}, enc: enc, dec: dec,
 		attempts: map[uint64]uint32{}, finished: map[uint64]*bfFinished{}}, nil
 }
 
@@ -354,26 +355,26 @@ func (b *Butterfly) Close() {
 }
 
 // Self is this member's ID.
-func (b *Butterfly) Self() PeerID { return b.self }
+func (b *Butterfly) Self() transport.PeerID { return b.self }
 
 // Now is the machine's clock, in ticks.
 func (b *Butterfly) Now() int64 { return b.now }
 
 // SetMembers sets the members this one sees (self is always included).
-func (b *Butterfly) SetMembers(ms []PeerID) {
+func (b *Butterfly) SetMembers(ms []transport.PeerID) {
 	b.view = sortedGroup(append(slices.Clone(ms), b.self))
 	b.advance()
 }
 
 // Ban excludes a member from every later group and ignores its messages.
-func (b *Butterfly) Ban(id PeerID, reason string) {
+func (b *Butterfly) Ban(id transport.PeerID, reason string) {
 	if id != b.self {
 		b.ban[id] = reason
 	}
 }
 
 // Banned reports whether id is banned.
-func (b *Butterfly) Banned(id PeerID) bool { _, ok := b.ban[id]; return ok }
+func (b *Butterfly) Banned(id transport.PeerID) bool { _, ok := b.ban[id]; return ok }
 
 // Busy reports whether a round is in progress.
 func (b *Butterfly) Busy() bool { return b.cur != nil && b.cur.result == nil }
@@ -411,7 +412,7 @@ func (b *Butterfly) Start(round uint64, stateHash uint64, x, out []float32) erro
 		}
 	}
 	c := &bfRound{round: round, attempt: att, stateHash: stateHash, x: x, out: out,
-		readies: map[PeerID]bfReady{b.self: {stateHash, att, b.now}}, finishedBy: map[PeerID]bool{}, me: -1}
+		readies: map[transport.PeerID]bfReady{b.self: {stateHash, att, b.now}}, finishedBy: map[transport.PeerID]bool{}, me: -1}
 	c.ranked = b.rank(round)
 	c.leadSince, c.readyAt = b.now, b.now
 	b.cur = c
@@ -441,8 +442,8 @@ func (b *Butterfly) Start(round uint64, stateHash uint64, x, out []float32) erro
 }
 
 // rank orders the members for leadership of round: by a hash of (round, ID).
-func (b *Butterfly) rank(round uint64) []PeerID {
-	key := func(p PeerID) uint64 {
+func (b *Butterfly) rank(round uint64) []transport.PeerID {
+	key := func(p transport.PeerID) uint64 {
 		h := fnv.New64a()
 		var r [8]byte
 		binary.LittleEndian.PutUint64(r[:], round)
@@ -451,7 +452,7 @@ func (b *Butterfly) rank(round uint64) []PeerID {
 		return h.Sum64()
 	}
 	out := slices.Clone(b.view)
-	slices.SortFunc(out, func(x, y PeerID) int {
+	slices.SortFunc(out, func(x, y transport.PeerID) int {
 		kx, ky := key(x), key(y)
 		switch {
 		case kx < ky:
@@ -464,13 +465,13 @@ func (b *Butterfly) rank(round uint64) []PeerID {
 	return out
 }
 
-func (b *Butterfly) send(to PeerID, h header, body []byte) {
+func (b *Butterfly) send(to transport.PeerID, h header, body []byte) {
 	p := appendMessage(make([]byte, 0, headerLen+len(body)), h, body)
 	b.ready.Messages = append(b.ready.Messages, Envelope{To: to, Payload: p})
 	b.ready.BytesSent += int64(len(p))
 }
 
-func (b *Butterfly) offend(p PeerID, format string, args ...any) {
+func (b *Butterfly) offend(p transport.PeerID, format string, args ...any) {
 	if p == b.self {
 		return
 	}
@@ -481,7 +482,7 @@ func (b *Butterfly) offend(p PeerID, format string, args ...any) {
 
 // Step takes one message received from a peer. Malformed messages are
 // dropped (their sender is reported when it provably misbehaved).
-func (b *Butterfly) Step(from PeerID, payload []byte) {
+func (b *Butterfly) Step(from transport.PeerID, payload []byte) {
 	// A banned member's messages still count within the round in progress
 	// (every decision there must rest on what all members see, not on who
 	// each has banned); bans act when groups form.
@@ -500,7 +501,7 @@ func (b *Butterfly) Step(from PeerID, payload []byte) {
 // plus framing, whatever the group size.
 func (b *Butterfly) maxFrame() int { return 4*b.cfg.Len + 4096 }
 
-func (b *Butterfly) step(from PeerID, h header, body []byte, fresh bool) {
+func (b *Butterfly) step(from transport.PeerID, h header, body []byte, fresh bool) {
 	c := b.cur
 	active := c != nil && c.result == nil
 	switch h.kind {
@@ -593,7 +594,7 @@ func (b *Butterfly) lastRound() uint64 {
 
 // stashMsg keeps a message for a round or group not reached yet, within
 // the byte budget (a quarter per sender), from members only.
-func (b *Butterfly) stashMsg(from PeerID, h header, body []byte) {
+func (b *Butterfly) stashMsg(from transport.PeerID, h header, body []byte) {
 	if !slices.Contains(b.view, from) || len(body) > b.maxFrame()+sigLen+64 {
 		return
 	}
@@ -719,7 +720,7 @@ func (b *Butterfly) Cancel(err error) {
 }
 
 // bfGroupHash names one attempt of a round and its group.
-func bfGroupHash(round uint64, attempt uint32, group []PeerID) uint64 {
+func bfGroupHash(round uint64, attempt uint32, group []transport.PeerID) uint64 {
 	h := fnv.New64a()
 	var b [12]byte
 	binary.LittleEndian.PutUint64(b[:], round)
@@ -735,11 +736,11 @@ func bfGroupHash(round uint64, attempt uint32, group []PeerID) uint64 {
 // gone reports whether another member is no longer a member (by the
 // membership, which all members come to share; never by this member's own
 // bans, which the others may not share).
-func (b *Butterfly) gone(p PeerID) bool {
+func (b *Butterfly) gone(p transport.PeerID) bool {
 	return p != b.self && !slices.Contains(b.view, p)
 }
 
-func short(p PeerID) string {
+func short(p transport.PeerID) string {
 	if len(p) > 12 {
 		return string(p[len(p)-6:])
 	}

@@ -7,13 +7,15 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/skein-ml/skein/transport"
 )
 
 // Collective averages one vector per round over the members of a run: the
 // butterfly (ButterflyDriver), or any other.
 type Collective interface {
 	// Self is this member's ID.
-	Self() PeerID
+	Self() transport.PeerID
 	// AllReduceMean averages x over the round's group into out; on success
 	// every member that returns holds the same bits.
 	AllReduceMean(ctx context.Context, round uint64, x, out []float32) (RoundStats, error)
@@ -29,17 +31,17 @@ type stateCollective interface {
 // goroutine, the clock (a ticker) and the sends; the machine owns every
 // decision. One round at a time.
 type ButterflyDriver struct {
-	peers    Peers
+	peers    transport.Peers
 	m        *Butterfly
 	tick     time.Duration
 	log      *slog.Logger
-	onReject func(PeerID, error)
+	onReject func(transport.PeerID, error)
 
 	reqs chan bfRequest
 	done chan struct{} // closed when the loop exits
 	stop context.CancelFunc
 	wg   sync.WaitGroup
-	out  *Outbox
+	out  *transport.Outbox
 }
 
 type bfRequest struct {
@@ -58,7 +60,7 @@ type bfReply struct {
 type ButterflyOptions struct {
 	Tick     time.Duration // the machine's tick (default 50 ms)
 	Logger   *slog.Logger
-	OnReject func(from PeerID, err error) // told about each offender
+	OnReject func(from transport.PeerID, err error) // told about each offender
 }
 
 // perPeerQueue bounds the messages waiting for one destination; past it,
@@ -67,7 +69,7 @@ type ButterflyOptions struct {
 const perPeerQueue = 256
 
 // NewButterflyDriver builds the driver of peers.Self()'s machine.
-func NewButterflyDriver(peers Peers, cfg ButterflyConfig, opt ButterflyOptions) (*ButterflyDriver, error) {
+func NewButterflyDriver(peers transport.Peers, cfg ButterflyConfig, opt ButterflyOptions) (*ButterflyDriver, error) {
 	if opt.Tick <= 0 {
 		opt.Tick = 50 * time.Millisecond
 	}
@@ -79,16 +81,16 @@ func NewButterflyDriver(peers Peers, cfg ButterflyConfig, opt ButterflyOptions) 
 		return nil, err
 	}
 	return &ButterflyDriver{peers: peers, m: m, tick: opt.Tick, log: opt.Logger, onReject: opt.OnReject,
-		reqs: make(chan bfRequest), done: make(chan struct{}), out: NewOutbox(peers, perPeerQueue, opt.Logger)}, nil
+		reqs: make(chan bfRequest), done: make(chan struct{}), out: transport.NewOutbox(peers, perPeerQueue, opt.Logger)}, nil
 }
 
 // Self is this member's ID.
-func (d *ButterflyDriver) Self() PeerID { return d.peers.Self() }
+func (d *ButterflyDriver) Self() transport.PeerID { return d.peers.Self() }
 
 // Start runs the driver until ctx ends or Close.
 func (d *ButterflyDriver) Start(ctx context.Context) {
 	ctx, d.stop = context.WithCancel(ctx)
-	recv := make(chan Message, 64)
+	recv := make(chan transport.Message, 64)
 	d.wg.Add(2)
 	go func() {
 		defer d.wg.Done()
@@ -124,7 +126,7 @@ func (d *ButterflyDriver) Close() {
 	d.m.Close()
 }
 
-func (d *ButterflyDriver) loop(ctx context.Context, recv <-chan Message) {
+func (d *ButterflyDriver) loop(ctx context.Context, recv <-chan transport.Message) {
 	t := time.NewTicker(d.tick)
 	defer t.Stop()
 	var waiting *bfRequest

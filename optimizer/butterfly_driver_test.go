@@ -10,22 +10,24 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/skein-ml/skein/transport"
 )
 
 // bfMembers starts n butterfly drivers over a MemNetwork, each wrapped in a
 // DiLoCo from the same phi.
-func bfMembers(t *testing.T, net *MemNetwork, n, size int) ([]*DiLoCo, [][]float32, []*ButterflyDriver) {
+func bfMembers(t *testing.T, net *transport.MemNetwork, n, size int) ([]*DiLoCo, [][]float32, []*ButterflyDriver) {
 	return bfMembersWith(t, net, n, size, nil)
 }
 
-func bfMembersWith(t *testing.T, net *MemNetwork, n, size int, mod func(i int, c *ButterflyConfig, o *ButterflyOptions)) ([]*DiLoCo, [][]float32, []*ButterflyDriver) {
+func bfMembersWith(t *testing.T, net *transport.MemNetwork, n, size int, mod func(i int, c *ButterflyConfig, o *ButterflyOptions)) ([]*DiLoCo, [][]float32, []*ButterflyDriver) {
 	t.Helper()
 	phi0 := randomVec(size, 77, 1)
 	var ds []*DiLoCo
 	var thetas [][]float32
 	var drivers []*ButterflyDriver
 	for i := range n {
-		id := PeerID(memberName(i))
+		id := transport.PeerID(memberName(i))
 		p := net.Join(id)
 		cfg := DefaultButterflyConfig(size, testSigner{id}, 0.01)
 		cfg.PhaseWait = 200 // 2 s before the first observed phase
@@ -65,7 +67,7 @@ func bfStep(t *testing.T, ds []*DiLoCo, thetas [][]float32, live []int) []RoundS
 // on within a deadline; then one leaves (the membership knows) and the
 // round costs no deadline.
 func TestButterflyDriverDiLoCo(t *testing.T) {
-	net := NewMemNetwork()
+	net := transport.NewMemNetwork()
 	defer net.Close()
 	ds, thetas, _ := bfMembers(t, net, 5, 4000)
 	all := []int{0, 1, 2, 3, 4}
@@ -90,7 +92,7 @@ func TestButterflyDriverDiLoCo(t *testing.T) {
 // average (its messages stop; the membership lists it for a while): the
 // survivors finish the round with the same state.
 func TestButterflyDriverKilledMidRound(t *testing.T) {
-	net := NewMemNetwork()
+	net := transport.NewMemNetwork()
 	defer net.Close()
 	ds, thetas, _ := bfMembers(t, net, 4, 4000)
 	bfStep(t, ds, thetas, []int{0, 1, 2, 3})
@@ -139,7 +141,7 @@ func TestButterflyDriverKilledMidRound(t *testing.T) {
 // TestButterflyDriverCancel: a cancelled round returns promptly and leaves
 // the state untouched.
 func TestButterflyDriverCancel(t *testing.T) {
-	net := NewMemNetwork()
+	net := transport.NewMemNetwork()
 	defer net.Close()
 	ds, thetas, _ := bfMembers(t, net, 3, 1000)
 	before := ds[0].StateHash()
@@ -176,10 +178,10 @@ func (w tWriter) Write(p []byte) (int, error) {
 func TestButterflyDriverHostile(t *testing.T) {
 	for _, mode := range HostileModes {
 		t.Run(mode, func(t *testing.T) {
-			net := NewMemNetwork()
+			net := transport.NewMemNetwork()
 			defer net.Close()
 			var mu sync.Mutex
-			reported := map[PeerID]bool{}
+			reported := map[transport.PeerID]bool{}
 			ds, thetas, _ := bfMembersWith(t, net, 4, 4000, func(i int, c *ButterflyConfig, o *ButterflyOptions) {
 				// The default waits: a member that has not banned the hostile
 				// one (its poisoned part came after the member's aggregate)
@@ -188,7 +190,7 @@ func TestButterflyDriverHostile(t *testing.T) {
 				if i == 3 {
 					c.Hostile = mode
 				}
-				o.OnReject = func(p PeerID, err error) {
+				o.OnReject = func(p transport.PeerID, err error) {
 					mu.Lock()
 					reported[p] = true
 					mu.Unlock()

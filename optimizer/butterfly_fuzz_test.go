@@ -2,13 +2,15 @@ package optimizer
 
 import (
 	"testing"
+
+	"github.com/skein-ml/skein/transport"
 )
 
 // FuzzButterflyStep feeds arbitrary bytes to a machine in every phase of a
 // round: nothing may panic, allocate past the bounds, or end the round of
 // an honest member. The corpus starts from every message of a real round.
 func FuzzButterflyStep(f *testing.F) {
-	s := newBFSim(f, 64, []PeerID{"a", "b", "c"}, nil)
+	s := newBFSim(f, 64, []transport.PeerID{"a", "b", "c"}, nil)
 	for _, id := range s.ids {
 		s.start(id, 1, 7)
 	}
@@ -24,12 +26,12 @@ func FuzzButterflyStep(f *testing.F) {
 	}
 	f.Add([]byte("SK\x01\x09"), uint8(1))
 	f.Fuzz(func(t *testing.T, payload []byte, phase uint8) {
-		sim := newBFSim(t, 64, []PeerID{"a", "b", "c"}, nil)
+		sim := newBFSim(t, 64, []transport.PeerID{"a", "b", "c"}, nil)
 		for _, id := range sim.ids {
 			sim.start(id, 1, 7)
 		}
 		sim.run(int(phase % 8))
-		for _, from := range []PeerID{"b", "c", "z"} {
+		for _, from := range []transport.PeerID{"b", "c", "z"} {
 			sim.m["a"].Step(from, payload)
 			sim.collect("a")
 		}
@@ -42,7 +44,7 @@ func FuzzButterflyStep(f *testing.F) {
 
 // FuzzButterflyBodies fuzzes the body parsers directly.
 func FuzzButterflyBodies(f *testing.F) {
-	f.Add(appendGroupBody(nil, 7, []PeerID{"a", "b"}, "a"))
+	f.Add(appendGroupBody(nil, 7, []transport.PeerID{"a", "b"}, "a"))
 	f.Add(appendDecls(nil, []decl{{idx: 1}}))
 	f.Add(appendInputs(nil, []signedInput{{decl: decl{idx: 0}}}))
 	f.Add(appendAudit(nil, []auditInput{{frame: []byte{1, 2, 3}}}))

@@ -5,6 +5,8 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"slices"
+
+	"github.com/skein-ml/skein/transport"
 )
 
 // Phase 4 of a butterfly round (butterfly.go): every member settles each
@@ -12,7 +14,7 @@ import (
 
 // ---- 4. Gather ------------------------------------------------------------
 
-func (b *Butterfly) onResult(from PeerID, h header, body []byte) {
+func (b *Butterfly) onResult(from transport.PeerID, h header, body []byte) {
 	c := b.cur
 	if h.group != c.gh || int(h.chunk) >= len(c.parts) {
 		return
@@ -37,7 +39,7 @@ func (b *Butterfly) onResult(from PeerID, h header, body []byte) {
 	}
 }
 
-func (b *Butterfly) onDigest(from PeerID, h header, body []byte) {
+func (b *Butterfly) onDigest(from transport.PeerID, h header, body []byte) {
 	c := b.cur
 	if h.group != c.gh || int(h.chunk) >= len(c.parts) {
 		return
@@ -53,7 +55,7 @@ func (b *Butterfly) onDigest(from PeerID, h header, body []byte) {
 	pt.digestB, pt.declB, pt.gotDigest, pt.digestAt = slices.Clone(body[:digestLen]), ds, true, b.now
 }
 
-func (b *Butterfly) onInputs(from PeerID, h header, body []byte) {
+func (b *Butterfly) onInputs(from transport.PeerID, h header, body []byte) {
 	c := b.cur
 	if h.group != c.gh || int(h.chunk) >= len(c.parts) {
 		return
@@ -165,7 +167,7 @@ func (b *Butterfly) settle(c *bfRound, p uint32, pt *bfPart, start, due int64) {
 		pt.fetchAt = b.now
 		h.kind = kindFetch
 		if pt.frameA == nil {
-			for _, o := range []PeerID{pt.a, pt.b} {
+			for _, o := range []transport.PeerID{pt.a, pt.b} {
 				if o != "" && o != b.self && !b.Banned(o) {
 					b.send(o, h, nil)
 				}
@@ -186,7 +188,7 @@ func (b *Butterfly) settle(c *bfRound, p uint32, pt *bfPart, start, due int64) {
 func (b *Butterfly) startAudit(c *bfRound, p uint32, pt *bfPart) {
 	pt.audit, pt.auditAt = true, b.now
 	h := header{kind: kindAudit, round: c.round, group: c.gh, step: c.attempt, chunk: p}
-	for _, o := range []PeerID{pt.a, pt.b} {
+	for _, o := range []transport.PeerID{pt.a, pt.b} {
 		switch {
 		case o == "":
 		case o == b.self:
@@ -355,7 +357,7 @@ func (b *Butterfly) advanceLeftOut(c *bfRound) {
 
 // answer serves a fetch (the aggregate) or an audit (the signed inputs) of a
 // part this member owns, in the current or a recently finished round.
-func (b *Butterfly) answer(from PeerID, h header) {
+func (b *Butterfly) answer(from transport.PeerID, h header) {
 	var owned map[uint32]*bfOwned
 	var gh uint64
 	switch c := b.cur; {

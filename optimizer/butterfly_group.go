@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"slices"
+
+	"github.com/skein-ml/skein/transport"
 )
 
 // Phase 1 of a butterfly round (butterfly.go): agreeing on the group.
@@ -15,7 +17,7 @@ import (
 // round's ranking, from position leaderIdx on, that is not gone. The
 // ranking is fixed at Start, so members that agree on who is gone follow
 // the same leader.
-func (b *Butterfly) candidate(c *bfRound) (PeerID, int) {
+func (b *Butterfly) candidate(c *bfRound) (transport.PeerID, int) {
 	n := len(c.ranked)
 	for k := range n {
 		pos := (c.leaderIdx + k) % n
@@ -141,7 +143,7 @@ func (b *Butterfly) advanceGroup(c *bfRound) {
 			best = h
 		}
 	}
-	var members []PeerID
+	var members []transport.PeerID
 	att := c.attempt
 	for p, r := range c.readies {
 		if r.hash == best && !b.Banned(p) {
@@ -165,7 +167,7 @@ func (b *Butterfly) advanceGroup(c *bfRound) {
 	b.acceptGroup(c, att, best, members, body)
 }
 
-func (b *Butterfly) onGroup(from PeerID, h header, body []byte) {
+func (b *Butterfly) onGroup(from transport.PeerID, h header, body []byte) {
 	c := b.cur
 	if h.step < c.attempt || uint64(len(body)) > uint64(maxGroup)*(maxIDLen+2)+64 {
 		return
@@ -208,7 +210,7 @@ func (b *Butterfly) onGroup(from PeerID, h header, body []byte) {
 	b.acceptGroup(c, h.step, g.stateHash, g.members, body)
 }
 
-func (b *Butterfly) acceptGroup(c *bfRound, att uint32, stateHash uint64, members []PeerID, signed []byte) {
+func (b *Butterfly) acceptGroup(c *bfRound, att uint32, stateHash uint64, members []transport.PeerID, signed []byte) {
 	c.attempt = att
 	b.attempts[c.round] = max(b.attempts[c.round], att)
 	c.group, c.groupB, c.groupAt = members, signed, b.now
@@ -261,7 +263,7 @@ func (b *Butterfly) acceptGroup(c *bfRound, att uint32, stateHash uint64, member
 
 // owners of part p: members p and p+1 (mod M); the second is "" with one
 // replica or one member.
-func (b *Butterfly) owners(g []PeerID, p uint32) (PeerID, PeerID) {
+func (b *Butterfly) owners(g []transport.PeerID, p uint32) (transport.PeerID, transport.PeerID) {
 	M := uint32(len(g))
 	if b.cfg.Replicas < 2 || M < 2 {
 		return g[p], ""

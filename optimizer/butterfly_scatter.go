@@ -5,6 +5,8 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"slices"
+
+	"github.com/skein-ml/skein/transport"
 )
 
 // Phases 2 and 3 of a butterfly round (butterfly.go): the parts to their
@@ -46,7 +48,7 @@ func (b *Butterfly) scatter(c *bfRound) {
 		}
 		msg := append(slices.Clone(sig), frame...)
 		h := header{kind: kindPart, round: c.round, group: c.gh, step: c.attempt, chunk: uint32(p)}
-		for _, o := range []PeerID{c.parts[p].a, c.parts[p].b} {
+		for _, o := range []transport.PeerID{c.parts[p].a, c.parts[p].b} {
 			switch o {
 			case "":
 			case b.self:
@@ -58,7 +60,7 @@ func (b *Butterfly) scatter(c *bfRound) {
 	}
 }
 
-func (b *Butterfly) onPart(from PeerID, h header, body []byte) {
+func (b *Butterfly) onPart(from transport.PeerID, h header, body []byte) {
 	c := b.cur
 	idx := slices.Index(c.group, from)
 	if h.group != c.gh || idx < 0 {
@@ -159,7 +161,7 @@ func (b *Butterfly) advanceOwned(c *bfRound, o *bfOwned) {
 	b.aggregate(c, o)
 }
 
-func (b *Butterfly) onHave(from PeerID, h header, body []byte) {
+func (b *Butterfly) onHave(from transport.PeerID, h header, body []byte) {
 	c := b.cur
 	o := c.owned[h.chunk]
 	if h.group != c.gh || o == nil || o.co != from || o.gotCoHave {

@@ -16,20 +16,21 @@ import (
 
 	"github.com/skein-ml/skein/compression"
 	"github.com/skein-ml/skein/internal/scenario"
+	"github.com/skein-ml/skein/transport"
 )
 
 // testSigner signs with a deterministic ed25519 key per member (derived from
 // its ID), so scripted scenarios are reproducible.
-type testSigner struct{ self PeerID }
+type testSigner struct{ self transport.PeerID }
 
-func testKey(id PeerID) ed25519.PrivateKey {
+func testKey(id transport.PeerID) ed25519.PrivateKey {
 	seed := sha256.Sum256([]byte("skein-test-key/" + id))
 	return ed25519.NewKeyFromSeed(seed[:])
 }
 
 func (s testSigner) Sign(msg []byte) ([]byte, error) { return ed25519.Sign(testKey(s.self), msg), nil }
 
-func (s testSigner) Verify(id PeerID, msg, sig []byte) bool {
+func (s testSigner) Verify(id transport.PeerID, msg, sig []byte) bool {
 	return len(sig) == ed25519.SignatureSize && ed25519.Verify(testKey(id).Public().(ed25519.PublicKey), msg, sig)
 }
 
@@ -39,49 +40,49 @@ func (s testSigner) Verify(id PeerID, msg, sig []byte) bool {
 type bfSim struct {
 	t        testing.TB
 	cfg      ButterflyConfig
-	ids      []PeerID
-	m        map[PeerID]*Butterfly
-	x, out   map[PeerID][]float32
-	res      map[PeerID]*RoundResult
-	offenses map[PeerID][]Offense
-	crashed  map[PeerID]bool
-	delay    map[PeerID]int64
+	ids      []transport.PeerID
+	m        map[transport.PeerID]*Butterfly
+	x, out   map[transport.PeerID][]float32
+	res      map[transport.PeerID]*RoundResult
+	offenses map[transport.PeerID][]Offense
+	crashed  map[transport.PeerID]bool
+	delay    map[transport.PeerID]int64
 	drops    []dropRule
-	hostile  map[PeerID]string
+	hostile  map[transport.PeerID]string
 	queue    []simMsg
 	now      int64
-	started  map[PeerID]bool
-	isolated map[PeerID]bool
+	started  map[transport.PeerID]bool
+	isolated map[transport.PeerID]bool
 	bytes    int64
 }
 
 type simMsg struct {
-	from, to PeerID
+	from, to transport.PeerID
 	payload  []byte
 	at       int64
 }
 
 type dropRule struct {
-	from, to PeerID // "*" for any
-	kind     string // "" for any
+	from, to transport.PeerID // "*" for any
+	kind     string           // "" for any
 }
 
-func newBFSim(t testing.TB, n int, ids []PeerID, mod func(*ButterflyConfig)) *bfSim {
+func newBFSim(t testing.TB, n int, ids []transport.PeerID, mod func(*ButterflyConfig)) *bfSim {
 	cfg := DefaultButterflyConfig(n, nil, 1)
 	cfg.ReadyWait, cfg.LeaderWait, cfg.PhaseWait, cfg.MinPhase, cfg.MaxPhase = 5, 20, 10, 2, 50
 	if mod != nil {
 		mod(&cfg)
 	}
-	s := &bfSim{t: t, cfg: cfg, m: map[PeerID]*Butterfly{}, x: map[PeerID][]float32{}, out: map[PeerID][]float32{},
-		res: map[PeerID]*RoundResult{}, offenses: map[PeerID][]Offense{}, crashed: map[PeerID]bool{},
-		delay: map[PeerID]int64{}, hostile: map[PeerID]string{}, started: map[PeerID]bool{}, isolated: map[PeerID]bool{}}
+	s := &bfSim{t: t, cfg: cfg, m: map[transport.PeerID]*Butterfly{}, x: map[transport.PeerID][]float32{}, out: map[transport.PeerID][]float32{},
+		res: map[transport.PeerID]*RoundResult{}, offenses: map[transport.PeerID][]Offense{}, crashed: map[transport.PeerID]bool{},
+		delay: map[transport.PeerID]int64{}, hostile: map[transport.PeerID]string{}, started: map[transport.PeerID]bool{}, isolated: map[transport.PeerID]bool{}}
 	for _, id := range ids {
 		s.add(id)
 	}
 	return s
 }
 
-func (s *bfSim) add(id PeerID) {
+func (s *bfSim) add(id transport.PeerID) {
 	c := s.cfg
 	c.Signer = testSigner{id}
 	b, err := NewButterfly(c, id)
@@ -103,8 +104,8 @@ func (s *bfSim) add(id PeerID) {
 	}
 }
 
-func (s *bfSim) live() []PeerID {
-	var out []PeerID
+func (s *bfSim) live() []transport.PeerID {
+	var out []transport.PeerID
 	for _, p := range s.ids {
 		if !s.crashed[p] {
 			out = append(out, p)
@@ -113,7 +114,7 @@ func (s *bfSim) live() []PeerID {
 	return out
 }
 
-func (s *bfSim) collect(id PeerID) {
+func (s *bfSim) collect(id transport.PeerID) {
 	rd := s.m[id].Ready()
 	s.offenses[id] = append(s.offenses[id], rd.Offenses...)
 	if rd.Result != nil {
@@ -128,7 +129,7 @@ func (s *bfSim) collect(id PeerID) {
 }
 
 // tamper applies a hostile member's behaviour to what it sends.
-func (s *bfSim) tamper(from PeerID, e Envelope) []Envelope {
+func (s *bfSim) tamper(from transport.PeerID, e Envelope) []Envelope {
 	mode := s.hostile[from]
 	if mode == "" {
 		return []Envelope{e}
@@ -244,7 +245,7 @@ func (s *bfSim) settled() bool {
 	return true
 }
 
-func (s *bfSim) start(id PeerID, round, hash uint64) {
+func (s *bfSim) start(id transport.PeerID, round, hash uint64) {
 	x := s.x[id]
 	if s.hostile[id] == "scale" {
 		x = slices.Clone(x)
@@ -278,13 +279,13 @@ func runScenario(t *testing.T, path string) {
 		t.Fatal(err)
 	}
 	var s *bfSim
-	var leader PeerID
+	var leader transport.PeerID
 	n := 1000
 	var mods []func(*ButterflyConfig)
-	ids := func(fs []string) []PeerID {
-		var out []PeerID
+	ids := func(fs []string) []transport.PeerID {
+		var out []transport.PeerID
 		for _, f := range fs {
-			out = append(out, PeerID(f))
+			out = append(out, transport.PeerID(f))
 		}
 		return out
 	}
@@ -302,7 +303,7 @@ func runScenario(t *testing.T, path string) {
 			return x
 		}
 		// lhs : rhs
-		split := func() ([]PeerID, []PeerID) {
+		split := func() ([]transport.PeerID, []transport.PeerID) {
 			i := slices.Index(f, ":")
 			if i < 0 {
 				fail("want ': '")
@@ -325,7 +326,7 @@ func runScenario(t *testing.T, path string) {
 				}
 			})
 		case "join":
-			s.add(PeerID(f[1]))
+			s.add(transport.PeerID(f[1]))
 		case "start": // start ROUND HASH ids...
 			round, hash := uint64(atoi(f[1])), uint64(atoi(f[2]))
 			for _, id := range ids(f[3:]) {
@@ -358,7 +359,7 @@ func runScenario(t *testing.T, path string) {
 			case "same":
 				var ok []string
 				for _, id := range honest {
-					if r := s.res[PeerID(id)]; r != nil && r.Err == nil {
+					if r := s.res[transport.PeerID(id)]; r != nil && r.Err == nil {
 						ok = append(ok, id)
 					}
 				}
@@ -384,19 +385,19 @@ func runScenario(t *testing.T, path string) {
 			f = append([]string{"expect", f[1]}, live...)
 			expect(t, s, f, split, ids, fail)
 		case "cutoff": // cutoff ID: ID sees only itself and no message reaches it or leaves it
-			id := PeerID(f[1])
+			id := transport.PeerID(f[1])
 			s.m[id].SetMembers(nil)
 			s.drops = append(s.drops, dropRule{from: id, to: "*"}, dropRule{from: "*", to: id})
 		case "hide": // hide VIEWER MEMBER: VIEWER's membership lacks MEMBER
-			var v []PeerID
+			var v []transport.PeerID
 			for _, p := range s.live() {
-				if p != PeerID(f[2]) {
+				if p != transport.PeerID(f[2]) {
 					v = append(v, p)
 				}
 			}
-			s.m[PeerID(f[1])].SetMembers(v)
+			s.m[transport.PeerID(f[1])].SetMembers(v)
 		case "drop": // drop FROM TO [KIND]
-			r := dropRule{from: PeerID(f[1]), to: PeerID(f[2])}
+			r := dropRule{from: transport.PeerID(f[1]), to: transport.PeerID(f[2])}
 			if len(f) > 3 {
 				r.kind = f[3]
 			}
@@ -404,9 +405,9 @@ func runScenario(t *testing.T, path string) {
 		case "heal":
 			s.drops = nil
 		case "delay":
-			s.delay[PeerID(f[1])] = atoi(f[2])
+			s.delay[transport.PeerID(f[1])] = atoi(f[2])
 		case "hostile":
-			s.hostile[PeerID(f[1])] = f[2]
+			s.hostile[transport.PeerID(f[1])] = f[2]
 		case "run":
 			s.run(int(atoi(f[1])))
 		case "expect":
@@ -420,7 +421,7 @@ func runScenario(t *testing.T, path string) {
 	}
 }
 
-func expect(t *testing.T, s *bfSim, f []string, split func() ([]PeerID, []PeerID), ids func([]string) []PeerID, fail func(string, ...any)) {
+func expect(t *testing.T, s *bfSim, f []string, split func() ([]transport.PeerID, []transport.PeerID), ids func([]string) []transport.PeerID, fail func(string, ...any)) {
 	t.Helper()
 	switch f[1] {
 	case "ok":
@@ -553,12 +554,12 @@ func TestButterflyRandomSchedules(t *testing.T) {
 		rng := newRand(uint64(seed))
 		s, ids := randomSim(t, rng, 4)
 		m := len(ids)
-		victim := PeerID("")
+		victim := transport.PeerID("")
 		if rng.IntN(2) == 0 {
 			victim = ids[rng.IntN(m)]
 		}
 		killAt := int64(rng.IntN(30))
-		hostile := PeerID("")
+		hostile := transport.PeerID("")
 		if rng.IntN(3) == 0 {
 			hostile = ids[rng.IntN(m)]
 			if hostile != victim {
@@ -567,7 +568,7 @@ func TestButterflyRandomSchedules(t *testing.T) {
 				hostile = ""
 			}
 		}
-		starts := map[PeerID]int64{}
+		starts := map[transport.PeerID]int64{}
 		for _, id := range ids {
 			starts[id] = int64(rng.IntN(8))
 		}
@@ -584,7 +585,7 @@ func TestButterflyRandomSchedules(t *testing.T) {
 			s.run(1)
 		}
 		var first []float32
-		var firstID PeerID
+		var firstID transport.PeerID
 		for _, id := range ids {
 			if id == victim || id == hostile {
 				continue
@@ -612,11 +613,11 @@ func newRand(seed uint64) *rand.Rand { return rand.New(rand.NewPCG(seed, 99)) }
 
 // randomSim is a simulation of 3 to 2+spread members (p0, p1, ...) with
 // random link delays of 0-3 ticks, drawn from rng.
-func randomSim(t *testing.T, rng *rand.Rand, spread int) (*bfSim, []PeerID) {
+func randomSim(t *testing.T, rng *rand.Rand, spread int) (*bfSim, []transport.PeerID) {
 	m := 3 + rng.IntN(spread)
-	var ids []PeerID
+	var ids []transport.PeerID
 	for i := range m {
-		ids = append(ids, PeerID(fmt.Sprintf("p%d", i)))
+		ids = append(ids, transport.PeerID(fmt.Sprintf("p%d", i)))
 	}
 	s := newBFSim(t, 257, ids, nil)
 	for _, id := range ids {
@@ -680,7 +681,7 @@ func TestButterflyForgerWithStalledCoOwner(t *testing.T) {
 			s.run(1)
 		}
 		var first []float32
-		var firstID PeerID
+		var firstID transport.PeerID
 		for _, id := range ids {
 			if id == forger || id == victim {
 				continue

@@ -4,6 +4,8 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"fmt"
+
+	"github.com/skein-ml/skein/transport"
 )
 
 // Bodies of the butterfly collective's messages (after the 32-byte header of
@@ -38,14 +40,6 @@ const (
 	partContext  = "skein/butterfly/part/1"
 	groupContext = "skein/butterfly/group/1"
 )
-
-// Signer signs this member's messages and checks the others'. In
-// production it is the node's libp2p identity (the peer ID embeds the
-// public key); tests use deterministic ed25519 keys.
-type Signer interface {
-	Sign(msg []byte) ([]byte, error)
-	Verify(id PeerID, msg, sig []byte) bool
-}
 
 // decl names one input of an aggregate: the member's index in the group and
 // the hash of the frame it sent.
@@ -82,13 +76,13 @@ func groupSigMsg(round uint64, attempt uint32, body []byte) []byte {
 // groupMsg is a decoded group announcement.
 type groupMsg struct {
 	stateHash uint64
-	members   []PeerID
-	leader    PeerID
+	members   []transport.PeerID
+	leader    transport.PeerID
 	signed    []byte // the bytes the signature covers (before groupSigMsg)
 	sig       []byte
 }
 
-func appendGroupBody(dst []byte, stateHash uint64, members []PeerID, leader PeerID) []byte {
+func appendGroupBody(dst []byte, stateHash uint64, members []transport.PeerID, leader transport.PeerID) []byte {
 	dst = binary.LittleEndian.AppendUint64(dst, stateHash)
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(members)))
 	for _, m := range members {
@@ -112,8 +106,8 @@ func parseGroup(body []byte) (groupMsg, error) {
 	if n == 0 || n > maxGroup || uint64(n)*3 > uint64(len(b)) {
 		return g, fmt.Errorf("%w: group of %d members in %d bytes", ErrBadMessage, n, len(b))
 	}
-	g.members = make([]PeerID, 0, n)
-	readID := func() (PeerID, error) {
+	g.members = make([]transport.PeerID, 0, n)
+	readID := func() (transport.PeerID, error) {
 		if len(b) < 2 {
 			return "", fmt.Errorf("%w: group truncated", ErrBadMessage)
 		}
@@ -121,7 +115,7 @@ func parseGroup(body []byte) (groupMsg, error) {
 		if l == 0 || l > maxIDLen || l > len(b)-2 {
 			return "", fmt.Errorf("%w: peer ID of %d bytes", ErrBadMessage, l)
 		}
-		id := PeerID(b[2 : 2+l])
+		id := transport.PeerID(b[2 : 2+l])
 		b = b[2+l:]
 		return id, nil
 	}

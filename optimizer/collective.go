@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/skein-ml/skein/transport"
 )
 
 // What every collective shares: the stats of a round, its errors, the
@@ -16,7 +18,7 @@ const DefaultMaxStashBytes = 256 << 20
 // RoundStats describes one completed collective.
 type RoundStats struct {
 	Round     uint64
-	Group     []PeerID // the group that produced the result
+	Group     []transport.PeerID // the group that produced the result
 	Attempts  int
 	Adopted   bool // the result came from a peer that had finished the round
 	BytesSent int64

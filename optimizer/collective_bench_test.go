@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/skein-ml/skein/transport"
 )
 
 // BenchmarkCollectiveWAN measures one round of the butterfly, with two
@@ -25,13 +27,13 @@ func BenchmarkCollectiveWAN(b *testing.B) {
 }
 
 func benchCollective(b *testing.B, kind string, m, n int) {
-	net := NewMemNetwork()
+	net := transport.NewMemNetwork()
 	defer net.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	colls := make([]Collective, m)
 	for i := range m {
-		id := PeerID(fmt.Sprintf("m%02d", i))
+		id := transport.PeerID(fmt.Sprintf("m%02d", i))
 		p := net.Join(id)
 		net.SetUplink(id, 50e6/8)
 		net.SetDelay(id, 30*time.Millisecond, 0)
@@ -57,7 +59,7 @@ func benchCollective(b *testing.B, kind string, m, n int) {
 	}
 	sent := func() (s int64) {
 		for i := range m {
-			s += net.BytesSent(PeerID(fmt.Sprintf("m%02d", i)))
+			s += net.BytesSent(transport.PeerID(fmt.Sprintf("m%02d", i)))
 		}
 		return s
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/skein-ml/skein/compression"
+	"github.com/skein-ml/skein/transport"
 )
 
 func randomVec(n int, seed uint64, scale float64) []float32 {
@@ -67,12 +68,12 @@ func TestNesterovStepByHand(t *testing.T) {
 // the same round) succeeds with one state.
 func TestDiLoCoCancelledRoundIsRetried(t *testing.T) {
 	const M, n = 4, 1000
-	net := NewMemNetwork()
+	net := transport.NewMemNetwork()
 	defer net.Close()
 	ds, thetas, _ := bfMembers(t, net, M, n)
 	bfStep(t, ds, thetas, []int{0, 1, 2, 3})
 	for i := range M {
-		net.SetDelay(PeerID(memberName(i)), 300*time.Millisecond, 0)
+		net.SetDelay(transport.PeerID(memberName(i)), 300*time.Millisecond, 0)
 	}
 	saved := make([][]float32, M)
 	for i := range M {
@@ -90,7 +91,7 @@ func TestDiLoCoCancelledRoundIsRetried(t *testing.T) {
 		}
 	}
 	for i := range M {
-		net.SetDelay(PeerID(memberName(i)), 0, 0)
+		net.SetDelay(transport.PeerID(memberName(i)), 0, 0)
 	}
 	for i, err := range each(M, func(i int) error {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -109,7 +110,7 @@ func TestDiLoCoCancelledRoundIsRetried(t *testing.T) {
 
 func TestDiLoCoDelayedAgrees(t *testing.T) {
 	const M, n = 4, 800
-	net := NewMemNetwork()
+	net := transport.NewMemNetwork()
 	defer net.Close()
 	ds, thetas, _ := bfMembers(t, net, M, n)
 	for phase := range 4 {
@@ -141,7 +142,7 @@ func TestDiLoCoDelayedAgrees(t *testing.T) {
 // applied later.
 func TestDiLoCoSetStateAbandonsDelayedRound(t *testing.T) {
 	const M, n = 3, 600
-	net := NewMemNetwork()
+	net := transport.NewMemNetwork()
 	defer net.Close()
 	ds, thetas, _ := bfMembers(t, net, M, n)
 	for i := range M {
@@ -178,7 +179,7 @@ func TestDiLoCoSetStateAbandonsDelayedRound(t *testing.T) {
 func TestDiLoCoErrorFeedback(t *testing.T) {
 	const M, n, rounds = 3, 2048, 6
 	run := func(codec compression.Codec, ef bool) []float32 {
-		net := NewMemNetwork()
+		net := transport.NewMemNetwork()
 		defer net.Close()
 		ds, thetas, drivers := bfMembersWith(t, net, M, n, func(_ int, c *ButterflyConfig, _ *ButterflyOptions) {
 			c.Codec.Codec, c.Robust.Trim = compression.FP32, 0
@@ -249,7 +250,7 @@ func TestDiLoCoOutsizedContribution(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			net := NewMemNetwork()
+			net := transport.NewMemNetwork()
 			defer net.Close()
 			ds, thetas, _ := bfMembersWith(t, net, M, n, func(_ int, c *ButterflyConfig, _ *ButterflyOptions) { c.Robust = tt.robust })
 			step := func(poison bool) []error {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/skein-ml/skein/compression"
+	"github.com/skein-ml/skein/transport"
 )
 
 // NoLoCoConfig holds the NoLoCo outer optimizer's settings (ALGORITHMS.md 2).
@@ -26,7 +27,7 @@ type NoLoCoConfig struct {
 	// Deadlines for a partner's message, adaptive as in RingConfig.
 	InitialDeadline, MinDeadline, MaxDeadline time.Duration
 	MaxAbs                                    float32
-	OnReject                                  func(from PeerID, err error)
+	OnReject                                  func(from transport.PeerID, err error)
 	Logger                                    *slog.Logger
 	// PeerStep, if set, tells the next step a peer says it will run (for
 	// example gossiped in membership metadata), math.MaxUint64 for a peer
@@ -35,7 +36,7 @@ type NoLoCoConfig struct {
 	// at most MinDeadline longer (its message may still be in flight), not
 	// a whole deadline, which for a newcomer is the long InitialDeadline.
 	// (Members' views of the group differ for a moment when one joins.)
-	PeerStep func(PeerID) uint64
+	PeerStep func(transport.PeerID) uint64
 }
 
 // DefaultNoLoCo returns the paper's defaults: g = 2, eta = gamma = 0.7,
@@ -75,7 +76,7 @@ func (c NoLoCoConfig) Validate() error {
 // members: pi = permutation(M, seed=step+1), n = M/g groups, group k holds
 // pi[k], pi[k+n], ... Every member computes the same groups without a
 // coordinator.
-func NoLoCoGroups(members []PeerID, step uint64, g int) [][]PeerID {
+func NoLoCoGroups(members []transport.PeerID, step uint64, g int) [][]transport.PeerID {
 	sorted := sortedGroup(members)
 	M := len(sorted)
 	perm := make([]int, M)
@@ -85,7 +86,7 @@ func NoLoCoGroups(members []PeerID, step uint64, g int) [][]PeerID {
 	rng := rand.New(rand.NewPCG(step+1, 0x6e6f6c6f636f))
 	rng.Shuffle(M, func(i, j int) { perm[i], perm[j] = perm[j], perm[i] })
 	n := max(M/g, 1)
-	groups := make([][]PeerID, n)
+	groups := make([][]transport.PeerID, n)
 	for i, p := range perm {
 		groups[i%n] = append(groups[i%n], sorted[p])
 	}
@@ -108,8 +109,8 @@ func NoLoCoUpdate(phi, delta, phibar, dbar []float32, eta, beta, gamma float32) 
 // GossipStats describes one NoLoCo outer step.
 type GossipStats struct {
 	Step      uint64
-	Group     []PeerID // the planned group
-	Heard     []PeerID // partners whose contribution was used
+	Group     []transport.PeerID // the planned group
+	Heard     []transport.PeerID // partners whose contribution was used
 	BytesSent int64
 	BytesRecv int64
 	Duration  time.Duration
@@ -119,7 +120,7 @@ type GossipStats struct {
 // momentum. No collective: each outer step averages with a random group.
 type NoLoCo struct {
 	cfg   NoLoCoConfig
-	peers Peers
+	peers transport.Peers
 	log   *slog.Logger
 	Phi   []float32
 	Delta []float32
@@ -135,7 +136,7 @@ type NoLoCo struct {
 	// ahead holds each sender's newest message for a step beyond
 	// Step+2: from a member this one is about to catch up with (a joiner,
 	// or a member that fell behind, before it adopts a member's state).
-	ahead  map[PeerID]envelope
+	ahead  map[transport.PeerID]envelope
 	notify chan struct{}
 	est    estimator
 	cancel context.CancelFunc
@@ -144,7 +145,7 @@ type NoLoCo struct {
 
 // NewNoLoCo starts from slow weights phi (copied) with zero momentum and
 // starts its background receiver, which runs until ctx ends or Close.
-func NewNoLoCo(ctx context.Context, cfg NoLoCoConfig, peers Peers, phi []float32) (*NoLoCo, error) {
+func NewNoLoCo(ctx context.Context, cfg NoLoCoConfig, peers transport.Peers, phi []float32) (*NoLoCo, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -167,7 +168,7 @@ func NewNoLoCo(ctx context.Context, cfg NoLoCoConfig, peers Peers, phi []float32
 	n := len(phi)
 	nl := &NoLoCo{cfg: cfg, peers: peers, log: log, Phi: append([]float32(nil), phi...), Delta: make([]float32, n),
 		encPhi: encPhi, encD: encD, dec: dec, phibar: make([]float32, n), dbar: make([]float32, n),
-		own: make([]float32, n), tmp: make([]float32, n), arrived: map[uint64][]envelope{}, ahead: map[PeerID]envelope{}, notify: make(chan struct{}, 1)}
+		own: make([]float32, n), tmp: make([]float32, n), arrived: map[uint64][]envelope{}, ahead: map[transport.PeerID]envelope{}, notify: make(chan struct{}, 1)}
 	ctx, nl.cancel = context.WithCancel(ctx)
 	nl.wg.Add(1)
 	go func() {
@@ -249,7 +250,7 @@ const maxAhead = maxGroup
 // dropOldestAhead forgets the kept message of the earliest step. nl.mu is
 // held.
 func (nl *NoLoCo) dropOldestAhead() {
-	var from PeerID
+	var from transport.PeerID
 	oldest := uint64(math.MaxUint64)
 	for f, e := range nl.ahead {
 		if e.h.round < oldest {
@@ -305,7 +306,7 @@ func (nl *NoLoCo) receive(ctx context.Context) {
 	}
 }
 
-func (nl *NoLoCo) reject(from PeerID, err error) {
+func (nl *NoLoCo) reject(from transport.PeerID, err error) {
 	nl.log.Warn("dropped contribution", "peer", from, "err", err)
 	if nl.cfg.OnReject != nil {
 		nl.cfg.OnReject(from, err)
@@ -331,7 +332,7 @@ func (nl *NoLoCo) OuterStep(ctx context.Context, theta []float32) (GossipStats, 
 		return st, fmt.Errorf("own outer gradient: %w", err)
 	}
 	self := nl.peers.Self()
-	var group []PeerID
+	var group []transport.PeerID
 	for _, g := range NoLoCoGroups(nl.peers.Members(), nl.Step, nl.cfg.GroupSize) {
 		if slices.Contains(g, self) {
 			group = g
@@ -358,7 +359,7 @@ func (nl *NoLoCo) OuterStep(ctx context.Context, theta []float32) (GossipStats, 
 	copy(nl.phibar, nl.Phi)
 	copy(nl.dbar, nl.own)
 	count := 1
-	heard := map[PeerID]bool{self: true}
+	heard := map[transport.PeerID]bool{self: true}
 	deadline := nl.est.deadline(nl.cfg.InitialDeadline, nl.cfg.MinDeadline, nl.cfg.MaxDeadline)
 	timer := time.NewTimer(deadline)
 	defer timer.Stop()
@@ -368,7 +369,7 @@ func (nl *NoLoCo) OuterStep(ctx context.Context, theta []float32) (GossipStats, 
 		defer t.Stop()
 		poll = t.C
 	}
-	movedOn := map[PeerID]time.Time{} // when a partner was first seen past this step
+	movedOn := map[transport.PeerID]time.Time{} // when a partner was first seen past this step
 wait:
 	for len(heard) < len(group) {
 		nl.mu.Lock()

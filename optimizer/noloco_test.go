@@ -9,17 +9,19 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/skein-ml/skein/transport"
 )
 
 func TestNoLoCoGroups(t *testing.T) {
 	for _, tt := range []struct{ M, g int }{{2, 2}, {4, 2}, {7, 2}, {9, 3}, {3, 4}} {
-		var ms []PeerID
+		var ms []transport.PeerID
 		for i := 0; i < tt.M; i++ {
-			ms = append(ms, PeerID(fmt.Sprintf("p%d", i)))
+			ms = append(ms, transport.PeerID(fmt.Sprintf("p%d", i)))
 		}
 		for step := uint64(0); step < 5; step++ {
 			groups := NoLoCoGroups(ms, step, tt.g)
-			seen := map[PeerID]int{}
+			seen := map[transport.PeerID]int{}
 			for _, g := range groups {
 				if len(g) < min(tt.g, tt.M) || len(g) >= 2*tt.g {
 					t.Errorf("M=%d g=%d step %d: group of %d", tt.M, tt.g, step, len(g))
@@ -39,14 +41,14 @@ func TestNoLoCoGroups(t *testing.T) {
 		}
 	}
 	// Same members in another order give the same groups; the groups change with the step.
-	a := NoLoCoGroups([]PeerID{"a", "b", "c", "d", "e", "f"}, 3, 2)
-	b := NoLoCoGroups([]PeerID{"f", "e", "d", "c", "b", "a"}, 3, 2)
+	a := NoLoCoGroups([]transport.PeerID{"a", "b", "c", "d", "e", "f"}, 3, 2)
+	b := NoLoCoGroups([]transport.PeerID{"f", "e", "d", "c", "b", "a"}, 3, 2)
 	if fmt.Sprint(a) != fmt.Sprint(b) {
 		t.Errorf("groups depend on member order: %v vs %v", a, b)
 	}
 	changed := false
 	for s := uint64(4); s < 10; s++ {
-		if fmt.Sprint(NoLoCoGroups([]PeerID{"a", "b", "c", "d", "e", "f"}, s, 2)) != fmt.Sprint(a) {
+		if fmt.Sprint(NoLoCoGroups([]transport.PeerID{"a", "b", "c", "d", "e", "f"}, s, 2)) != fmt.Sprint(a) {
 			changed = true
 		}
 	}
@@ -75,13 +77,13 @@ func testNoLoCoConfig() NoLoCoConfig {
 // process: the members' slow weights converge towards each other.
 func TestNoLoCoMembersConverge(t *testing.T) {
 	const M, n = 6, 500
-	net := NewMemNetwork()
+	net := transport.NewMemNetwork()
 	defer net.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var ns []*NoLoCo
 	for i := 0; i < M; i++ {
-		id := PeerID(fmt.Sprintf("peer-%d", i))
+		id := transport.PeerID(fmt.Sprintf("peer-%d", i))
 		p := net.Join(id)
 		// Every partner is live and must be heard: deadlines long enough
 		// for a loaded machine under -race (the adaptive one fell to its
@@ -132,7 +134,7 @@ func TestNoLoCoMembersConverge(t *testing.T) {
 }
 
 func TestNoLoCoMissingPartnerMovesOn(t *testing.T) {
-	net := NewMemNetwork()
+	net := transport.NewMemNetwork()
 	defer net.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -166,7 +168,7 @@ func TestNoLoCoMissingPartnerMovesOn(t *testing.T) {
 // uses a partner's message for the adopted step that arrived while it was
 // still behind, and goes on with its partners from that step.
 func TestNoLoCoSetState(t *testing.T) {
-	net := NewMemNetwork()
+	net := transport.NewMemNetwork()
 	defer net.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -262,14 +264,14 @@ func TestNoLoCoSetState(t *testing.T) {
 // the step without this member, say in another view of the group) is
 // waited for MinDeadline, not the whole deadline.
 func TestNoLoCoPartnerPastStepNotAwaited(t *testing.T) {
-	net := NewMemNetwork()
+	net := transport.NewMemNetwork()
 	defer net.Close()
 	net.DetectAfter = time.Hour
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var bStep atomic.Uint64
 	cfg := testNoLoCoConfig() // MinDeadline 100 ms, InitialDeadline 1 s
-	cfg.PeerStep = func(p PeerID) uint64 {
+	cfg.PeerStep = func(p transport.PeerID) uint64 {
 		if p == "b" {
 			return bStep.Load()
 		}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sort"
 	"time"
+
+	"github.com/skein-ml/skein/transport"
 )
 
 // Collective messages. Every payload a member sends starts with this 32-byte
@@ -100,8 +102,8 @@ func parseMessage(p []byte) (header, []byte, error) {
 const maxGroup = 1 << 16
 
 // sortedGroup returns the members sorted by ID, without duplicates.
-func sortedGroup(ms []PeerID) []PeerID {
-	out := append([]PeerID(nil), ms...)
+func sortedGroup(ms []transport.PeerID) []transport.PeerID {
+	out := append([]transport.PeerID(nil), ms...)
 	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
 	w := 0
 	for i, p := range out {
@@ -120,7 +122,7 @@ func chunkBounds(n, m, c int) (lo, hi int) {
 
 // envelope is a received message, parsed, with its arrival time.
 type envelope struct {
-	from PeerID
+	from transport.PeerID
 	h    header
 	body []byte
 	at   time.Time

@@ -177,7 +177,7 @@ type Node struct {
 	log   *slog.Logger
 	h     host.Host
 	bw    *accounting
-	tr    *transport
+	tr    *gossipTransport
 	ml    *memberlist.Memberlist
 	ev    *events
 	md    *metaDelegate

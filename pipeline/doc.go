@@ -8,10 +8,9 @@
 // Everything but RelayDriver is a pure function of its inputs and a seed:
 // no I/O, no goroutines, no clock. RelayDriver is the thin driver that owns
 // a goroutine and a ticker and moves the relay's messages over
-// optimizer.Peers, the transport interface the collectives use (p2p
-// implements it in node; optimizer.MemNetwork in tests); that interface is
-// all pipeline takes from optimizer. It must not touch p2p, node or the
-// network. It reads costs from sim, which in turn takes them from
+// transport.Peers, the interface the collectives use too (p2p.Peers over
+// libp2p; transport.MemNetwork in tests). It must not touch optimizer, p2p,
+// node or the network. It reads costs from sim, which in turn takes them from
 // BENCHMARKS.md.
 //
 // # Paths (ALGORITHMS.md 3)
@@ -55,5 +54,5 @@
 // in ticks, as a Step/Tick/Done/Ready state machine with no I/O, clock or
 // model (relay.go; wire format in relay_wire.go). The compute sits behind
 // StageRunner (ModelRunner runs model stages); RelayDriver, the one part
-// with goroutines and a ticker, moves its messages over optimizer.Peers.
+// with goroutines and a ticker, moves its messages over transport.Peers.
 package pipeline

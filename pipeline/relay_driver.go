@@ -11,18 +11,18 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/skein-ml/skein/optimizer"
+	"github.com/skein-ml/skein/transport"
 )
 
-// RelayDriver runs a Relay over optimizer.Peers (the in-memory network in
+// RelayDriver runs a Relay over transport.Peers (the in-memory network in
 // tests, p2p streams in a node): it owns the goroutines, the clock (a
 // ticker), the sends and the compute, which runs on its own goroutine so
 // that messages and ticks keep flowing while a stage computes. The machine
 // owns every decision.
 type RelayDriver struct {
-	peers  optimizer.Peers
-	ids    []optimizer.PeerID // node index -> peer
-	index  map[optimizer.PeerID]int
+	peers  transport.Peers
+	ids    []transport.PeerID // node index -> peer
+	index  map[transport.PeerID]int
 	m      *Relay
 	runner atomic.Pointer[StageRunner] // read by the compute goroutine; Switch replaces it
 	tick   time.Duration
@@ -34,7 +34,7 @@ type RelayDriver struct {
 	done     chan struct{} // closed when the loop exits
 	stop     context.CancelFunc
 	wg       sync.WaitGroup
-	out      *optimizer.Outbox
+	out      *transport.Outbox
 }
 
 // RelayOptions are the driver's settings.
@@ -52,8 +52,8 @@ type relayRequest struct {
 
 // relaySwitch is a Switch waiting for the loop.
 type relaySwitch struct {
-	nodes  []optimizer.PeerID
-	index  map[optimizer.PeerID]int
+	nodes  []transport.PeerID
+	index  map[transport.PeerID]int
 	m      *Relay
 	runner StageRunner
 	reply  chan error
@@ -72,7 +72,7 @@ const relaySendQueue = 64
 
 // NewRelayDriver builds the driver of the node nodes[cfg.Self], which must
 // be peers.Self(); nodes maps the placement's node indices to peers.
-func NewRelayDriver(peers optimizer.Peers, nodes []optimizer.PeerID, runner StageRunner, cfg RelayConfig, opt RelayOptions) (*RelayDriver, error) {
+func NewRelayDriver(peers transport.Peers, nodes []transport.PeerID, runner StageRunner, cfg RelayConfig, opt RelayOptions) (*RelayDriver, error) {
 	index, err := relayIndex(peers, nodes, runner, cfg)
 	if err != nil {
 		return nil, err
@@ -90,7 +90,7 @@ func NewRelayDriver(peers optimizer.Peers, nodes []optimizer.PeerID, runner Stag
 	d := &RelayDriver{peers: peers, ids: slices.Clone(nodes), index: index, m: m,
 		tick: opt.Tick, log: opt.Logger.With("node", cfg.Self, "stage", m.Stage()),
 		reqs: make(chan relayRequest), switches: make(chan relaySwitch), results: make(chan Result), done: make(chan struct{}),
-		out: optimizer.NewOutbox(peers, relaySendQueue, opt.Logger)}
+		out: transport.NewOutbox(peers, relaySendQueue, opt.Logger)}
 	d.setRunner(runner)
 	return d, nil
 }
@@ -98,7 +98,7 @@ func NewRelayDriver(peers optimizer.Peers, nodes []optimizer.PeerID, runner Stag
 func (d *RelayDriver) setRunner(r StageRunner) { d.runner.Store(&r) }
 
 // relayIndex checks a driver's settings and maps peers to node indices.
-func relayIndex(peers optimizer.Peers, nodes []optimizer.PeerID, runner StageRunner, cfg RelayConfig) (map[optimizer.PeerID]int, error) {
+func relayIndex(peers transport.Peers, nodes []transport.PeerID, runner StageRunner, cfg RelayConfig) (map[transport.PeerID]int, error) {
 	if len(nodes) != len(cfg.Placement.StageOf) {
 		return nil, fmt.Errorf("%w: %d peers for a placement of %d nodes", ErrConfig, len(nodes), len(cfg.Placement.StageOf))
 	}
@@ -108,7 +108,7 @@ func relayIndex(peers optimizer.Peers, nodes []optimizer.PeerID, runner StageRun
 	if runner == nil {
 		return nil, fmt.Errorf("%w: no stage runner", ErrConfig)
 	}
-	index := make(map[optimizer.PeerID]int, len(nodes))
+	index := make(map[transport.PeerID]int, len(nodes))
 	for i, id := range nodes {
 		if _, dup := index[id]; dup {
 			return nil, fmt.Errorf("%w: peer %s is node %d and node %d", ErrConfig, id, index[id], i)
@@ -125,7 +125,7 @@ func relayIndex(peers optimizer.Peers, nodes []optimizer.PeerID, runner StageRun
 // are handed to the new one, re-indexed by peer, so that a member that
 // switches a moment after the others loses none of their first messages.
 // It fails while an iteration runs.
-func (d *RelayDriver) Switch(ctx context.Context, nodes []optimizer.PeerID, runner StageRunner, cfg RelayConfig) error {
+func (d *RelayDriver) Switch(ctx context.Context, nodes []transport.PeerID, runner StageRunner, cfg RelayConfig) error {
 	index, err := relayIndex(d.peers, nodes, runner, cfg)
 	if err != nil {
 		return err
@@ -150,7 +150,7 @@ func (d *RelayDriver) Switch(ctx context.Context, nodes []optimizer.PeerID, runn
 // Start runs the driver until ctx ends or Close.
 func (d *RelayDriver) Start(ctx context.Context) {
 	ctx, d.stop = context.WithCancel(ctx)
-	recv := make(chan optimizer.Message, 64)
+	recv := make(chan transport.Message, 64)
 	work := make(chan Work)
 	d.wg.Add(3)
 	go func() {
@@ -179,7 +179,7 @@ func (d *RelayDriver) Close() {
 	d.m.Close()
 }
 
-func (d *RelayDriver) receive(ctx context.Context, recv chan<- optimizer.Message) {
+func (d *RelayDriver) receive(ctx context.Context, recv chan<- transport.Message) {
 	for {
 		m, err := d.peers.Recv(ctx)
 		if err != nil {
@@ -222,7 +222,7 @@ func (d *RelayDriver) compute(ctx context.Context, work <-chan Work) {
 	}
 }
 
-func (d *RelayDriver) loop(ctx context.Context, recv <-chan optimizer.Message, work chan<- Work) {
+func (d *RelayDriver) loop(ctx context.Context, recv <-chan transport.Message, work chan<- Work) {
 	t := time.NewTicker(d.tick)
 	defer t.Stop()
 	var (

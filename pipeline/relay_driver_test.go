@@ -14,7 +14,7 @@ import (
 	"github.com/skein-ml/skein/compression"
 	"github.com/skein-ml/skein/kernels"
 	"github.com/skein-ml/skein/model"
-	"github.com/skein-ml/skein/optimizer"
+	"github.com/skein-ml/skein/transport"
 )
 
 const testSeed = 11
@@ -34,8 +34,8 @@ func testBatch(vocab int) BatchSource {
 // swarm is a pipeline of real model stages (the tiny preset) over an
 // in-memory network, one RelayDriver and ModelRunner per node.
 type swarm struct {
-	net     *optimizer.MemNetwork
-	ids     []optimizer.PeerID
+	net     *transport.MemNetwork
+	ids     []transport.PeerID
 	runners []*ModelRunner
 	drivers []*RelayDriver
 	specs   []model.StageSpec
@@ -48,7 +48,7 @@ type swarmOptions struct {
 	codec   compression.Codec
 	mu      int
 	hopWait int64                                                             // ticks of 2 ms
-	wrap    func(net *optimizer.MemNetwork, v int, r StageRunner) StageRunner // optional: fault injection
+	wrap    func(net *transport.MemNetwork, v int, r StageRunner) StageRunner // optional: fault injection
 }
 
 func newSwarm(t *testing.T, o swarmOptions) *swarm {
@@ -58,9 +58,9 @@ func newSwarm(t *testing.T, o swarmOptions) *swarm {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &swarm{net: optimizer.NewMemNetwork(), specs: specs, model: c}
+	s := &swarm{net: transport.NewMemNetwork(), specs: specs, model: c}
 	for v := range o.stageOf {
-		s.ids = append(s.ids, optimizer.PeerID(fmt.Sprintf("n%d", v)))
+		s.ids = append(s.ids, transport.PeerID(fmt.Sprintf("n%d", v)))
 	}
 	pl := Placement{Stages: o.stages, StageOf: o.stageOf}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -368,8 +368,8 @@ func TestRelaySkipsStages(t *testing.T) {
 // the node dies holding an activation, mid-iteration.
 type killOnForward struct {
 	StageRunner
-	net *optimizer.MemNetwork
-	id  optimizer.PeerID
+	net *transport.MemNetwork
+	id  transport.PeerID
 }
 
 func (k killOnForward) Forward(iter uint64, mb int, in []float32) ([]float32, error) {
@@ -384,7 +384,7 @@ func (k killOnForward) Forward(iter uint64, mb int, in []float32) ([]float32, er
 func TestRelayHopKilled(t *testing.T) {
 	const hopWait = 150 // ticks of 2 ms
 	s := newSwarm(t, swarmOptions{stages: 3, stageOf: []int{0, 1, 2, 1, 2}, codec: compression.FP32, mu: 3, hopWait: hopWait,
-		wrap: func(net *optimizer.MemNetwork, v int, r StageRunner) StageRunner {
+		wrap: func(net *transport.MemNetwork, v int, r StageRunner) StageRunner {
 			if v != 3 {
 				return r
 			}
@@ -478,7 +478,7 @@ func TestRelayDriverSwitch(t *testing.T) {
 	if o := out[0][0]; o.Err != nil {
 		t.Fatal(o.Err)
 	}
-	nodes := []optimizer.PeerID{s.ids[0], s.ids[3], s.ids[2]}
+	nodes := []transport.PeerID{s.ids[0], s.ids[3], s.ids[2]}
 	pl := Placement{Stages: 3, StageOf: []int{0, 1, 2}}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -47,7 +47,7 @@ echo "== go test"
 go test -count=1 ./...
 
 echo "== go test -race (concurrent packages)"
-race_pkgs=$(go list ./... | grep -E '/(node|compression|data|p2p|optimizer|bootstrap|pipeline|experiment)(/|$)')
+race_pkgs=$(go list ./... | grep -E '/(node|compression|data|p2p|optimizer|bootstrap|pipeline|experiment|transport)(/|$)')
 go test -race -count=1 -short $race_pkgs
 
 echo "== fuzz targets, $FUZZTIME each"

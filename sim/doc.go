@@ -31,7 +31,7 @@
 //
 // A transfer of b bytes from node i to node j occupies i's uplink for
 // b / (Goodput * min(up_i, down_j)) seconds, first come first served (a node
-// sends one message at a time, as optimizer.MemNetwork emulates it), and
+// sends one message at a time, as transport.MemNetwork emulates it), and
 // arrives Latency(i, j) after its last byte left. Downlinks are not queued:
 // home connections are asymmetric, and the uplink is the narrow end.
 package sim

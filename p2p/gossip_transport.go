@@ -43,7 +43,7 @@ const maxAddrIndex = 1024
 // stream per packet (protocol members-packet), one stream per memberlist
 // stream (members-stream). Node names are peer IDs; addresses are only hints
 // added to the peerstore.
-type transport struct {
+type gossipTransport struct {
 	h   host.Host
 	log *slog.Logger
 	// limit puts an opened stream under the node's bandwidth caps.
@@ -79,11 +79,11 @@ type transport struct {
 	accused *accusations
 }
 
-var _ memberlist.NodeAwareTransport = (*transport)(nil)
+var _ memberlist.NodeAwareTransport = (*gossipTransport)(nil)
 
-func newTransport(h host.Host, register func(protocol.ID, network.StreamHandler), runID string, advIP net.IP, advPort int, sendTO time.Duration, log *slog.Logger) *transport {
+func newTransport(h host.Host, register func(protocol.ID, network.StreamHandler), runID string, advIP net.IP, advPort int, sendTO time.Duration, log *slog.Logger) *gossipTransport {
 	ctx, cancel := context.WithCancel(context.Background())
-	t := &transport{
+	t := &gossipTransport{
 		h: h, log: log, limit: func(s network.Stream) network.Stream { return s },
 		packetID: ProtoMembersPacket.ID(runID),
 		streamID: ProtoMembersStream.ID(runID),
@@ -99,25 +99,25 @@ func newTransport(h host.Host, register func(protocol.ID, network.StreamHandler)
 	return t
 }
 
-func (t *transport) FinalAdvertiseAddr(string, int) (net.IP, int, error) {
+func (t *gossipTransport) FinalAdvertiseAddr(string, int) (net.IP, int, error) {
 	return t.advIP, t.advPort, nil
 }
 
-func (t *transport) PacketCh() <-chan *memberlist.Packet { return t.packetCh }
-func (t *transport) StreamCh() <-chan net.Conn           { return t.streamCh }
+func (t *gossipTransport) PacketCh() <-chan *memberlist.Packet { return t.packetCh }
+func (t *gossipTransport) StreamCh() <-chan net.Conn           { return t.streamCh }
 
 // WriteTo is used by memberlist only for addresses without a node name; with
 // RequireNodeNames that is rare, so route through the address map.
-func (t *transport) WriteTo(b []byte, addr string) (time.Time, error) {
+func (t *gossipTransport) WriteTo(b []byte, addr string) (time.Time, error) {
 	return t.WriteToAddress(b, memberlist.Address{Addr: addr})
 }
 
-func (t *transport) DialTimeout(addr string, timeout time.Duration) (net.Conn, error) {
+func (t *gossipTransport) DialTimeout(addr string, timeout time.Duration) (net.Conn, error) {
 	return t.DialAddressTimeout(memberlist.Address{Addr: addr}, timeout)
 }
 
 // resolve returns the peer for a memberlist address and records its address hint.
-func (t *transport) resolve(a memberlist.Address) (peer.ID, error) {
+func (t *gossipTransport) resolve(a memberlist.Address) (peer.ID, error) {
 	if a.Name == "" {
 		t.mu.Lock()
 		id, ok := t.byAddr.get(a.Addr)
@@ -140,7 +140,7 @@ func (t *transport) resolve(a memberlist.Address) (peer.ID, error) {
 // (RecentlyConnectedAddrTTL, added again only when the mapping changes): a
 // packet may name any node. Members' addresses are pinned for as long as
 // they are members by the node (peerKeeper, peerstore.go).
-func (t *transport) learn(id peer.ID, addr string) {
+func (t *gossipTransport) learn(id peer.ID, addr string) {
 	if id == t.h.ID() || addr == "" {
 		return
 	}
@@ -159,7 +159,7 @@ func (t *transport) learn(id peer.ID, addr string) {
 // node removed them from the peerstore). memberlist may still send to a dead
 // member for a while (gossip to the dead), which records its address again
 // until the index's LRU bound pushes it out.
-func (t *transport) forget(ids ...peer.ID) {
+func (t *gossipTransport) forget(ids ...peer.ID) {
 	t.mu.Lock()
 	t.byAddr.forget(ids...)
 	t.mu.Unlock()
@@ -258,7 +258,7 @@ func quicAddr(addr string) (ma.Multiaddr, error) {
 // WriteToAddress queues the packet and returns at once: memberlist calls it
 // inline from its probe and gossip loops, and opening a stream to a dead peer
 // can take the whole dial timeout.
-func (t *transport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, error) {
+func (t *gossipTransport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, error) {
 	now := time.Now()
 	id, err := t.resolve(a)
 	if err != nil {
@@ -305,7 +305,7 @@ func (t *transport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, e
 	return now, nil
 }
 
-func (t *transport) sendPacket(id peer.ID, buf []byte) error {
+func (t *gossipTransport) sendPacket(id peer.ID, buf []byte) error {
 	ctx, cancel := context.WithTimeout(t.ctx, t.sendTO)
 	defer cancel()
 	ctx = network.WithAllowLimitedConn(ctx, "members")
@@ -338,7 +338,7 @@ func (t *transport) sendPacket(id peer.ID, buf []byte) error {
 	return s.Close()
 }
 
-func (t *transport) handlePacket(s network.Stream) {
+func (t *gossipTransport) handlePacket(s network.Stream) {
 	defer s.Close()
 	_ = s.SetReadDeadline(time.Now().Add(t.sendTO))
 	var hdr [4]byte
@@ -376,7 +376,7 @@ func (t *transport) handlePacket(s network.Stream) {
 
 // remoteAddr returns the remote's transport address as a net.Addr, or a
 // placeholder for relayed connections.
-func (t *transport) remoteAddr(s network.Stream) net.Addr {
+func (t *gossipTransport) remoteAddr(s network.Stream) net.Addr {
 	m := s.Conn().RemoteMultiaddr()
 	if ip, err := manet.ToIP(m); err == nil {
 		if p, err := m.ValueForProtocol(ma.P_UDP); err == nil {
@@ -391,7 +391,7 @@ func (t *transport) remoteAddr(s network.Stream) net.Addr {
 	return peerAddr(s.Conn().RemotePeer())
 }
 
-func (t *transport) handleStream(s network.Stream) {
+func (t *gossipTransport) handleStream(s network.Stream) {
 	c := &streamConn{Stream: s, local: &net.UDPAddr{IP: t.advIP, Port: t.advPort}, remote: t.remoteAddr(s)}
 	select {
 	case t.streamCh <- c:
@@ -400,7 +400,7 @@ func (t *transport) handleStream(s network.Stream) {
 	}
 }
 
-func (t *transport) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
+func (t *gossipTransport) DialAddressTimeout(a memberlist.Address, timeout time.Duration) (net.Conn, error) {
 	id, err := t.resolve(a)
 	if err != nil {
 		return nil, err
@@ -424,14 +424,14 @@ func (t *transport) DialAddressTimeout(a memberlist.Address, timeout time.Durati
 // drain waits up to timeout for packets queued to connected peers to go out
 // (a graceful leave's dead message is still queued when memberlist.Leave
 // returns); sends still dialing unreachable peers are abandoned.
-func (t *transport) drain(timeout time.Duration) {
+func (t *gossipTransport) drain(timeout time.Duration) {
 	deadline := time.Now().Add(timeout)
 	for t.connected.Load() > 0 && time.Now().Before(deadline) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
 
-func (t *transport) Shutdown() error {
+func (t *gossipTransport) Shutdown() error {
 	t.shutdownMu.Do(func() {
 		t.closeMu.Lock()
 		t.closed = true

@@ -1,4 +1,4 @@
-package node
+package p2p
 
 import (
 	"context"
@@ -9,27 +9,26 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
-	"github.com/skein-ml/skein/optimizer"
-	"github.com/skein-ml/skein/p2p"
+	"github.com/skein-ml/skein/transport"
 )
 
-// P2PPeers implements optimizer.Peers on a p2p.Node: each message travels on
-// its own short framed stream of its protocol (p2p.ProtoReduce for the collective) (one stream
+// Peers implements transport.Peers on a Node: each message travels on
+// its own short framed stream of its protocol (ProtoReduce for the collective) (one stream
 // per message worked better than a reused stream, P2P-NOTES.md), and the
 // group is the run's members whose role is volunteer (the bootstrap seed
 // and relays do not train).
-type P2PPeers struct {
-	n     *p2p.Node
-	proto p2p.Protocol
-	cfg   p2p.FrameConfig
-	inbox chan optimizer.Message
+type Peers struct {
+	n     *Node
+	proto Protocol
+	cfg   FrameConfig
+	inbox chan transport.Message
 
 	// Byte budgets of the inbox: what one peer may have queued, and all
 	// together. A peer flooding messages fills its own share and loses
 	// the excess; the others' messages still get in.
 	perPeer, total int64
 	mu             sync.Mutex
-	queued         map[optimizer.PeerID]int64
+	queued         map[transport.PeerID]int64
 	queuedAll      int64
 }
 
@@ -41,32 +40,32 @@ const (
 	totalMessages   = 32
 )
 
-// NewP2PPeers registers the protocol and returns the endpoint. maxMessage
+// NewPeers registers the protocol and returns the endpoint. maxMessage
 // bounds one message (a chunk of the all-reduce), checked before allocation.
-func NewP2PPeers(n *p2p.Node, proto p2p.Protocol, maxMessage uint32, timeout time.Duration) (*P2PPeers, error) {
-	cfg := p2p.DefaultFrameConfig()
+func NewPeers(n *Node, proto Protocol, maxMessage uint32, timeout time.Duration) (*Peers, error) {
+	cfg := DefaultFrameConfig()
 	cfg.MaxSize = maxMessage
 	cfg.ReadTimeout, cfg.WriteTimeout = timeout, timeout
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	p := &P2PPeers{n: n, proto: proto, cfg: cfg, inbox: make(chan optimizer.Message, inboxMessages),
-		queued: map[optimizer.PeerID]int64{}}
+	p := &Peers{n: n, proto: proto, cfg: cfg, inbox: make(chan transport.Message, inboxMessages),
+		queued: map[transport.PeerID]int64{}}
 	p.perPeer = min(perPeerMessages*int64(maxMessage), max(int64(maxMessage), 1<<30))
 	p.total = min(totalMessages*int64(maxMessage), max(2*p.perPeer, 4<<30))
-	err := n.Handle(proto, cfg, func(ctx context.Context, s *p2p.Stream) error {
-		if m, ok := n.Member(s.Peer()); !ok || m.Meta.Role != p2p.RoleVolunteer {
-			return fmt.Errorf("node: %s is not a volunteer of this run", s.Peer())
+	err := n.Handle(proto, cfg, func(ctx context.Context, s *Stream) error {
+		if m, ok := n.Member(s.Peer()); !ok || m.Meta.Role != RoleVolunteer {
+			return fmt.Errorf("p2p: %s is not a volunteer of this run", s.Peer())
 		}
 		_, payload, err := s.ReadFrame()
 		if err != nil {
 			return err
 		}
-		from := optimizer.PeerID(s.Peer().String())
+		from := transport.PeerID(s.Peer().String())
 		if !p.reserve(from, int64(len(payload))) {
 			return nil // over this peer's budget: dropped (the collective's deadlines cover it)
 		}
-		msg := optimizer.Message{From: from, Payload: append([]byte(nil), payload...)}
+		msg := transport.Message{From: from, Payload: append([]byte(nil), payload...)}
 		select {
 		case p.inbox <- msg:
 		default: // nobody drains (a long inner phase): drop, never park the stream
@@ -81,29 +80,29 @@ func NewP2PPeers(n *p2p.Node, proto p2p.Protocol, maxMessage uint32, timeout tim
 }
 
 // Close unregisters the protocol.
-func (p *P2PPeers) Close() { p.n.Unhandle(p.proto) }
+func (p *Peers) Close() { p.n.Unhandle(p.proto) }
 
-// Self implements optimizer.Peers.
-func (p *P2PPeers) Self() optimizer.PeerID { return optimizer.PeerID(p.n.ID().String()) }
+// Self implements transport.Peers.
+func (p *Peers) Self() transport.PeerID { return transport.PeerID(p.n.ID().String()) }
 
-// Members implements optimizer.Peers.
-func (p *P2PPeers) Members() []optimizer.PeerID {
-	var out []optimizer.PeerID
+// Members implements transport.Peers.
+func (p *Peers) Members() []transport.PeerID {
+	var out []transport.PeerID
 	for _, m := range p.n.Members() {
-		if m.Meta.Role == p2p.RoleVolunteer {
-			out = append(out, optimizer.PeerID(m.ID.String()))
+		if m.Meta.Role == RoleVolunteer {
+			out = append(out, transport.PeerID(m.ID.String()))
 		}
 	}
 	return out
 }
 
-// Send implements optimizer.Peers. A failed attempt is retried (up to 3
+// Send implements transport.Peers. A failed attempt is retried (up to 3
 // times, with a short backoff) while the peer is still a member: one broken
 // stream must not get a live member excluded from a round.
-func (p *P2PPeers) Send(ctx context.Context, to optimizer.PeerID, payload []byte) error {
+func (p *Peers) Send(ctx context.Context, to transport.PeerID, payload []byte) error {
 	id, err := peer.Decode(string(to))
 	if err != nil {
-		return fmt.Errorf("%w: bad peer ID %q: %v", optimizer.ErrPeerGone, to, err)
+		return fmt.Errorf("%w: bad peer ID %q: %v", transport.ErrPeerGone, to, err)
 	}
 	for attempt := 0; ; attempt++ {
 		// Bound each try: dialing a peer that has just left can otherwise
@@ -115,7 +114,7 @@ func (p *P2PPeers) Send(ctx context.Context, to optimizer.PeerID, payload []byte
 			return err
 		}
 		if _, member := p.n.Member(id); !member || attempt == 2 {
-			return fmt.Errorf("%w: %s: %v", optimizer.ErrPeerGone, to, err)
+			return fmt.Errorf("%w: %s: %v", transport.ErrPeerGone, to, err)
 		}
 		select {
 		case <-ctx.Done():
@@ -125,7 +124,7 @@ func (p *P2PPeers) Send(ctx context.Context, to optimizer.PeerID, payload []byte
 	}
 }
 
-func (p *P2PPeers) sendOnce(ctx context.Context, id peer.ID, payload []byte) error {
+func (p *Peers) sendOnce(ctx context.Context, id peer.ID, payload []byte) error {
 	s, err := p.n.Open(ctx, id, p.proto, p.cfg)
 	if err != nil {
 		return err
@@ -151,7 +150,7 @@ func (p *P2PPeers) sendOnce(ctx context.Context, id peer.ID, payload []byte) err
 }
 
 // reserve takes n bytes of from's share of the inbox, if they fit.
-func (p *P2PPeers) reserve(from optimizer.PeerID, n int64) bool {
+func (p *Peers) reserve(from transport.PeerID, n int64) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.queued[from]+n > p.perPeer || p.queuedAll+n > p.total {
@@ -162,7 +161,7 @@ func (p *P2PPeers) reserve(from optimizer.PeerID, n int64) bool {
 	return true
 }
 
-func (p *P2PPeers) release(from optimizer.PeerID, n int64) {
+func (p *Peers) release(from transport.PeerID, n int64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.queued[from] -= n; p.queued[from] <= 0 {
@@ -171,16 +170,28 @@ func (p *P2PPeers) release(from optimizer.PeerID, n int64) {
 	p.queuedAll -= n
 }
 
-// Recv implements optimizer.Peers.
-func (p *P2PPeers) Recv(ctx context.Context) (optimizer.Message, error) {
+// Recv implements transport.Peers.
+func (p *Peers) Recv(ctx context.Context) (transport.Message, error) {
 	select {
 	case m := <-p.inbox:
 		p.release(m.From, int64(len(m.Payload)))
 		return m, nil
 	case <-ctx.Done():
 		if errors.Is(ctx.Err(), context.Canceled) {
-			return optimizer.Message{}, fmt.Errorf("%w: %v", optimizer.ErrClosed, ctx.Err())
+			return transport.Message{}, fmt.Errorf("%w: %v", transport.ErrClosed, ctx.Err())
 		}
-		return optimizer.Message{}, ctx.Err()
+		return transport.Message{}, ctx.Err()
 	}
+}
+
+// Signer is the transport.Signer of this node: messages signed with its
+// libp2p identity, verified against the sender's peer ID.
+func (n *Node) Signer() transport.Signer { return nodeSigner{n} }
+
+type nodeSigner struct{ n *Node }
+
+func (s nodeSigner) Sign(msg []byte) ([]byte, error) { return s.n.Sign(msg) }
+
+func (s nodeSigner) Verify(id transport.PeerID, msg, sig []byte) bool {
+	return VerifyPeer(string(id), msg, sig)
 }
