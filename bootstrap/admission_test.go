@@ -12,7 +12,7 @@ import (
 	"github.com/libp2p/go-libp2p/core/crypto"
 	"github.com/libp2p/go-libp2p/core/peer"
 
-	"github.com/skein-ml/skein/bootstrap/manifest"
+	"github.com/skein-ml/skein/manifest"
 	"github.com/skein-ml/skein/p2p"
 )
 

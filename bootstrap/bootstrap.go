@@ -24,15 +24,15 @@ import (
 	"github.com/libp2p/go-libp2p/core/peer"
 	ma "github.com/multiformats/go-multiaddr"
 
-	"github.com/skein-ml/skein/bootstrap/manifest"
 	"github.com/skein-ml/skein/bootstrap/status"
-	"github.com/skein-ml/skein/bootstrap/telemetry"
 	"github.com/skein-ml/skein/data"
 	"github.com/skein-ml/skein/internal/atomicfile"
 	"github.com/skein-ml/skein/internal/dirlock"
+	"github.com/skein-ml/skein/manifest"
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/p2p/wan"
+	"github.com/skein-ml/skein/telemetry"
 )
 
 // ErrConfig is returned (wrapped) for invalid settings.

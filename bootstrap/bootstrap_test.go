@@ -15,10 +15,10 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
-	"github.com/skein-ml/skein/bootstrap/manifest"
 	"github.com/skein-ml/skein/bootstrap/status"
-	"github.com/skein-ml/skein/bootstrap/telemetry"
+	"github.com/skein-ml/skein/manifest"
 	"github.com/skein-ml/skein/p2p"
+	"github.com/skein-ml/skein/telemetry"
 )
 
 // startRun runs a bootstrap in this process (a "local" run: nothing to

@@ -11,8 +11,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/skein-ml/skein/bootstrap/manifest"
 	"github.com/skein-ml/skein/bootstrap/status"
+	"github.com/skein-ml/skein/manifest"
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/pipeline"

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/skein-ml/skein/bootstrap/manifest"
+	"github.com/skein-ml/skein/manifest"
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/pipeline"
 )

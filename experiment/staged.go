@@ -11,10 +11,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/skein-ml/skein/bootstrap/manifest"
 	"github.com/skein-ml/skein/compression"
 	"github.com/skein-ml/skein/data"
 	"github.com/skein-ml/skein/kernels"
+	"github.com/skein-ml/skein/manifest"
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/pipeline"

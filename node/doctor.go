@@ -17,9 +17,9 @@ import (
 	ma "github.com/multiformats/go-multiaddr"
 	manet "github.com/multiformats/go-multiaddr/net"
 
-	"github.com/skein-ml/skein/bootstrap/manifest"
 	"github.com/skein-ml/skein/data"
 	"github.com/skein-ml/skein/kernels"
+	"github.com/skein-ml/skein/manifest"
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/p2p/wan"

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/skein-ml/skein/bootstrap"
-	"github.com/skein-ml/skein/bootstrap/manifest"
+	"github.com/skein-ml/skein/manifest"
 	"github.com/skein-ml/skein/p2p/p2ptest"
 )
 

@@ -12,8 +12,8 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
-	"github.com/skein-ml/skein/bootstrap/manifest"
 	"github.com/skein-ml/skein/internal/atomicfile"
+	"github.com/skein-ml/skein/manifest"
 	"github.com/skein-ml/skein/p2p"
 )
 

@@ -12,10 +12,10 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
-	"github.com/skein-ml/skein/bootstrap/telemetry"
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/p2p/p2ptest"
+	"github.com/skein-ml/skein/telemetry"
 	"github.com/skein-ml/skein/transport"
 )
 

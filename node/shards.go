@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/skein-ml/skein/bootstrap/manifest"
 	"github.com/skein-ml/skein/data"
+	"github.com/skein-ml/skein/manifest"
 	"github.com/skein-ml/skein/p2p"
 )
 

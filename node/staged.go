@@ -15,12 +15,12 @@ import (
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
-	"github.com/skein-ml/skein/bootstrap/telemetry"
 	"github.com/skein-ml/skein/data"
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/pipeline"
+	"github.com/skein-ml/skein/telemetry"
 	"github.com/skein-ml/skein/trainer"
 	"github.com/skein-ml/skein/transport"
 )

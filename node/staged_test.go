@@ -15,8 +15,8 @@ import (
 	"time"
 
 	"github.com/skein-ml/skein/bootstrap"
-	"github.com/skein-ml/skein/bootstrap/manifest"
 	"github.com/skein-ml/skein/data"
+	"github.com/skein-ml/skein/manifest"
 	"github.com/skein-ml/skein/p2p/p2ptest"
 	"github.com/skein-ml/skein/trainer"
 )

@@ -5,8 +5,8 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/skein-ml/skein/bootstrap/telemetry"
 	"github.com/skein-ml/skein/p2p"
+	"github.com/skein-ml/skein/telemetry"
 )
 
 // reporter sends reports in the background, one at a time; a report that

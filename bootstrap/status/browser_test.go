@@ -14,8 +14,8 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/skein-ml/skein/bootstrap/telemetry"
 	"github.com/skein-ml/skein/internal/browsertest"
+	"github.com/skein-ml/skein/telemetry"
 )
 
 // fakeSwarm feeds the store like a small run would: members with their own

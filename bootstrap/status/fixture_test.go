@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/skein-ml/skein/bootstrap/telemetry"
+	"github.com/skein-ml/skein/telemetry"
 )
 
 // t0 is the fixed start of every scripted history.

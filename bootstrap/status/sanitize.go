@@ -6,7 +6,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/skein-ml/skein/bootstrap/telemetry"
+	"github.com/skein-ml/skein/telemetry"
 )
 
 // Limits applied to the numbers of a report. Each is far above what an honest

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/skein-ml/skein/bootstrap/telemetry"
+	"github.com/skein-ml/skein/telemetry"
 )
 
 // RunInfo describes the run. The bootstrap knows it from the manifest and

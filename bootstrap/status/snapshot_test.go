@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/skein-ml/skein/bootstrap/telemetry"
+	"github.com/skein-ml/skein/telemetry"
 )
 
 func TestMajorityRound(t *testing.T) {

@@ -12,7 +12,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
-	"github.com/skein-ml/skein/bootstrap/telemetry"
+	"github.com/skein-ml/skein/telemetry"
 )
 
 func TestStoreReopenKeepsHistory(t *testing.T) {

@@ -8,7 +8,7 @@ import (
 	"github.com/urfave/cli/v2/altsrc"
 
 	"github.com/skein-ml/skein/bootstrap"
-	"github.com/skein-ml/skein/bootstrap/manifest"
+	"github.com/skein-ml/skein/manifest"
 	"github.com/skein-ml/skein/p2p"
 )
 
@@ -16,7 +16,7 @@ func bootstrapCommand() *cli.Command {
 	flags := []cli.Flag{
 		&cli.StringFlag{Name: "config", EnvVars: envVars("config"), Usage: "TOML file of settings (keys are flag names)"},
 		altsrc.NewPathFlag(&cli.PathFlag{Name: "manifest", EnvVars: envVars("manifest"),
-			Usage: "the run's manifest (TOML: run id, model, optimizer, data; see bootstrap/manifest); default: the demo run, tiny model, corpus packed into shards"}),
+			Usage: "the run's manifest (TOML: run id, model, optimizer, data; see manifest); default: the demo run, tiny model, corpus packed into shards"}),
 		altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "corpus", EnvVars: envVars("corpus"),
 			Usage: "files or directories packed into the run's shards when the manifest's data source is \"shards\" and lists none (default: the Go standard library sources)"}),
 		altsrc.NewStringFlag(&cli.StringFlag{Name: "http", EnvVars: envVars("http"),

@@ -8,13 +8,14 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/skein-ml/skein/bootstrap/manifest"
+	"github.com/skein-ml/skein/demo"
 	"github.com/skein-ml/skein/experiment"
+	"github.com/skein-ml/skein/manifest"
 	"github.com/skein-ml/skein/node"
 )
 
 func demoCommand() *cli.Command {
-	d := experiment.DefaultDemoConfig()
+	d := demo.DefaultConfig()
 	return &cli.Command{
 		Name:  "demo",
 		Usage: "run a whole training run on this machine: a bootstrap, its status page and volunteers",
@@ -115,7 +116,7 @@ func demoCommand() *cli.Command {
 				return err
 			}
 			began := time.Now()
-			res, err := experiment.RunDemo(c.Context, cfg)
+			res, err := demo.Run(c.Context, cfg)
 			if res != nil && res.Wall > 0 {
 				fmt.Print(res.Summary())
 				fmt.Printf("logs and data: %s\n", cfg.Dir)

@@ -10,8 +10,8 @@ import (
 
 	"github.com/urfave/cli/v2"
 
-	"github.com/skein-ml/skein/bootstrap/manifest"
 	"github.com/skein-ml/skein/experiment"
+	"github.com/skein-ml/skein/manifest"
 	"github.com/skein-ml/skein/p2p/wan"
 )
 

@@ -11,12 +11,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/skein-ml/skein/bootstrap/manifest"
 	"github.com/skein-ml/skein/bootstrap/status"
-	"github.com/skein-ml/skein/bootstrap/telemetry"
 	"github.com/skein-ml/skein/experiment"
+	"github.com/skein-ml/skein/manifest"
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/pipeline"
+	"github.com/skein-ml/skein/telemetry"
 )
 
 // stagedStatus is the staged demo's status page: the same page a bootstrap

@@ -8,8 +8,8 @@ import (
 	"github.com/urfave/cli/v2"
 	"github.com/urfave/cli/v2/altsrc"
 
-	"github.com/skein-ml/skein/bootstrap/manifest"
 	"github.com/skein-ml/skein/compression"
+	"github.com/skein-ml/skein/manifest"
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/node"
 	"github.com/skein-ml/skein/p2p"

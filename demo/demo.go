@@ -1,4 +1,4 @@
-package experiment
+package demo
 
 import (
 	"bufio"
@@ -22,14 +22,14 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/skein-ml/skein/bootstrap/manifest"
 	"github.com/skein-ml/skein/bootstrap/status"
+	"github.com/skein-ml/skein/manifest"
 )
 
-// DemoConfig configures RunDemo: a whole run on one machine, a bootstrap
+// Config configures Run: a whole run on one machine, a bootstrap
 // and Volunteers `skein node join` processes on loopback, every link slowed
 // by the WAN emulator so that the run shows what the internet costs.
-type DemoConfig struct {
+type Config struct {
 	// Binary is the skein executable the children run (os.Executable()).
 	Binary string
 	// Dir holds the children's data directories and logs.
@@ -65,7 +65,7 @@ type DemoConfig struct {
 	// ChaosShare of the honest volunteers (default a third) are killed -9
 	// and restarted, and between two waves one is paused (SIGSTOP) for
 	// ChaosPause (default 20 s). At the end the run's invariants are
-	// checked; RunDemo fails with ErrInvariant if one did not hold.
+	// checked; Run fails with ErrInvariant if one did not hold.
 	Chaos      bool
 	ChaosEvery time.Duration
 	ChaosPause time.Duration
@@ -76,17 +76,17 @@ type DemoConfig struct {
 	Hostile string
 }
 
-// DefaultDemoConfig returns the README's demo: 4 volunteers training the
+// DefaultConfig returns the README's demo: 4 volunteers training the
 // tiny model on the Go sources (packed into shards that travel with the
 // run) with DiLoCo, over 50 Mbit/s links with 30 ms of latency, for three
 // minutes.
-func DefaultDemoConfig() DemoConfig {
-	return DemoConfig{Volunteers: 4, Manifest: manifest.Demo(), Duration: 3 * time.Minute, RateMbit: 50, Latency: 30 * time.Millisecond,
+func DefaultConfig() Config {
+	return Config{Volunteers: 4, Manifest: manifest.Demo(), Duration: 3 * time.Minute, RateMbit: 50, Latency: 30 * time.Millisecond,
 		HTTPAddr: "127.0.0.1:8080", Threads: 1, LogLevel: "warn"}
 }
 
-// DemoResult summarizes a demo run.
-type DemoResult struct {
+// Result summarizes a demo run.
+type Result struct {
 	StatusURL         string
 	Rounds            uint64
 	ValStart, ValEnd  float64 // validation loss of the first and last measured rounds (NaN if none)
@@ -104,11 +104,11 @@ type DemoResult struct {
 	Invariants []Invariant
 }
 
-// RunDemo starts the bootstrap and the volunteers, shows the run's progress
+// Run starts the bootstrap and the volunteers, shows the run's progress
 // until Duration, TargetLoss or ctx, stops every child (gracefully, then by
 // force), and returns the summary. Children die with this process, even
 // when it is killed (Linux: parent-death signal).
-func RunDemo(ctx context.Context, cfg DemoConfig) (*DemoResult, error) {
+func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.Volunteers < 2 {
 		return nil, fmt.Errorf("%w: %d volunteers; a run needs at least 2", ErrConfig, cfg.Volunteers)
 	}
@@ -132,14 +132,14 @@ func RunDemo(ctx context.Context, cfg DemoConfig) (*DemoResult, error) {
 		cfg.LogLevel = "warn"
 	}
 	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
-		return nil, fmt.Errorf("experiment: %w", err)
+		return nil, fmt.Errorf("demo: %w", err)
 	}
 	runFile := filepath.Join(cfg.Dir, "run.toml")
 	if err := os.WriteFile(runFile, cfg.Manifest.Canonical(), 0o644); err != nil {
-		return nil, fmt.Errorf("experiment: %w", err)
+		return nil, fmt.Errorf("demo: %w", err)
 	}
 	began := time.Now()
-	res := &DemoResult{ValStart: math.NaN(), ValEnd: math.NaN(), BootstrapLog: filepath.Join(cfg.Dir, "bootstrap.log")}
+	res := &Result{ValStart: math.NaN(), ValEnd: math.NaN(), BootstrapLog: filepath.Join(cfg.Dir, "bootstrap.log")}
 	var kids children
 	defer kids.stop(out)
 
@@ -167,11 +167,11 @@ func RunDemo(ctx context.Context, cfg DemoConfig) (*DemoResult, error) {
 	}
 	addr, err := firstLine(ctx, bs.stdout, 2*time.Minute)
 	if err != nil {
-		return nil, fmt.Errorf("experiment: the bootstrap did not start (see %s): %w", res.BootstrapLog, err)
+		return nil, fmt.Errorf("demo: the bootstrap did not start (see %s): %w", res.BootstrapLog, err)
 	}
 	res.StatusURL, err = waitForLine(ctx, res.BootstrapLog, regexp.MustCompile(`status page: (\S+)`), 30*time.Second)
 	if err != nil {
-		return nil, fmt.Errorf("experiment: the bootstrap printed no status page address (see %s): %w", res.BootstrapLog, err)
+		return nil, fmt.Errorf("demo: the bootstrap printed no status page address (see %s): %w", res.BootstrapLog, err)
 	}
 	fmt.Fprintf(out, "status page: %s\n", res.StatusURL)
 	if cfg.Started != nil {
@@ -318,7 +318,7 @@ watch:
 }
 
 // Summary is the demo's closing report.
-func (r *DemoResult) Summary() string {
+func (r *Result) Summary() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "summary after %v:\n", r.Wall.Round(time.Second))
 	fmt.Fprintf(&b, "  validation loss  %.4f -> %.4f over %d rounds\n", r.ValStart, r.ValEnd, r.Rounds)
@@ -397,11 +397,11 @@ func (k *children) launch(bin, logPath string, wantStdout bool, mode int, args .
 		k.exited = make(chan error, 1)
 	}
 	if k.stopped {
-		return nil, fmt.Errorf("experiment: the demo is stopping")
+		return nil, fmt.Errorf("demo: the demo is stopping")
 	}
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|mode, 0o644)
 	if err != nil {
-		return nil, fmt.Errorf("experiment: %w", err)
+		return nil, fmt.Errorf("demo: %w", err)
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stderr = f
@@ -421,7 +421,7 @@ func (k *children) launch(bin, logPath string, wantStdout bool, mode int, args .
 		if pw != nil {
 			pw.Close()
 		}
-		return nil, fmt.Errorf("experiment: starting %s: %w", bin, err)
+		return nil, fmt.Errorf("demo: starting %s: %w", bin, err)
 	}
 	k.procs = append(k.procs, c)
 	k.all = append(k.all, c)
@@ -441,7 +441,7 @@ func (k *children) launch(bin, logPath string, wantStdout bool, mode int, args .
 				msg = err.Error()
 			}
 			select { // the first unexpected exit ends the demo; later ones add nothing
-			case k.exited <- fmt.Errorf("experiment: %s %s before the demo ended; see %s", c.name, msg, c.log):
+			case k.exited <- fmt.Errorf("demo: %s %s before the demo ended; see %s", c.name, msg, c.log):
 			default:
 			}
 		}

@@ -4,7 +4,7 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/skein-ml/skein/bootstrap/manifest"
+	"github.com/skein-ml/skein/manifest"
 )
 
 func ExampleParse() {

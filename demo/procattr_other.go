@@ -1,6 +1,6 @@
 //go:build !linux
 
-package experiment
+package demo
 
 import "syscall"
 

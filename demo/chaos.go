@@ -1,4 +1,4 @@
-package experiment
+package demo
 
 import (
 	"context"
@@ -23,7 +23,7 @@ import (
 // the invariants a run of strangers must keep and says which held.
 
 // ErrInvariant: the chaos soak found an invariant broken.
-var ErrInvariant = errors.New("experiment: an invariant of the run did not hold")
+var ErrInvariant = errors.New("demo: an invariant of the run did not hold")
 
 // Invariant is one property the chaos soak checked.
 type Invariant struct {
