@@ -1,0 +1,200 @@
+package replica
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/skein-ml/skein/transport"
+)
+
+// Book is one member's record of the run's certificates: the votes of the
+// rounds it took part in (AddVote), the certificates they form, and the
+// chain it trusts, from an anchor (the run's start state, or the last
+// certificate saved in its data directory) to its latest certified state.
+// It serves that chain to the others (Chain) and takes theirs only when it
+// extends its own (Adopt). Safe for concurrent use.
+type Book struct {
+	run    string
+	signer transport.Signer
+
+	mu      sync.Mutex
+	trusted []*Certificate // the chain, oldest first; [0] is the anchor
+	pending map[pendingKey]*Certificate
+	voted   map[voter]bool // who has voted in which pending round
+}
+
+type voter struct {
+	id    transport.PeerID
+	round uint64
+}
+
+type pendingKey struct {
+	round, hash uint64
+	group       [32]byte
+}
+
+// Bounds: certificates kept in the chain, rounds ahead of the trusted one
+// whose votes are collected, and partial certificates. A member votes once
+// a round (its first vote counts), so the callers, which take votes only
+// from live members, bound the partial certificates by members x maxAhead.
+const (
+	maxChain   = 64
+	maxAhead   = 4
+	maxPending = 4096
+)
+
+// NewBook returns a book of run whose trusted chain starts at anchor.
+func NewBook(run string, signer transport.Signer, anchor *Certificate) *Book {
+	return &Book{run: run, signer: signer, trusted: []*Certificate{anchor},
+		pending: map[pendingKey]*Certificate{}, voted: map[voter]bool{}}
+}
+
+// Trusted is the latest certificate this member trusts.
+func (b *Book) Trusted() *Certificate {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.trusted[len(b.trusted)-1]
+}
+
+// At is the trusted certificate of round r, if the book holds one.
+func (b *Book) At(r uint64) (*Certificate, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, c := range b.trusted {
+		if c.Round == r {
+			return c, true
+		}
+	}
+	return nil, false
+}
+
+// Chain returns the trusted certificates after round from, oldest first
+// (what a member behind needs to reach this one's state), at most max.
+func (b *Book) Chain(from uint64, max int) []*Certificate {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []*Certificate
+	for _, c := range b.trusted[1:] {
+		if c.Round > from && len(out) < max {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// Vote signs this member's vote for the state hash at round within group
+// and records it; the vote (a certificate carrying this member's signature
+// alone) is what to send the group's other members.
+func (b *Book) Vote(round, hash uint64, group []transport.PeerID, self transport.PeerID, sign func([]byte) ([]byte, error)) (*Certificate, error) {
+	group = sortedGroup(group)
+	i, ok := slices.BinarySearch(group, self)
+	if !ok {
+		return nil, fmt.Errorf("%w: %s is not in round %d's group", ErrBadCert, self, round)
+	}
+	sig, err := sign(VoteBytes(b.run, round, hash, group))
+	if err != nil {
+		return nil, err
+	}
+	v := &Certificate{Run: b.run, Round: round, Hash: hash, Group: group, Sigs: make([][]byte, len(group))}
+	v.Sigs[i] = sig
+	_, err = b.AddVote(v, self)
+	return v, err
+}
+
+// AddVote records a vote received from a member: a certificate carrying
+// from's signature alone. When the votes for the same (round, state, group)
+// reach a strict majority of the group, the certificate is formed, and
+// trusted if it extends the chain; it is returned then. Votes for rounds
+// at or before the trusted one, or too far ahead, and a member's second
+// vote in a round, are ignored.
+func (b *Book) AddVote(v *Certificate, from transport.PeerID) (*Certificate, error) {
+	if err := v.wellFormed(); err != nil {
+		return nil, err
+	}
+	i, ok := slices.BinarySearch(v.Group, from)
+	if !ok || v.Sigs[i] == nil || len(v.Signers()) != 1 {
+		return nil, fmt.Errorf("%w: a vote must carry its sender's signature alone", ErrBadCert)
+	}
+	if v.Run != b.run {
+		return nil, fmt.Errorf("%w: %q", ErrWrongRun, v.Run)
+	}
+	if !b.signer.Verify(from, VoteBytes(v.Run, v.Round, v.Hash, v.Group), v.Sigs[i]) {
+		return nil, fmt.Errorf("%w: %s's vote for round %d", ErrBadSignature, from, v.Round)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	last := b.trusted[len(b.trusted)-1]
+	if v.Round <= last.Round || v.Round > last.Round+maxAhead || b.voted[voter{from, v.Round}] {
+		return nil, nil
+	}
+	k := pendingKey{v.Round, v.Hash, GroupDigest(v.Group)}
+	c, ok := b.pending[k]
+	if !ok {
+		if len(b.pending) >= maxPending {
+			return nil, nil
+		}
+		c = &Certificate{Run: v.Run, Round: v.Round, Hash: v.Hash, Group: v.Group, Sigs: make([][]byte, len(v.Group))}
+		b.pending[k] = c
+	}
+	c.Sigs[i] = v.Sigs[i]
+	b.voted[voter{from, v.Round}] = true
+	if 2*len(c.Signers()) <= len(c.Group) || c.Extends(last) != nil {
+		return nil, nil
+	}
+	b.trustLocked(c)
+	return c, nil
+}
+
+// Adopt checks chain (another member's, oldest first) against the trusted
+// one and, when it verifies and extends it, trusts it and returns its last
+// certificate. Certificates at or before the trusted round are skipped.
+func (b *Book) Adopt(chain []*Certificate) (*Certificate, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	last := b.trusted[len(b.trusted)-1]
+	i := 0
+	for i < len(chain) && chain[i].Round <= last.Round {
+		i++
+	}
+	if _, err := VerifyChain(b.run, b.signer, last, chain[i:]); err != nil {
+		return nil, err
+	}
+	for _, c := range chain[i:] {
+		b.trustLocked(c)
+	}
+	return b.trusted[len(b.trusted)-1], nil
+}
+
+// Reset restarts the trusted chain at anchor (a member whose state was
+// taken from elsewhere by a rule outside the chain).
+func (b *Book) Reset(anchor *Certificate) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.trusted = []*Certificate{anchor}
+	clear(b.pending)
+	clear(b.voted)
+}
+
+func (b *Book) trustLocked(c *Certificate) {
+	b.trusted = append(b.trusted, c)
+	if len(b.trusted) > maxChain {
+		b.trusted = slices.Delete(b.trusted, 1, len(b.trusted)-maxChain+1)
+	}
+	for k := range b.pending {
+		if k.round <= c.Round {
+			delete(b.pending, k)
+		}
+	}
+	for k := range b.voted {
+		if k.round <= c.Round {
+			delete(b.voted, k)
+		}
+	}
+}
+
+func sortedGroup(g []transport.PeerID) []transport.PeerID {
+	g = slices.Clone(g)
+	slices.Sort(g)
+	return slices.Compact(g)
+}

@@ -1,0 +1,73 @@
+package replica
+
+import (
+	"crypto/ed25519"
+	"errors"
+	"testing"
+
+	"github.com/skein-ml/skein/transport"
+)
+
+// Members of a round vote; the third vote of four forms the certificate,
+// which the next member behind takes as a chain; forged and outside votes
+// count for nothing.
+func TestBookVotes(t *testing.T) {
+	k, ids := newKeys(6)
+	genesis := &Certificate{Run: "run", Hash: 1}
+	g := ids[:4]
+	books := make([]*Book, len(g))
+	votes := make([]*Certificate, len(g))
+	for i, id := range g {
+		books[i] = NewBook("run", k, genesis)
+		v, err := books[i].Vote(1, 0xaa, g, id, k.signAs(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		votes[i] = v
+	}
+	b := books[0]
+	// A vote from outside the group (for another group: it counts for
+	// nothing here), a forged one (member 1's name, member 4's key), member
+	// 1's signature claimed by member 2, and member 3 voting for another
+	// state first (its later vote for 0xaa is ignored).
+	outside := k.cert("run", 1, 0xaa, append([]transport.PeerID{ids[4]}, g...), ids[4:5])
+	forged := k.cert("run", 1, 0xaa, g, nil)
+	forged.Sigs[1] = ed25519.Sign(k[ids[4]], VoteBytes("run", 1, 0xaa, g))
+	for _, bad := range []struct {
+		v    *Certificate
+		from transport.PeerID
+	}{{outside, ids[4]}, {forged, g[1]}, {votes[1], g[2]}} {
+		if c, _ := b.AddVote(bad.v, bad.from); c != nil {
+			t.Fatalf("a bad vote from %s formed a certificate", bad.from)
+		}
+	}
+	if _, err := b.AddVote(forged, g[1]); !errors.Is(err, ErrBadSignature) {
+		t.Fatalf("forged vote: %v", err)
+	}
+	other := k.cert("run", 1, 0xcc, g, g[3:4])
+	if c, err := b.AddVote(other, g[3]); err != nil || c != nil {
+		t.Fatalf("member 3's vote for another state: %v", err)
+	}
+	if c, _ := b.AddVote(votes[3], g[3]); c != nil {
+		t.Fatal("member 3 voted twice in one round")
+	}
+	if c, err := b.AddVote(votes[1], g[1]); err != nil || c != nil {
+		t.Fatalf("two votes of four formed a certificate (%v)", err)
+	}
+	c, err := b.AddVote(votes[2], g[2])
+	if err != nil || c == nil || b.Trusted() != c {
+		t.Fatalf("three votes of four: %v", err)
+	}
+	if err := c.Verify("run", k); err != nil {
+		t.Fatal(err)
+	}
+	// A member that missed the votes takes the chain from b.
+	late := NewBook("run", k, genesis)
+	if got, err := late.Adopt(b.Chain(0, 8)); err != nil || got.Hash != 0xaa {
+		t.Fatalf("adopting the chain: %v", err)
+	}
+	// A minority's chain is refused.
+	if _, err := NewBook("run", k, c).Adopt([]*Certificate{k.cert("run", 2, 0xbb, g, g[:2])}); !errors.Is(err, ErrMinority) {
+		t.Fatalf("a minority's certificate was adopted: %v", err)
+	}
+}
