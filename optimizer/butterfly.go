@@ -38,7 +38,8 @@ import (
 //     is owned by members p and p+1 (mod M). Every member sends part p of
 //     its contribution, signed, to both owners.
 //  3. Cross-check of inputs. The two owners exchange the list of signed
-//     inputs they hold, and aggregate (RobustConfig: trimmed mean) over
+//     inputs they hold, and aggregate (RobustConfig: by default the
+//     coordinate-wise median, robust to any minority of contributors) over
 //     the inputs both hold with the same hash. A contributor that signed
 //     two different frames for one part equivocated: it is an offender.
 //  4. Gather. The first owner sends its aggregate to every member with the

@@ -1,6 +1,7 @@
 package optimizer
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -28,6 +29,26 @@ func TestTrimmedMean(t *testing.T) {
 				t.Fatalf("got %v, want %v", out, tt.want)
 			}
 		})
+	}
+}
+
+func TestEffectiveTrim(t *testing.T) {
+	tests := []struct {
+		trim int
+		k    []int // contributors
+		want []int
+	}{
+		{TrimMedian, []int{0, 1, 2, 3, 4, 5, 6, 7, 10, 16}, []int{0, 0, 0, 1, 1, 2, 2, 3, 4, 7}},
+		{0, []int{1, 7}, []int{0, 0}},
+		{1, []int{1, 2, 3, 7, 16}, []int{0, 0, 1, 1, 1}},
+		{3, []int{4, 5, 7, 16}, []int{1, 2, 3, 3}},
+	}
+	for _, tt := range tests {
+		for i, k := range tt.k {
+			if got := (RobustConfig{Trim: tt.trim}).EffectiveTrim(k); got != tt.want[i] {
+				t.Errorf("trim %d, %d contributors: %d, want %d", tt.trim, k, got, tt.want[i])
+			}
+		}
 	}
 }
 
@@ -168,12 +189,79 @@ func TestClipBoundsTheMean(t *testing.T) {
 }
 
 func TestRobustConfigValidate(t *testing.T) {
-	for _, c := range []RobustConfig{{Trim: -1}, {ClipFactor: 0.5}, {ClipFactor: math.NaN()}, {ClipFactor: math.Inf(1)}} {
+	for _, c := range []RobustConfig{{Trim: -2}, {Trim: maxGroup/2 + 1}, {ClipFactor: 0.5}, {ClipFactor: math.NaN()}, {ClipFactor: math.Inf(1)}} {
 		if err := c.Validate(); err == nil {
 			t.Errorf("%+v: no error", c)
 		}
 	}
 	if err := DefaultRobust().Validate(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// colluders returns m inputs of n values, f of them hostile and identical:
+// each puts its whole norm budget, all positive, into the first hot
+// coordinates (its 1e4 per coordinate is clipped to 4x the median norm).
+// lo and hi are the honest values' range per coordinate.
+func colluders(r *rand.Rand, m, f, n, hot int) (inputs [][]float32, lo, hi []float32) {
+	lo, hi = make([]float32, n), make([]float32, n)
+	for i := range lo {
+		lo[i], hi[i] = float32(math.Inf(1)), float32(math.Inf(-1))
+	}
+	bad := make([]float32, n)
+	for i := range hot {
+		bad[i] = 1e4
+	}
+	for j := range m {
+		if j < f {
+			inputs = append(inputs, bad)
+			continue
+		}
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = float32(r.NormFloat64())
+			lo[i], hi[i] = min(lo[i], x[i]), max(hi[i], x[i])
+		}
+		inputs = append(inputs, x)
+	}
+	r.Shuffle(m, func(a, b int) { inputs[a], inputs[b] = inputs[b], inputs[a] })
+	return inputs, lo, hi
+}
+
+// The default rule against colluders that concentrate their norm budget in
+// a few coordinates: up to the breakdown point, (M-1)/2 hostile of M, every
+// coordinate of the aggregate stays within the honest values' range; one
+// colluder more moves some coordinate more than the honest spread past it
+// (the bound is tight). The aggregate is the same bits in any input order.
+func TestRobustBreakdownColluders(t *testing.T) {
+	const n = 64
+	r := rand.New(rand.NewPCG(5, 6))
+	for _, tt := range []struct{ m, breakdown int }{{4, 1}, {7, 3}, {10, 4}, {16, 7}} {
+		for f := 1; f <= tt.breakdown+1; f++ {
+			t.Run(fmt.Sprintf("%d of %d", f, tt.m), func(t *testing.T) {
+				c := DefaultRobust()
+				for trial := range 20 {
+					inputs, lo, hi := colluders(r, tt.m, f, n, 1+trial%3)
+					out := make([]float32, n)
+					c.Aggregate(out, inputs, nil)
+					var worst float32 // the furthest past the honest range, in honest spreads
+					for i, v := range out {
+						worst = max(worst, (v-hi[i])/(hi[i]-lo[i]), (lo[i]-v)/(hi[i]-lo[i]))
+					}
+					if f <= tt.breakdown && worst > 0 {
+						t.Fatalf("trial %d: a coordinate %g honest spreads outside the honest range", trial, worst)
+					}
+					if f > tt.breakdown && !(worst > 1) {
+						t.Fatalf("trial %d: past the breakdown point the aggregate stays within %g spreads", trial, worst)
+					}
+					r.Shuffle(len(inputs), func(a, b int) { inputs[a], inputs[b] = inputs[b], inputs[a] })
+					again := make([]float32, n)
+					c.Aggregate(again, inputs, nil)
+					if !slices.EqualFunc(out, again, func(a, b float32) bool { return math.Float32bits(a) == math.Float32bits(b) }) {
+						t.Fatalf("trial %d: other bits in another order: %v, %v", trial, out, again)
+					}
+				}
+			})
+		}
 	}
 }
