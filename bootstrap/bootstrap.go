@@ -190,7 +190,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := atomicfile.WriteFile(filepath.Join(cfg.DataDir, "run.toml"), s.run.Canonical(), 0o644); err != nil {
 		return err
 	}
-	if s.store, err = status.Open(filepath.Join(cfg.DataDir, "history.db"), status.DefaultStoreConfig()); err != nil {
+	if s.store, err = status.Open(filepath.Join(cfg.DataDir, "history.db"), storeConfig(s.run)); err != nil {
 		return err
 	}
 	defer s.store.Close()
@@ -360,7 +360,7 @@ func (s *server) serve() error {
 
 // telemetry takes one report: only from a volunteer that is a member of
 // the run, well-formed and within the store's bounds.
-func (s *server) telemetry(_ context.Context, st *p2p.Stream) error {
+func (s *server) telemetry(ctx context.Context, st *p2p.Stream) error {
 	from := st.Peer()
 	if m, ok := s.seed.Member(from); !ok || m.Meta.Role != p2p.RoleVolunteer {
 		s.countRefused()
@@ -386,10 +386,26 @@ func (s *server) telemetry(_ context.Context, st *p2p.Stream) error {
 		return err
 	}
 	if err := s.store.Record(from.String(), rep, time.Now()); err != nil {
-		s.log.Debug("telemetry refused by the store", "peer", from, "err", err)
+		lvl := slog.LevelDebug
+		if errors.Is(err, status.ErrRoundAhead) || errors.Is(err, status.ErrTooManyTokens) {
+			lvl = slog.LevelInfo // a claim past what the run allows: a liar, or a run that lost most members
+		}
+		s.log.Log(ctx, lvl, "telemetry refused by the store", "peer", from, "err", err)
 		return err
 	}
 	return nil
+}
+
+// storeConfig bounds the history by the manifest: in one round a member
+// trains at most H inner steps of batch x seq_len tokens (in a staged run,
+// H iterations of all the microbatches).
+func storeConfig(m manifest.Manifest) status.StoreConfig {
+	c := status.DefaultStoreConfig()
+	c.MaxRoundTokens = uint64(m.Optimizer.InnerSteps) * uint64(m.Model.Batch) * uint64(m.SeqLen())
+	if m.Pipeline.Staged() {
+		c.MaxRoundTokens *= uint64(max(m.Pipeline.Microbatches, 1))
+	}
+	return c
 }
 
 func (s *server) countRefused() {

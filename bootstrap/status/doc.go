@@ -36,7 +36,7 @@
 // # What is kept, and the bounds
 //
 // All bounds are in StoreConfig; with the defaults the file stays below about
-// 100 MB whatever the volunteers send.
+// 250 MB whatever the volunteers send.
 //   - Per peer: its latest report, running totals, and its last
 //     MaxReportsPerPeer reports keyed by round (a new report evicts the lowest
 //     round; a report older than all kept ones, when the peer is at its cap,
@@ -44,20 +44,36 @@
 //   - At most MaxPeers peers; a new peer evicts the least recently seen one
 //     and its reports. Run totals and round aggregates keep what evicted
 //     reports contributed.
-//   - Per round, an aggregate (means of training and validation loss, counts,
-//     tokens, bytes, first and last time, up to 8 distinct state hashes with
-//     their votes). At most MaxRounds rounds: a new round evicts the lowest
-//     one (the oldest history is dropped, not downsampled; the page's curve
-//     is downsampled to at most 1000 points when it is drawn). A report more
-//     than MaxRoundLead rounds ahead of the other current reporters is
-//     refused (ErrRoundAhead), so one volunteer cannot push real history out
-//     with made-up round numbers.
+//   - Per round, an aggregate (counts, bytes, first and last time, up to 8
+//     distinct state hashes with their votes, the state hash, losses and
+//     tokens of the first 16 reports, and the round's certified state). At
+//     most MaxRounds rounds: a new round evicts the lowest one (the oldest
+//     history is dropped, not downsampled; the page's curve is downsampled
+//     to at most 1000 points when it is drawn).
 //   - The last MaxEvents membership events.
 //
 // The store is a single bbolt file; reopening it gives back the same history.
 // An in-memory mirror of the peers, of the round series (about 50 bytes a
 // round) and of the latest events serves snapshots without disk reads,
 // except the state-hash votes of the few rounds that the members are in.
+//
+// # What is believed
+//
+// A round's loss is the median over its reporters whose state is the
+// round's certified state, and its tokens their sum; the run's tokens are
+// the sum over rounds. The certified state is the round certificate's
+// (StoreConfig.Certified) or, until rounds carry certificates, the hash a
+// strict majority of the round's reporters announced, that majority also
+// more than half of the current reporters (so a lone reporter certifies
+// nothing in a run of several; hash 0, NoLoCo's and a staged run's, counts
+// as a hash). The curve shows certified rounds only. A report more than
+// MaxRoundLead rounds past the highest certified round (past the current
+// reporters' round while no certified round is recent) is refused
+// (ErrRoundAhead), and one claiming more than MaxRoundTokens tokens (the
+// bootstrap sets what the manifest allows a member in a round) too
+// (ErrTooManyTokens): one liar among five moves no loss out of the honest
+// range, adds at most one member's tokens a round and draws no point ahead
+// of the run.
 //
 // # Sanitizing
 //

@@ -2,6 +2,7 @@ package status
 
 import (
 	"math"
+	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -117,6 +118,36 @@ func finite(x float64) float64 {
 func meanLoss(sum float64, n int) *float64 {
 	v := math.Round(finite(sum/float64(n))*1e5) / 1e5
 	return &v
+}
+
+// satUint converts a non-negative x to uint64, saturating.
+func satUint(x float64) uint64 {
+	if x = finite(x); x >= math.MaxUint64 {
+		return math.MaxUint64
+	}
+	return uint64(max(x, 0))
+}
+
+// lossPtr is x rounded to 5 decimals, nil for NaN.
+func lossPtr(x float64) *float64 {
+	if math.IsNaN(x) {
+		return nil
+	}
+	return meanLoss(x, 1)
+}
+
+// median of xs (reordered), NaN for none: one liar among three or more
+// values cannot move it out of the range of the others.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	slices.Sort(xs)
+	m := len(xs) / 2
+	if len(xs)%2 == 1 {
+		return xs[m]
+	}
+	return (xs[m-1] + xs[m]) / 2
 }
 
 // addSat adds without wrapping around.

@@ -55,16 +55,19 @@ type Snapshot struct {
 	// Round is the highest round that more than half of the current
 	// reporters have reached (so one volunteer far ahead cannot move it).
 	Round uint64 `json:"round"`
-	// TrainLoss and ValLoss are the means of the latest round up to Round
-	// that has them; ValLossRound is that round for ValLoss.
-	TrainLoss     *float64 `json:"train_loss,omitempty"`
-	ValLoss       *float64 `json:"val_loss,omitempty"`
-	ValLossRound  uint64   `json:"val_loss_round,omitempty"`
-	TokensTrained uint64   `json:"tokens_trained"` // sum of Tokens over all reports
-	TokensPerSec  float64  `json:"tokens_per_sec"` // sum over the current reporters' latest reports
-	BytesPerSec   float64  `json:"bytes_per_sec"`  // sent: sum of BytesSent / WallSeconds of the same reports
-	BytesSent     uint64   `json:"bytes_sent"`     // total over all reports
-	BytesRecv     uint64   `json:"bytes_recv"`     // total over all reports
+	// TrainLoss and ValLoss are those of the latest certified round up to
+	// Round that has them (the curve's points); ValLossRound is that round
+	// for ValLoss.
+	TrainLoss    *float64 `json:"train_loss,omitempty"`
+	ValLoss      *float64 `json:"val_loss,omitempty"`
+	ValLossRound uint64   `json:"val_loss_round,omitempty"`
+	// TokensTrained is the sum over rounds of the tokens of the reporters
+	// in each round's certified state.
+	TokensTrained uint64  `json:"tokens_trained"`
+	TokensPerSec  float64 `json:"tokens_per_sec"` // sum over the current reporters' latest reports
+	BytesPerSec   float64 `json:"bytes_per_sec"`  // sent: sum of BytesSent / WallSeconds of the same reports
+	BytesSent     uint64  `json:"bytes_sent"`     // total over all reports
+	BytesRecv     uint64  `json:"bytes_recv"`     // total over all reports
 	// FP32DPBytes is what fp32 data-parallel training (ring all-reduce after
 	// every step) would have sent for the same work: the sum over non-adopted
 	// reports of InnerSteps x 2(M-1)/M x 4 x Params bytes, M the report's
@@ -77,7 +80,7 @@ type Snapshot struct {
 	MembersTotal  int     `json:"members_total"`  // rows before the cap of 256 on Members
 
 	Members []MemberRow `json:"members"` // online first, then by peer
-	Curve   []Point     `json:"curve"`   // by round; at most 1000 points (older rounds averaged in buckets)
+	Curve   []Point     `json:"curve"`   // certified rounds; at most 1000 points (older rounds averaged in buckets)
 	Events  []EventRow  `json:"events"`  // the latest 50, newest first
 
 	// Pipeline is a staged run's stages, their replicas and the paths of
@@ -163,7 +166,9 @@ type MemberRow struct {
 	Agreement    string    `json:"agreement"`            // Agree, Differs or Unknown
 }
 
-// Point is one point of the loss curve.
+// Point is one point of the loss curve: the medians over the round's
+// reporters whose state is the round's certified one (contributors only
+// for Train).
 type Point struct {
 	Round     uint64    `json:"round"`
 	T         time.Time `json:"t"` // last report of the round
@@ -265,12 +270,8 @@ func (s *Store) Snapshot(info RunInfo, members func() []Member, now time.Time) (
 
 	t := s.totals
 	snap.TokensTrained, snap.BytesSent, snap.BytesRecv, snap.Reports = t.Tokens, t.BytesSent, t.BytesRecv, t.Reports
-	dp := t.DPUnits * 8 * float64(snap.InnerSteps) * float64(snap.Params)
-	if dp = finite(dp); dp >= math.MaxUint64 {
-		snap.FP32DPBytes = math.MaxUint64
-	} else {
-		snap.FP32DPBytes = uint64(dp)
-	}
+	dp := finite(t.DPUnits * 8 * float64(snap.InnerSteps) * float64(snap.Params))
+	snap.FP32DPBytes = satUint(dp)
 	if t.BytesSent > 0 && dp > 0 {
 		snap.TrafficSaved = math.Round(finite(dp/float64(t.BytesSent))*100) / 100
 	}
@@ -282,12 +283,11 @@ func (s *Store) Snapshot(info RunInfo, members func() []Member, now time.Time) (
 	}
 	for i := end - 1; i >= 0 && (snap.TrainLoss == nil || snap.ValLoss == nil); i-- {
 		p := &s.rounds[i]
-		if snap.TrainLoss == nil && p.TrainN > 0 {
-			snap.TrainLoss = meanLoss(p.TrainSum, int(p.TrainN))
+		if snap.TrainLoss == nil {
+			snap.TrainLoss = lossPtr(p.Train)
 		}
-		if snap.ValLoss == nil && p.ValN > 0 {
-			snap.ValLoss = meanLoss(p.ValSum, int(p.ValN))
-			snap.ValLossRound = p.Round
+		if snap.ValLoss == nil && !math.IsNaN(p.Val) {
+			snap.ValLoss, snap.ValLossRound = lossPtr(p.Val), p.Round
 		}
 	}
 	snap.Curve = curve(s.rounds)
@@ -426,29 +426,42 @@ func verdict(votes map[uint64]int, hash uint64) string {
 	return Unknown
 }
 
-// curve turns the round series into at most maxCurvePoints points: one per
-// round, or bucket means (weighted by reports) of equal runs of rounds when
-// there are more, each bucket named by its last round.
+// curve turns the certified rounds into at most maxCurvePoints points: one
+// per round, or bucket means of equal runs of rounds when there are more,
+// each bucket named by its last round.
 func curve(rounds []point) []Point {
-	out := make([]Point, 0, min(len(rounds), maxCurvePoints))
-	per := (len(rounds) + maxCurvePoints - 1) / maxCurvePoints
-	for start := 0; start < len(rounds); start += per {
-		b := rounds[start:min(start+per, len(rounds))]
-		var ts, vs float64
-		var tn, vn int32
-		for _, p := range b {
-			ts, tn = ts+p.TrainSum, tn+p.TrainN
-			vs, vn = vs+p.ValSum, vn+p.ValN
+	n := 0
+	for _, p := range rounds {
+		if p.Certified {
+			n++
 		}
-		last := b[len(b)-1]
-		pt := Point{Round: last.Round, T: msTime(last.Last), Reporters: int(last.Reporters)}
+	}
+	out := make([]Point, 0, min(n, maxCurvePoints))
+	per := (n + maxCurvePoints - 1) / maxCurvePoints
+	var ts, vs float64
+	var tn, vn, k int
+	for _, p := range rounds {
+		if !p.Certified {
+			continue
+		}
+		if !math.IsNaN(p.Train) {
+			ts, tn = ts+p.Train, tn+1
+		}
+		if !math.IsNaN(p.Val) {
+			vs, vn = vs+p.Val, vn+1
+		}
+		if k++; k%per != 0 && k != n {
+			continue
+		}
+		pt := Point{Round: p.Round, T: msTime(p.Last), Reporters: int(p.Reporters)}
 		if tn > 0 {
-			pt.Train = meanLoss(ts, int(tn))
+			pt.Train = meanLoss(ts, tn)
 		}
 		if vn > 0 {
-			pt.Val = meanLoss(vs, int(vn))
+			pt.Val = meanLoss(vs, vn)
 		}
 		out = append(out, pt)
+		ts, vs, tn, vn = 0, 0, 0, 0
 	}
 	return out
 }

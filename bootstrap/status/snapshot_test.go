@@ -1,6 +1,7 @@
 package status
 
 import (
+	"errors"
 	"math"
 	"testing"
 	"time"
@@ -31,8 +32,10 @@ func TestMajorityRound(t *testing.T) {
 // each sends 1000 bytes: fp32 DP would send 10 x 2(3-1)/3 x 4 x 1000 =
 // 53333.33 bytes each. Round 2: A, B, C again (group 3, hashes H, H, G),
 // and D adopts the state (hash H, group 4, 500 bytes, counts for nothing in
-// DP). E is live at round 3 by gossip only. F reports round 500 (within the
-// lead) but is alone there.
+// DP). E is live at round 3 by gossip only. F reports round 4 (within the
+// lead of 2 past the certified round 2) but is alone there, so round 4 is
+// not certified; its report of round 500 is refused. Losses and tokens count
+// the members in each round's certified state (C differs in round 2).
 func TestSnapshotMath(t *testing.T) {
 	s, _ := openStore(t, testConfig())
 	const H, G = 0x1111, 0x2222
@@ -61,6 +64,10 @@ func TestSnapshotMath(t *testing.T) {
 	must(s.Record(D, d, at))
 	f := rep(500, 1, 1, 0x9999, 50)
 	f.Members = 1 // alone: no DP traffic either
+	if err := s.Record(F, f, at); !errors.Is(err, ErrRoundAhead) {
+		t.Fatalf("round 500 with the run at 2: %v, want ErrRoundAhead", err)
+	}
+	f.Round = 4
 	must(s.Record(F, f, at))
 
 	info := RunInfo{RunID: "hand", ManifestHash: "0123456789abcdef0123", Preset: "tiny", ParamCount: 1000,
@@ -99,8 +106,8 @@ func TestSnapshotMath(t *testing.T) {
 	if want := wantDP / 7500; math.Abs(snap.TrafficSaved-want) > 0.005 {
 		t.Errorf("traffic saved %v, want %v", snap.TrafficSaved, want)
 	}
-	if snap.TokensTrained != 7*100 {
-		t.Errorf("tokens %d, want 700", snap.TokensTrained)
+	if snap.TokensTrained != 5*100 {
+		t.Errorf("tokens %d, want 500 (A, B, C in round 1; A, B, D in round 2)", snap.TokensTrained)
 	}
 	if snap.TokensPerSec != 100+200+300+0+50 {
 		t.Errorf("tokens/s %v, want 650 (latest reports of live members)", snap.TokensPerSec)
@@ -108,11 +115,11 @@ func TestSnapshotMath(t *testing.T) {
 	if snap.BytesPerSec != 4*1000/10+500/10 { // A, B, C, F: 1000 B in 10 s; D: 500 B
 		t.Errorf("bytes/s %v, want 450", snap.BytesPerSec)
 	}
-	if snap.ValLoss == nil || *snap.ValLoss != 2.5 || snap.ValLossRound != 2 {
-		t.Errorf("val loss %v round %d, want 2.5 at round 2", snap.ValLoss, snap.ValLossRound)
+	if snap.ValLoss == nil || *snap.ValLoss != 2 || snap.ValLossRound != 2 {
+		t.Errorf("val loss %v round %d, want 2 (B's; C differs) at round 2", snap.ValLoss, snap.ValLossRound)
 	}
-	if snap.TrainLoss == nil || *snap.TrainLoss != 3 {
-		t.Errorf("train loss %v, want 3 (mean of A, B, C; D adopted)", snap.TrainLoss)
+	if snap.TrainLoss == nil || *snap.TrainLoss != 2.5 {
+		t.Errorf("train loss %v, want 2.5 (median of A and B; C differs, D adopted)", snap.TrainLoss)
 	}
 	if snap.MembersOnline != 6 {
 		t.Errorf("members online %d, want 6 (the invalid one dropped)", snap.MembersOnline)
@@ -141,7 +148,7 @@ func TestSnapshotMath(t *testing.T) {
 	if m := snap.Members[0]; m.StateHash != "0000000000001111" || m.Device != "cpu" || m.BytesSent != 2000 || m.LastSeen != at.UTC() {
 		t.Errorf("row A: %+v", m)
 	}
-	if len(snap.Curve) != 3 || snap.Curve[1].Round != 2 || *snap.Curve[1].Train != 3 || *snap.Curve[0].Val != 2.5 {
+	if len(snap.Curve) != 2 || snap.Curve[1].Round != 2 || *snap.Curve[1].Train != 2.5 || *snap.Curve[0].Train != 4 || *snap.Curve[0].Val != 2.5 {
 		t.Errorf("curve %+v", snap.Curve)
 	}
 
@@ -198,7 +205,8 @@ func TestSnapshotGossipVotes(t *testing.T) {
 func TestCurveDownsamples(t *testing.T) {
 	var rounds []point
 	for r := uint64(1); r <= 2500; r++ {
-		rounds = append(rounds, point{Round: r, Last: int64(r), TrainSum: 2 * float64(r), TrainN: 2, Reporters: 2})
+		rounds = append(rounds, point{Round: r, Last: int64(r), Train: float64(r), Val: math.NaN(), Reporters: 2, Certified: true},
+			point{Round: r, Train: 1e5, Val: 1e5}) // uncertified: not drawn (the rounds are not in order; curve does not care)
 	}
 	c := curve(rounds)
 	if len(c) > maxCurvePoints || len(c) < maxCurvePoints/2 {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"sync"
@@ -26,9 +27,12 @@ var (
 	// ErrStale: a report is older than everything kept for its peer or its
 	// round, and the store is at its cap there.
 	ErrStale = errors.New("status: report older than the kept history")
-	// ErrRoundAhead: a report's round is more than MaxRoundLead rounds ahead
-	// of the other current reporters.
+	// ErrRoundAhead: a report's round is more than MaxRoundLead rounds past
+	// the run's certified round (or, with no recent certified round, past
+	// the round of the other current reporters).
 	ErrRoundAhead = errors.New("status: report round too far ahead of the run")
+	// ErrTooManyTokens: a report claims more tokens than MaxRoundTokens.
+	ErrTooManyTokens = errors.New("status: report claims more tokens than a round allows")
 	// ErrClosed: the store is closed.
 	ErrClosed = errors.New("status: store closed")
 	// ErrSchema: the file was written by an incompatible version.
@@ -41,17 +45,24 @@ type StoreConfig struct {
 	MaxPeers          int           // peers kept, least recently seen evicted first
 	MaxRounds         int           // per-round aggregates kept, lowest rounds evicted first
 	MaxEvents         int           // membership events kept, oldest evicted first
-	MaxRoundLead      uint64        // refuse reports further ahead of the other current reporters
+	MaxRoundLead      uint64        // refuse reports further ahead of the run's certified round
+	MaxRoundTokens    uint64        // refuse reports of more tokens (what the manifest allows a member per round); 0: no limit
 	Fresh             time.Duration // a peer's latest report is current for max(Fresh, 2 x its round's wall time)
 	NoSync            bool          // skip fsync (tests); a crash may lose the last writes
+	// Certified, if set, returns the state hash that round's certificate
+	// carries (ok false while it has none). It is called under the store's
+	// lock when a report for the round arrives, so it must be fast and must
+	// not call the store. Nil: the stand-in rule of Store.certify.
+	Certified func(round uint64) (hash uint64, ok bool)
 }
 
 // DefaultStoreConfig keeps 128 reports for each of 2048 peers, 100,000
 // rounds, 10,000 events; a report is current for 5 minutes (or two of its
-// rounds) and may lead the run by 1000 rounds.
+// rounds) and may lead the run's certified round by 2 rounds (reports of a
+// round arrive before the others of the round before have finished).
 func DefaultStoreConfig() StoreConfig {
 	return StoreConfig{MaxReportsPerPeer: 128, MaxPeers: 2048, MaxRounds: 100_000, MaxEvents: 10_000,
-		MaxRoundLead: 1000, Fresh: 5 * time.Minute}
+		MaxRoundLead: 2, Fresh: 5 * time.Minute}
 }
 
 // Validate names the first invalid field.
@@ -93,18 +104,22 @@ type Event struct {
 // for it (GET /api/history).
 type RoundStats struct {
 	Round        uint64    `json:"round"`
-	First        time.Time `json:"first"`                   // first report received for the round
-	Last         time.Time `json:"last"`                    // last report received for the round
-	Reporters    int       `json:"reporters"`               // reports for the round
-	Contributors int       `json:"contributors"`            // of which trained (not adopted)
-	TrainLoss    *float64  `json:"train_loss,omitempty"`    // mean over contributors that reported one
-	ValLoss      *float64  `json:"val_loss,omitempty"`      // mean over reporters that measured it
-	ValReporters int       `json:"val_reporters"`           // reporters that measured validation loss
-	Tokens       uint64    `json:"tokens"`                  // tokens trained in the round
-	BytesSent    uint64    `json:"bytes_sent"`              // bytes sent by the reporters
-	BytesRecv    uint64    `json:"bytes_recv"`              // bytes received by the reporters
-	MajorityHash string    `json:"majority_hash,omitempty"` // state hash of a strict majority of the votes, 16 hex digits
-	HashVotes    int       `json:"hash_votes"`              // reports that carried a state hash
+	First        time.Time `json:"first"`        // first report received for the round
+	Last         time.Time `json:"last"`         // last report received for the round
+	Reporters    int       `json:"reporters"`    // reports for the round
+	Contributors int       `json:"contributors"` // of which trained (not adopted)
+	// Certified: the round has a certified state; the losses and tokens
+	// below count the reporters that ended the round in it, and are absent
+	// (0) until it has one.
+	Certified    bool     `json:"certified"`
+	TrainLoss    *float64 `json:"train_loss,omitempty"`    // median over those contributors that reported one
+	ValLoss      *float64 `json:"val_loss,omitempty"`      // median over those reporters that measured it
+	ValReporters int      `json:"val_reporters"`           // reporters that measured validation loss
+	Tokens       uint64   `json:"tokens"`                  // tokens those reporters trained in the round
+	BytesSent    uint64   `json:"bytes_sent"`              // bytes sent by the reporters
+	BytesRecv    uint64   `json:"bytes_recv"`              // bytes received by the reporters
+	MajorityHash string   `json:"majority_hash,omitempty"` // state hash of a strict majority of the votes, 16 hex digits
+	HashVotes    int      `json:"hash_votes"`              // reports that carried a state hash
 	// MajorityVotes is how many of them carried MajorityHash (0 if none):
 	// HashVotes - MajorityVotes members ended the round with another state.
 	MajorityVotes int `json:"majority_votes"`
@@ -124,6 +139,7 @@ var (
 const (
 	schemaVersion = "1"
 	maxHashes     = 8   // distinct state hashes kept per round; more go to "other"
+	maxSamples    = 16  // reports per round whose values are kept for the medians
 	eventsInMem   = 100 // latest events mirrored in memory for snapshots
 )
 
@@ -177,24 +193,47 @@ type hashVote struct {
 	Votes int    `json:"n"`
 }
 
-// roundRecord is the stored aggregate of one round; sums, so that a
-// replaced report can be taken out again.
+// sample is what one report adds to its round's curve point: its state
+// and its values (a loss of -1: not measured).
+type sample struct {
+	Hash   uint64  `json:"h,omitempty"`
+	Train  float32 `json:"t"`
+	Val    float32 `json:"v"`
+	Tokens uint64  `json:"k,omitempty"`
+}
+
+func (r *report) sample() sample {
+	x := sample{Hash: r.StateHash, Train: -1, Val: -1, Tokens: r.Tokens}
+	if r.HasTrain {
+		x.Train = float32(r.Train)
+	}
+	if r.HasVal {
+		x.Val = float32(r.Val)
+	}
+	return x
+}
+
+// roundRecord is the stored aggregate of one round; counts and sums, so
+// that a replaced report can be taken out again, and the values of the
+// first maxSamples reports for the medians.
 type roundRecord struct {
 	Round        uint64     `json:"round"`
 	First        int64      `json:"first"`
 	Last         int64      `json:"last"`
 	Reporters    int        `json:"reporters"`
 	Contributors int        `json:"contributors"`
-	TrainSum     float64    `json:"train_sum"`
 	TrainN       int        `json:"train_n"`
-	ValSum       float64    `json:"val_sum"`
 	ValN         int        `json:"val_n"`
-	Tokens       uint64     `json:"tokens"`
 	BytesSent    uint64     `json:"sent"`
 	BytesRecv    uint64     `json:"recv"`
 	DPUnits      float64    `json:"dp_units"`
 	Hashes       []hashVote `json:"hashes,omitempty"`
 	OtherHashes  int        `json:"other_hashes,omitempty"`
+	Samples      []sample   `json:"samples,omitempty"`
+	// Certified and CertHash: the round's certified state as last judged
+	// (Store.certify), when a report for the round arrived.
+	Certified bool   `json:"certified,omitempty"`
+	CertHash  uint64 `json:"cert_hash,omitempty"`
 }
 
 func (rr *roundRecord) apply(r *report, sign int) {
@@ -204,16 +243,21 @@ func (rr *roundRecord) apply(r *report, sign int) {
 		rr.Contributors += sign
 	}
 	if r.HasTrain {
-		rr.TrainSum += f * r.Train
 		rr.TrainN += sign
 	}
 	if r.HasVal {
-		rr.ValSum += f * r.Val
 		rr.ValN += sign
 	}
 	rr.DPUnits = max(rr.DPUnits+f*r.dpUnits(), 0)
+	switch x := r.sample(); {
+	case sign < 0:
+		if i := slices.Index(rr.Samples, x); i >= 0 {
+			rr.Samples = slices.Delete(rr.Samples, i, i+1)
+		}
+	case len(rr.Samples) < maxSamples:
+		rr.Samples = append(rr.Samples, x)
+	}
 	if sign > 0 {
-		rr.Tokens = addSat(rr.Tokens, r.Tokens)
 		rr.BytesSent = addSat(rr.BytesSent, r.BytesSent)
 		rr.BytesRecv = addSat(rr.BytesRecv, r.BytesRecv)
 		if rr.First == 0 || r.At < rr.First {
@@ -221,7 +265,6 @@ func (rr *roundRecord) apply(r *report, sign int) {
 		}
 		rr.Last = max(rr.Last, r.At)
 	} else {
-		rr.Tokens = subFloor(rr.Tokens, r.Tokens)
 		rr.BytesSent = subFloor(rr.BytesSent, r.BytesSent)
 		rr.BytesRecv = subFloor(rr.BytesRecv, r.BytesRecv)
 	}
@@ -242,6 +285,21 @@ func (rr *roundRecord) apply(r *report, sign int) {
 	}
 }
 
+// votes counts the reports of the round that carried hash (0: none).
+func (rr *roundRecord) votes(hash uint64) int {
+	n := rr.Reporters - rr.OtherHashes
+	for _, v := range rr.Hashes {
+		if v.Hash == hash {
+			return v.Votes
+		}
+		n -= v.Votes
+	}
+	if hash != 0 {
+		return 0
+	}
+	return n
+}
+
 // majority returns the hash that a strict majority of the votes carry, and
 // how many votes it has of how many.
 func (rr *roundRecord) majority() (hash uint64, votes, of int, ok bool) {
@@ -258,15 +316,10 @@ func (rr *roundRecord) majority() (hash uint64, votes, of int, ok bool) {
 }
 
 func (rr *roundRecord) stats() RoundStats {
+	p := rr.point()
 	s := RoundStats{Round: rr.Round, First: msTime(rr.First), Last: msTime(rr.Last),
-		Reporters: rr.Reporters, Contributors: rr.Contributors, ValReporters: rr.ValN,
-		Tokens: rr.Tokens, BytesSent: rr.BytesSent, BytesRecv: rr.BytesRecv}
-	if rr.TrainN > 0 {
-		s.TrainLoss = meanLoss(rr.TrainSum, rr.TrainN)
-	}
-	if rr.ValN > 0 {
-		s.ValLoss = meanLoss(rr.ValSum, rr.ValN)
-	}
+		Reporters: rr.Reporters, Contributors: rr.Contributors, Certified: rr.Certified, ValReporters: rr.ValN,
+		TrainLoss: lossPtr(p.Train), ValLoss: lossPtr(p.Val), Tokens: p.Tokens, BytesSent: rr.BytesSent, BytesRecv: rr.BytesRecv}
 	h, votes, of, ok := rr.majority()
 	s.HashVotes = of
 	if ok {
@@ -275,20 +328,46 @@ func (rr *roundRecord) stats() RoundStats {
 	return s
 }
 
-// point is the in-memory mirror of a round, for the loss curve.
+// point is the in-memory mirror of a round, for the loss curve and the
+// totals: what the reporters in the round's certified state say (nothing
+// while it has none). Train and Val are NaN when none of them measured it.
 type point struct {
 	Round     uint64
 	Last      int64
-	TrainSum  float64
-	ValSum    float64
-	TrainN    int32
-	ValN      int32
+	Train     float64 // median
+	Val       float64 // median
+	Tokens    uint64  // sum
 	Reporters int32
+	Certified bool
 }
 
 func (rr *roundRecord) point() point {
-	return point{Round: rr.Round, Last: rr.Last, TrainSum: rr.TrainSum, ValSum: rr.ValSum,
-		TrainN: int32(rr.TrainN), ValN: int32(rr.ValN), Reporters: int32(rr.Reporters)}
+	p := point{Round: rr.Round, Last: rr.Last, Train: math.NaN(), Val: math.NaN(),
+		Reporters: int32(rr.Reporters), Certified: rr.Certified}
+	if !rr.Certified {
+		return p
+	}
+	var train, val []float64
+	n := 0
+	for _, x := range rr.Samples {
+		if x.Hash != rr.CertHash {
+			continue
+		}
+		n++
+		p.Tokens = addSat(p.Tokens, x.Tokens)
+		if x.Train >= 0 {
+			train = append(train, float64(x.Train))
+		}
+		if x.Val >= 0 {
+			val = append(val, float64(x.Val))
+		}
+	}
+	// Reporters past maxSamples count at the sampled ones' mean.
+	if all := rr.votes(rr.CertHash); all > n && n > 0 {
+		p.Tokens = satUint(float64(p.Tokens) / float64(n) * float64(all))
+	}
+	p.Train, p.Val = median(train), median(val)
+	return p
 }
 
 type totals struct {
@@ -470,8 +549,8 @@ func (s *Store) notifyLocked() {
 // Record adds the report that peer sent for one round, received at the
 // bootstrap's time at. A second report for the same (peer, round) replaces
 // the first in every aggregate. It returns ErrBadPeer, ErrStale,
-// ErrRoundAhead or ErrClosed for reports it refuses (each counted in
-// Refused), or a wrapped disk error.
+// ErrRoundAhead, ErrTooManyTokens or ErrClosed for reports it refuses (each
+// counted in Refused), or a wrapped disk error.
 func (s *Store) Record(peer string, rep telemetry.Report, at time.Time) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -480,7 +559,7 @@ func (s *Store) Record(peer string, rep telemetry.Report, at time.Time) error {
 	}
 	err := s.record(peer, rep, at)
 	if err != nil {
-		if errors.Is(err, ErrBadPeer) || errors.Is(err, ErrStale) || errors.Is(err, ErrRoundAhead) {
+		if errors.Is(err, ErrBadPeer) || errors.Is(err, ErrStale) || errors.Is(err, ErrRoundAhead) || errors.Is(err, ErrTooManyTokens) {
 			s.refused++
 		}
 		return err
@@ -493,8 +572,16 @@ func (s *Store) record(peer string, rep telemetry.Report, at time.Time) error {
 	if !ValidPeerID(peer) {
 		return fmt.Errorf("%w: %q", ErrBadPeer, cleanString(peer, maxPeerIDLength))
 	}
+	if lim := s.cfg.MaxRoundTokens; lim > 0 && rep.Tokens > lim {
+		return fmt.Errorf("%w: %d tokens in round %d from %s, at most %d", ErrTooManyTokens, rep.Tokens, rep.Round, ShortID(peer), lim)
+	}
 	r := sanitize(rep, at.UnixMilli())
-	if ref, ok := s.currentRound(at, peer); ok && r.Round > ref && r.Round-ref > s.cfg.MaxRoundLead {
+	others := s.freshRounds(at, peer)
+	ref, ok := s.certifiedRound(at)
+	if !ok && len(others) > 0 {
+		ref, ok = majorityRound(others), true
+	}
+	if ok && r.Round > ref && r.Round-ref > s.cfg.MaxRoundLead {
 		return fmt.Errorf("%w: round %d from %s, run at %d (lead at most %d)", ErrRoundAhead, r.Round, ShortID(peer), ref, s.cfg.MaxRoundLead)
 	}
 	i, found := s.findRound(r.Round)
@@ -513,8 +600,12 @@ func (s *Store) record(peer string, rep telemetry.Report, at time.Time) error {
 		rr      roundRecord
 		evicted string
 		tot     = s.totals
-		dropped int // rounds evicted from the front
+		dropped int   // rounds evicted from the front
+		was, pt point // the round's point before and after the report
 	)
+	if found {
+		was = s.rounds[i]
+	}
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		reports, err := tx.Bucket(bucketReports).CreateBucketIfNotExists([]byte(peer))
 		if err != nil {
@@ -555,6 +646,8 @@ func (s *Store) record(peer string, rep telemetry.Report, at time.Time) error {
 			rr.apply(prev, -1)
 		}
 		rr.apply(&r, +1)
+		rr.CertHash, rr.Certified = s.certify(&rr, len(others)+1)
+		pt = rr.point()
 		if err := putJSON(rounds, key, &rr); err != nil {
 			return err
 		}
@@ -568,8 +661,8 @@ func (s *Store) record(peer string, rep telemetry.Report, at time.Time) error {
 		}
 
 		tot.Reports++
+		tot.Tokens = addSat(subFloor(tot.Tokens, was.Tokens), pt.Tokens)
 		if prev != nil {
-			tot.Tokens = subFloor(tot.Tokens, prev.Tokens)
 			tot.BytesSent = subFloor(tot.BytesSent, prev.BytesSent)
 			tot.BytesRecv = subFloor(tot.BytesRecv, prev.BytesRecv)
 			tot.DPUnits = max(tot.DPUnits-prev.dpUnits(), 0)
@@ -577,7 +670,6 @@ func (s *Store) record(peer string, rep telemetry.Report, at time.Time) error {
 			rec.BytesSent = subFloor(rec.BytesSent, prev.BytesSent)
 			rec.BytesRecv = subFloor(rec.BytesRecv, prev.BytesRecv)
 		}
-		tot.Tokens = addSat(tot.Tokens, r.Tokens)
 		tot.BytesSent = addSat(tot.BytesSent, r.BytesSent)
 		tot.BytesRecv = addSat(tot.BytesRecv, r.BytesRecv)
 		tot.DPUnits += r.dpUnits()
@@ -613,9 +705,9 @@ func (s *Store) record(peer string, rep telemetry.Report, at time.Time) error {
 		delete(s.peers, evicted)
 	}
 	if found {
-		s.rounds[i] = rr.point()
+		s.rounds[i] = pt
 	} else {
-		s.rounds = slices.Insert(s.rounds, i, rr.point())
+		s.rounds = slices.Insert(s.rounds, i, pt)
 		if dropped > 0 {
 			s.rounds = slices.Delete(s.rounds, 0, dropped)
 		}
@@ -829,10 +921,9 @@ func (s *Store) fresh(rec *peerRecord, now int64) bool {
 	return age >= -time.Minute.Milliseconds() && age <= window.Milliseconds()
 }
 
-// currentRound is the majority round of the peers (other than except) whose
-// latest report is current at at: the highest round that more than half of
-// them have reached. ok is false when there are none.
-func (s *Store) currentRound(at time.Time, except string) (uint64, bool) {
+// freshRounds returns the latest rounds of the peers (other than except)
+// whose latest report is current at at.
+func (s *Store) freshRounds(at time.Time, except string) []uint64 {
 	now := at.UnixMilli()
 	var rounds []uint64
 	for id, rec := range s.peers {
@@ -840,10 +931,42 @@ func (s *Store) currentRound(at time.Time, except string) (uint64, bool) {
 			rounds = append(rounds, rec.Latest.Round)
 		}
 	}
-	if len(rounds) == 0 {
-		return 0, false
+	return rounds
+}
+
+// certify returns the state of rr's round that the run certified: the
+// round certificate's hash (StoreConfig.Certified) or, until rounds carry
+// certificates, the hash that a strict majority of the round's reporters
+// announced, counted against the current reporters when there are more of
+// them (current: the run's size as the store sees it), so that one
+// reporter alone in a round certifies nothing in a run of several. Hash 0
+// (NoLoCo and staged members hold no common state) is a hash like any
+// other here, so those runs are certified by their majority too.
+func (s *Store) certify(rr *roundRecord, current int) (uint64, bool) {
+	if s.cfg.Certified != nil {
+		return s.cfg.Certified(rr.Round)
 	}
-	return majorityRound(rounds), true
+	n := max(rr.Reporters, current)
+	if 2*rr.votes(0) > n {
+		return 0, true
+	}
+	for _, v := range rr.Hashes {
+		if 2*v.Votes > n {
+			return v.Hash, true
+		}
+	}
+	return 0, false
+}
+
+// certifiedRound is the highest round with a certified state, if its last
+// report is current at at (the bound of a run that went quiet lapses).
+func (s *Store) certifiedRound(at time.Time) (uint64, bool) {
+	for i := len(s.rounds) - 1; i >= 0; i-- {
+		if p := s.rounds[i]; p.Certified {
+			return p.Round, at.UnixMilli()-p.Last <= s.cfg.Fresh.Milliseconds()
+		}
+	}
+	return 0, false
 }
 
 // majorityRound returns the highest round that more than half of rounds

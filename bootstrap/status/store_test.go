@@ -3,9 +3,11 @@ package status
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -224,6 +226,11 @@ func TestStoreRefuses(t *testing.T) {
 	if err := s.Record(peerID(0), fakeReport(18, 2, 2, 2), at); err != nil {
 		t.Errorf("replacing a kept report: %v", err)
 	}
+	// Once the run has been quiet for longer than Fresh (a bootstrap
+	// restarted late), its last certified round bounds nothing.
+	if err := s.Record(peerID(6), fakeReport(20+101, 2, 2, 2), at.Add(cfg.Fresh+time.Second)); err != nil {
+		t.Errorf("report 101 rounds ahead of a quiet run: %v", err)
+	}
 }
 
 func TestStoreReplacesSameRound(t *testing.T) {
@@ -279,7 +286,8 @@ func TestStoreSanitizes(t *testing.T) {
 	if snap.ValLoss != nil || snap.TrainLoss != nil {
 		t.Errorf("losses from NaN/Inf/negative/huge reports: train %v val %v", snap.TrainLoss, snap.ValLoss)
 	}
-	if snap.TokensTrained != 3*maxTokens+4096 || snap.TokensPerSec != 3*0+maxRate {
+	// Peer 3's state differs from the majority's (hash 0): its tokens do not count.
+	if snap.TokensTrained != 3*maxTokens || snap.TokensPerSec != 3*0+maxRate {
 		t.Errorf("tokens %d, tokens/s %v", snap.TokensTrained, snap.TokensPerSec)
 	}
 	for _, m := range snap.Members {
@@ -328,5 +336,222 @@ func TestStoreConfigValidate(t *testing.T) {
 	}
 	if _, err := Open(t.TempDir()+"/x.db", bad); !errors.Is(err, ErrConfig) {
 		t.Errorf("Open with a bad config: %v", err)
+	}
+}
+
+// TestStoreHostileReporter is the reviewer's attack on the page: 1 volunteer
+// of 5 reports a loss of 200002, 1e13 tokens and round 1010 in a run at
+// round 10. Every round it sends, before the honest four: a report of the
+// round with 1e13 tokens (refused: more than the manifest allows), the same
+// with the allowed tokens (kept, so the medians must absorb its losses) and
+// one of round 1010 (refused: past the certified round); after them, one of
+// round r+2 with a made-up state (kept, never certified). The page's curve,
+// losses and tokens must stay within what the honest members report.
+func TestStoreHostileReporter(t *testing.T) {
+	const (
+		rounds   = 10
+		maxToks  = 8 * 64 * 10 // batch x seq_len x inner steps
+		evil     = 200002
+		evilHash = 0xbad
+	)
+	honest := func(r uint64, i int) (train, val float32) {
+		return 4.5/float32(1+0.1*float64(r)) + 0.01*float32(i), 4/float32(1+0.1*float64(r)) + 0.01*float32(i)
+	}
+	for _, c := range []struct {
+		name       string
+		hash       func(r uint64) uint64 // the honest members' state after round r
+		hostileOwn bool                  // the hostile reports a state of its own
+	}{
+		{"diloco, hostile in the honest state", func(r uint64) uint64 { return 1000 + r }, false},
+		{"diloco, hostile in its own state", func(r uint64) uint64 { return 1000 + r }, true},
+		{"noloco, no state hashes", func(uint64) uint64 { return 0 }, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.MaxRoundTokens = maxToks
+			s, _ := openStore(t, cfg)
+			rep := func(r uint64, hash uint64, train, val float32, tokens uint64) telemetry.Report {
+				return telemetry.Report{Round: r, StateHash: hash, TrainLoss: train, ValLoss: val, Tokens: tokens,
+					TokensPerSec: 100, WallSeconds: 10, Members: 5}
+			}
+			hostile := peerID(4)
+			var at time.Time
+			for r := uint64(1); r <= rounds; r++ {
+				at = t0.Add(time.Duration(r) * 10 * time.Second)
+				h := c.hash(r)
+				if c.hostileOwn {
+					h = evilHash + r
+				}
+				if err := s.Record(hostile, rep(r, h, evil, evil, 1e13), at); !errors.Is(err, ErrTooManyTokens) {
+					t.Fatalf("round %d, 1e13 tokens: %v, want ErrTooManyTokens", r, err)
+				}
+				if err := s.Record(hostile, rep(r, h, evil, evil, maxToks), at); err != nil {
+					t.Fatalf("round %d, the allowed tokens: %v", r, err)
+				}
+				if err := s.Record(hostile, rep(1010, h, evil, evil, maxToks), at); !errors.Is(err, ErrRoundAhead) {
+					t.Fatalf("round 1010 at round %d: %v, want ErrRoundAhead", r, err)
+				}
+				for i := range 4 {
+					train, val := honest(r, i)
+					if err := s.Record(peerID(i), rep(r, c.hash(r), train, val, maxToks), at.Add(time.Millisecond)); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := s.Record(hostile, rep(r+2, evilHash, evil, evil, maxToks), at.Add(2*time.Millisecond)); err != nil {
+					t.Fatalf("round %d at round %d (within the lead): %v", r+2, r, err)
+				}
+			}
+
+			now := at.Add(5 * time.Second)
+			srv := NewServer(s, RunInfo{RunID: "hostile", InnerSteps: 10}, liveMembers(0, 1, 2, 3, 4), WithClock(func() time.Time { return now }))
+			t.Cleanup(srv.Close)
+			var snap Snapshot
+			if err := json.NewDecoder(get(t, srv, "GET", "/api/status").Body).Decode(&snap); err != nil {
+				t.Fatal(err)
+			}
+			// Each loss within the honest members' values of its round.
+			inRange := func(what string, r uint64, v *float64, val bool) {
+				t.Helper()
+				lo, vlo := honest(r, 0)
+				hi, vhi := honest(r, 3)
+				if val {
+					lo, hi = vlo, vhi
+				}
+				if v == nil || *v < float64(lo)-1e-4 || *v > float64(hi)+1e-4 {
+					t.Errorf("round %d %s = %s, outside the honest range [%v, %v]", r, what, ptrString(v), lo, hi)
+				}
+			}
+			if snap.Round != rounds || len(snap.Curve) != rounds {
+				t.Errorf("round %d, %d curve points; want %d, %d", snap.Round, len(snap.Curve), rounds, rounds)
+			}
+			for _, p := range snap.Curve {
+				if p.Round > rounds+1 {
+					t.Errorf("curve point at round %d of a run at round %d", p.Round, rounds)
+				}
+				inRange("train", p.Round, p.Train, false)
+				inRange("val", p.Round, p.Val, true)
+			}
+			inRange("train loss", rounds, snap.TrainLoss, false)
+			inRange("val loss", rounds, snap.ValLoss, true)
+			// At most what five honest members train (the hostile one may have).
+			if snap.TokensTrained < 4*maxToks*rounds || snap.TokensTrained > 5*maxToks*rounds {
+				t.Errorf("tokens trained %d, want within [%d, %d]", snap.TokensTrained, 4*maxToks*rounds, 5*maxToks*rounds)
+			}
+			hist, err := s.History(0, 100)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if last := hist[len(hist)-1]; last.Round > rounds+2 || last.Certified {
+				t.Errorf("last round kept %+v, want the hostile's uncertified %d at most", last, rounds+2)
+			}
+			if got := s.Refused(); got != 2*rounds {
+				t.Errorf("Refused() = %d, want %d", got, 2*rounds)
+			}
+		})
+	}
+}
+
+func ptrString(v *float64) string {
+	if v == nil {
+		return "absent"
+	}
+	return fmt.Sprint(*v)
+}
+
+// A round's curve point and tokens count the reporters in its certified
+// state: a strict majority of its reporters (and of the current ones), or
+// the certificate's hash when StoreConfig.Certified is set.
+func TestStoreCertifies(t *testing.T) {
+	const H, G = 0x1111, 0x2222
+	for _, c := range []struct {
+		name   string
+		hashes []uint64 // reporter i's state hash; its val loss is 1+i, its tokens 100
+		cert   func(uint64) (uint64, bool)
+		want   []float64 // the agreeing reporters' val losses; nil: not certified
+	}{
+		{"all agree", []uint64{H, H, H}, nil, []float64{1, 2, 3}},
+		{"one differs", []uint64{H, G, H}, nil, []float64{1, 3}},
+		{"split", []uint64{H, G}, nil, nil},
+		{"noloco: no hashes", []uint64{0, 0, 0, G}, nil, []float64{1, 2, 3}},
+		{"certificate", []uint64{H, G, H}, func(uint64) (uint64, bool) { return G, true }, []float64{2}},
+		{"no certificate yet", []uint64{H, H, H}, func(uint64) (uint64, bool) { return 0, false }, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.Certified = c.cert
+			s, _ := openStore(t, cfg)
+			for i, h := range c.hashes {
+				rep := telemetry.Report{Round: 3, StateHash: h, TrainLoss: float32(math.NaN()), ValLoss: float32(1 + i), Tokens: 100}
+				if err := s.Record(peerID(i), rep, t0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			hist, err := s.History(0, 10)
+			if err != nil {
+				t.Fatal(err)
+			}
+			snap, err := s.Snapshot(RunInfo{}, nil, t0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := hist[0]
+			if c.want == nil {
+				if r.Certified || r.ValLoss != nil || r.Tokens != 0 || snap.TokensTrained != 0 || len(snap.Curve) != 0 {
+					t.Errorf("uncertified round: %+v, tokens trained %d, curve %+v", r, snap.TokensTrained, snap.Curve)
+				}
+				return
+			}
+			want := median(slices.Clone(c.want))
+			if !r.Certified || r.ValLoss == nil || *r.ValLoss != want || r.Tokens != uint64(100*len(c.want)) {
+				t.Errorf("round %+v (val %s), want certified, val %v, %d tokens", r, ptrString(r.ValLoss), want, 100*len(c.want))
+			}
+			if snap.TokensTrained != r.Tokens || len(snap.Curve) != 1 || *snap.Curve[0].Val != want {
+				t.Errorf("tokens trained %d, curve %+v", snap.TokensTrained, snap.Curve)
+			}
+		})
+	}
+}
+
+// One reporter alone in a round certifies nothing in a run of five; past
+// maxSamples reporters, a round's tokens still count every agreeing one.
+func TestStoreCertifyQuorumAndSamples(t *testing.T) {
+	s, _ := openStore(t, testConfig())
+	feedRun(t, s, 5, 1, 1)
+	at := t0.Add(20 * time.Second)
+	if err := s.Record(peerID(0), fakeReport(2, 2, 2, 5), at); err != nil {
+		t.Fatal(err)
+	}
+	const n = maxSamples + 8
+	for i := range n {
+		if err := s.Record(peerID(100+i), fakeReport(3, 2, 2, n), at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hist, err := s.History(2, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hist) != 2 || hist[0].Certified || !hist[1].Certified || hist[1].Tokens != n*4096 {
+		t.Errorf("rounds 2 and 3: %+v", hist)
+	}
+}
+
+func TestMedian(t *testing.T) {
+	for _, c := range []struct {
+		in   []float64
+		want float64
+	}{
+		{[]float64{3}, 3},
+		{[]float64{5, 1, 3}, 3},
+		{[]float64{4, 1, 3, 2}, 2.5},
+		{[]float64{2, 2.1, 1.9, 200002}, 2.05},
+		{[]float64{2, 2.1, 1.9, 200002, 0}, 2},
+	} {
+		if got := median(slices.Clone(c.in)); math.Abs(got-c.want) > 1e-12 {
+			t.Errorf("median(%v) = %v, want %v", c.in, got, c.want)
+		}
+	}
+	if !math.IsNaN(median(nil)) {
+		t.Errorf("median of nothing is not NaN")
 	}
 }
