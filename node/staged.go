@@ -38,11 +38,20 @@ import (
 // (a butterfly over p2p.ProtoStageReduce(s)).
 //
 // A re-plan takes effect at the iteration the Assignment names. A member
-// new to its stage takes the stage's outer state from a member that held
-// it before (bulk key stageStateKey); when the stage lost every member, the
-// newcomers rebuild it with CheckFree from the weights and last gradient
-// norms the neighbouring stages serve (stageWeightsKey), with a fresh
-// optimizer at pipeline.RebuildLRFactor times the learning rate.
+// new to its stage takes the stage's outer state from the members that
+// held it before (bulk key stageStateKey; pickState: two of them must serve
+// the same state where more than one holds it); when the stage lost every
+// member, the newcomers rebuild it with CheckFree from the weights and last
+// gradient norms the neighbouring stages' survivors serve (stageWeightsKey;
+// pipeline.Combine takes their medians), with a fresh optimizer at
+// pipeline.RebuildLRFactor times the learning rate.
+//
+// Trust: plans come only from the bootstrap this volunteer dialled (its
+// --bootstrap peer IDs), never from a member that calls itself one, and a
+// plan's epoch moves by one. The relay refuses a neighbour's tensor that is
+// not finite or is outsized (pipeline.TensorBounds), and an iteration whose
+// gradient is not finite anyway is dropped (rollback): the volunteer never
+// exits for what a neighbour sends.
 //
 // Not built yet: local checkpoints of a stage (a restarted volunteer is a
 // newcomer), NoLoCo between a stage's replicas, and the whole model's
@@ -74,7 +83,9 @@ type stagedVolunteer struct {
 	loader *data.Loader // stage 0's microbatches
 	T      int
 
-	newest atomic.Pointer[pipeline.Assignment] // the newest plan the bootstrap served
+	newest  atomic.Pointer[pipeline.Assignment] // the newest plan the bootstrap served
+	boots   []peer.ID                           // the bootstraps whose plans are taken (--bootstrap)
+	refused uint64                              // the last epoch refused as a jump (logged once)
 
 	plan  *pipeline.Assignment // the plan iterations run under now
 	self  int                  // this member's node index in plan
@@ -129,7 +140,11 @@ func (v *Volunteer) initStaged(corpus *data.Corpus) error {
 		}
 		return err
 	}
-	st := &stagedVolunteer{v: v, mc: mc, specs: specs, sched: m.Schedule(), T: m.SeqLen(), reportAt: time.Now()}
+	boots, err := planSources(v.cfg.Bootstrap)
+	if err != nil {
+		return err
+	}
+	st := &stagedVolunteer{v: v, mc: mc, specs: specs, sched: m.Schedule(), T: m.SeqLen(), reportAt: time.Now(), boots: boots}
 	st.adamW = optimizer.DefaultAdamW()
 	st.adamW.LR, st.adamW.Warmup, st.adamW.TotalSteps, st.adamW.WeightDecay, st.adamW.Clip = m.Optimizer.InnerLR,
 		m.Optimizer.Warmup, m.Optimizer.TotalSteps, m.Optimizer.WeightDecay, m.Optimizer.GradClip
@@ -298,26 +313,58 @@ func (st *stagedVolunteer) gone() []string {
 	return out
 }
 
-// pollPlans asks the run's bootstraps for the plan every planPoll and
-// keeps the newest.
+// planSources are the peers whose stage plans a volunteer takes: the
+// bootstraps it was given, by the peer ID it dials them at. A member that
+// signs role bootstrap is not one (any member can).
+func planSources(addrs []string) ([]peer.ID, error) {
+	var ids []peer.ID
+	for _, a := range addrs {
+		ai, err := peer.AddrInfoFromString(a)
+		if err != nil {
+			return nil, fmt.Errorf("%w: --bootstrap %q: %w", ErrConfig, a, err)
+		}
+		ids = append(ids, ai.ID)
+	}
+	if len(ids) == 0 {
+		return nil, fmt.Errorf("%w: a staged run takes its stage plans from its bootstrap: give its --bootstrap address", ErrConfig)
+	}
+	return ids, nil
+}
+
+// pollPlans asks the run's bootstrap for the plan every planPoll.
 func (st *stagedVolunteer) pollPlans(ctx context.Context) {
 	for ctx.Err() == nil {
-		for _, m := range st.v.pn.Members() {
-			if m.Meta.Role != p2p.RoleBootstrap {
-				continue
-			}
-			a, err := fetchPlan(ctx, st.v.pn, m.ID)
-			if err != nil {
-				st.v.log.Debug("stage plan", "bootstrap", m.ID, "err", err)
-				continue
-			}
-			if a != nil {
-				if cur := st.newest.Load(); cur == nil || a.Epoch > cur.Epoch {
-					st.newest.Store(a)
-				}
-			}
-		}
+		st.pollOnce(ctx)
 		sleep(ctx, planPoll)
+	}
+}
+
+// pollOnce asks the bootstraps this volunteer was given for their plan and
+// keeps a newer one if its epoch is the next (or this volunteer has none):
+// a plan of epoch 2^64-1 would otherwise win for good. A volunteer that
+// missed a plan (its bootstrap re-planned twice while it could not reach
+// it) keeps its plan and says so.
+func (st *stagedVolunteer) pollOnce(ctx context.Context) {
+	for _, id := range st.boots {
+		if _, ok := st.v.pn.Member(id); !ok {
+			continue
+		}
+		a, err := fetchPlan(ctx, st.v.pn, id)
+		if err != nil || a == nil {
+			st.v.log.Debug("stage plan", "bootstrap", id, "err", err)
+			continue
+		}
+		cur := st.newest.Load()
+		switch {
+		case cur != nil && a.Epoch <= cur.Epoch:
+		case cur != nil && a.Epoch != cur.Epoch+1:
+			if st.refused != a.Epoch {
+				st.refused = a.Epoch
+				st.v.log.Warn("refused a stage plan: its epoch is not the next", "bootstrap", id, "epoch", a.Epoch, "current", cur.Epoch)
+			}
+		default:
+			st.newest.Store(a)
+		}
 	}
 }
 
@@ -454,31 +501,30 @@ func (st *stagedVolunteer) startingWeights(ctx context.Context, a pipeline.Assig
 		return start{w: w, lr: 1}, nil
 	}
 	self := st.v.pn.ID().String()
-	survivors := 0
+	var others []string
 	for _, u := range a.Survivors(s) {
-		if a.Peers[u] == self {
-			continue
+		if a.Peers[u] != self {
+			others = append(others, a.Peers[u])
 		}
-		survivors++
-		// The survivor's outer state as it enters the plan: this member
-		// must start the stage's next outer round from the same state
-		// (round, phi, momentum), and the survivor may take rounds alone
-		// until the plan's first iteration.
-		if err := st.waitFor(ctx, a, a.Peers[u], a.Start-1); err != nil {
-			return start{}, err
-		}
-		r, phi, mom, err := st.fetchState(ctx, a.Peers[u], rep.Len())
-		if err != nil {
-			st.v.log.Warn("stage state", "peer", a.Peers[u], "err", err)
-			continue
-		}
-		return start{w: phi, mom: mom, round: r, lr: 1, how: fmt.Sprintf("took the stage's weights from %s", shortPeer(peerID(a.Peers[u])))}, nil
 	}
-	if survivors > 0 {
-		// The stage has members that hold it, but none answered (gone
-		// before the bootstrap noticed): wait for the re-plan rather than
-		// throw the stage's training away.
-		return start{}, fmt.Errorf("no member of stage %d serves its state (gone?)", s)
+	if len(others) > 0 {
+		// The survivors' outer state as they enter the plan: this member
+		// must start the stage's next outer round from the same state
+		// (round, phi, momentum), and a survivor may take rounds alone
+		// until the plan's first iteration.
+		for _, id := range others {
+			if err := st.waitFor(ctx, a, id, a.Start-1); err != nil {
+				return start{}, err
+			}
+		}
+		h, ok := pickState(st.stageStates(ctx, others, rep.Len()), min(2, len(others)), 0)
+		if !ok {
+			// Members hold the stage, but too few answered with one state
+			// (gone before the bootstrap noticed, or lying): retry, or wait
+			// for the re-plan, rather than throw the stage's training away.
+			return start{}, fmt.Errorf("no %d of the %d members of stage %d serve the same state", min(2, len(others)), len(others), s)
+		}
+		return start{w: h.phi, mom: h.mom, round: h.round, lr: 1, how: fmt.Sprintf("took the stage's weights from %s", h.from)}, nil
 	}
 	// The stage lost every member: CheckFree from its neighbours.
 	rec, err := pipeline.Recover(s, a.Stages, st.v.run.Pipeline.CheckFreePlus)
@@ -493,26 +539,24 @@ func (st *stagedVolunteer) startingWeights(ctx context.Context, a pipeline.Assig
 		return start{w: w, round: round, lr: pipeline.RebuildLRFactor,
 			how: fmt.Sprintf("stage %d was lost and CheckFree cannot rebuild it (%v): started it from fresh weights", s, err)}, nil
 	}
+	// neighbour is stage ns's weights and norm: the medians of what its
+	// survivors serve, norms capped at the run's gradient clip.
 	neighbour := func(ns, n int) ([]float32, float64, error) {
-		var w []float32
-		var sum float64
-		var k int
+		var got []pipeline.Survivor
 		for _, u := range a.Survivors(ns) {
-			norm, got, err := st.fetchWeights(ctx, a.Peers[u], n)
+			norm, w, err := st.fetchWeights(ctx, a.Peers[u], n)
 			if err != nil {
 				st.v.log.Warn("neighbour weights", "stage", ns, "peer", a.Peers[u], "err", err)
 				continue
 			}
-			if w == nil {
-				w = got
-			}
-			sum += norm
-			k++
+			got = append(got, pipeline.Survivor{Weights: w, Norm: norm})
 		}
-		if k == 0 {
+		if len(got) == 0 {
 			return nil, 0, fmt.Errorf("no member of stage %d serves its weights", ns)
 		}
-		return w, sum / float64(k), nil
+		w := make([]float32, n)
+		norm, err := pipeline.Combine(w, got, st.adamW.Clip)
+		return w, norm, err
 	}
 	if rec.Copy() {
 		partner, err := st.newReplica(rec.From[0])
@@ -559,12 +603,53 @@ func (st *stagedVolunteer) fetch(ctx context.Context, id, key string, size int) 
 	return buf, nil
 }
 
-func (st *stagedVolunteer) fetchState(ctx context.Context, id string, n int) (uint64, []float32, []float32, error) {
-	b, err := st.fetch(ctx, id, stageStateKey, int(stateSize(n)))
-	if err != nil {
-		return 0, nil, nil, err
+// heldState is a stage's outer state as one member served it.
+type heldState struct {
+	from     string // short peer ID
+	round    uint64
+	phi, mom []float32
+}
+
+// stageStates fetches a stage's outer state from its members ids (of n
+// parameters); those that do not answer with one are left out.
+func (st *stagedVolunteer) stageStates(ctx context.Context, ids []string, n int) []heldState {
+	var out []heldState
+	for _, id := range ids {
+		b, err := st.fetch(ctx, id, stageStateKey, int(stateSize(n)))
+		if err == nil {
+			h := heldState{from: shortPeer(peerID(id))}
+			if h.round, h.phi, h.mom, err = decodeState(b, n); err == nil {
+				out = append(out, h)
+				continue
+			}
+		}
+		st.v.log.Warn("stage state", "peer", id, "err", err)
 	}
-	return decodeState(b, n)
+	return out
+}
+
+// pickState decides which of the states members of a stage served a
+// member takes (joining the stage, or after a failed round): the latest
+// round at or after minRound whose state (optimizer.StateHashOf) at least
+// need of them serve, the most served at that round; ok is false when none
+// is. need is 1 only where one member holds the stage: elsewhere one
+// member's word, checksum and all, is not enough.
+func pickState(got []heldState, need int, minRound uint64) (h heldState, ok bool) {
+	count := map[uint64]int{}
+	hashes := make([]uint64, len(got))
+	for i, g := range got {
+		hashes[i] = optimizer.StateHashOf(g.round, g.phi, g.mom)
+		count[hashes[i]]++
+	}
+	best := 0
+	for i, g := range got {
+		c := count[hashes[i]]
+		if g.round < minRound || c < need || (ok && (g.round < h.round || g.round == h.round && c <= best)) {
+			continue
+		}
+		h, best, ok = g, c, true
+	}
+	return h, ok
 }
 
 func (st *stagedVolunteer) fetchWeights(ctx context.Context, id string, n int) (float64, []float32, error) {
@@ -739,7 +824,7 @@ func (st *stagedVolunteer) iterate(ctx context.Context, iter uint64) error {
 			failed++
 			continue
 		}
-		if o.Hop == 0 {
+		if l := float64(o.Loss); o.Hop == 0 && !math.IsNaN(l) && !math.IsInf(l, 0) {
 			st.losses = append(st.losses, o.Loss)
 		}
 	}
@@ -750,7 +835,7 @@ func (st *stagedVolunteer) iterate(ctx context.Context, iter uint64) error {
 	}
 	st.failed += failed
 	if _, err := st.rep.Step(st.adamW, int(iter-1)); err != nil {
-		return err
+		st.rollback(ctx, iter, err)
 	}
 	st.compute += time.Since(began).Seconds()
 	st.iter = iter
@@ -794,26 +879,41 @@ func (st *stagedVolunteer) outerStep(ctx context.Context) {
 	st.publish()
 }
 
-// resyncStage takes the stage's outer state from another member of the
-// stage that holds a later or equal round (this one's round failed, or it
-// started from another state): the stage's members must start every round
-// from the same state.
+// resyncStage takes the stage's outer state at a later or equal round
+// from the other members of the stage (this one's round failed, or it
+// started from another state; pickState decides which): the stage's
+// members must start every round from the same state.
 func (st *stagedVolunteer) resyncStage(ctx context.Context) {
 	s := st.plan.StageOf[st.self]
+	var ids []string
 	for _, u := range st.plan.Members(s) {
-		if u == st.self {
-			continue
-		}
-		r, phi, mom, err := st.fetchState(ctx, st.plan.Peers[u], st.rep.Len())
-		if err != nil || r < st.dl.Round {
-			continue
-		}
-		if err := st.dl.SetState(r, phi, mom); err == nil {
-			st.rep.SetParams(phi)
-			say(st.v.cfg.Progress, "stage %d: took the stage's round %d state from %s", s, r, shortPeer(peerID(st.plan.Peers[u])))
-			return
+		if u != st.self {
+			ids = append(ids, st.plan.Peers[u])
 		}
 	}
+	h, ok := pickState(st.stageStates(ctx, ids, st.rep.Len()), min(2, len(ids)), st.dl.Round)
+	if !ok {
+		return
+	}
+	if err := st.dl.SetState(h.round, h.phi, h.mom); err == nil {
+		st.rep.SetParams(h.phi)
+		say(st.v.cfg.Progress, "stage %d: took the stage's round %d state from %s", s, h.round, h.from)
+	}
+}
+
+// rollback drops iteration iter, whose gradient was not finite (cause),
+// and goes back to the stage's outer state, like a data-parallel
+// volunteer's rollback: the relay keeps a neighbour's bad tensors out, so
+// this one's own compute overflowed. A poisoned outer state is taken from
+// the stage's other members.
+func (st *stagedVolunteer) rollback(ctx context.Context, iter uint64, cause error) {
+	st.v.log.Warn("non-finite gradient: dropping the iteration, back to the stage's outer state", "iteration", iter, "err", cause)
+	say(st.v.cfg.Progress, "warning: iteration %d: %v; dropped it and went back to the stage's outer state", iter, cause)
+	if _, phi, _ := st.dl.State(); nonFinite(phi) < 0 {
+		st.rep.SetParams(phi)
+		return
+	}
+	st.resyncStage(ctx)
 }
 
 // publish makes the stage's weights and outer state what this member

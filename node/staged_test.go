@@ -11,13 +11,16 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/skein-ml/skein/bootstrap"
 	"github.com/skein-ml/skein/data"
 	"github.com/skein-ml/skein/manifest"
+	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/p2p/p2ptest"
+	"github.com/skein-ml/skein/pipeline"
 	"github.com/skein-ml/skein/trainer"
 )
 
@@ -260,5 +263,90 @@ func TestVolunteerCaps(t *testing.T) {
 		if err := cfg.Validate(); !errors.Is(err, ErrConfig) {
 			t.Errorf("%+v: %v, want ErrConfig", cfg, err)
 		}
+	}
+}
+
+// Stage plans come only from the bootstrap a volunteer dialled, and their
+// epoch moves by one: a member that signs role bootstrap and serves a plan
+// of epoch 2^64-1 (which would win for good) is never taken, and the
+// bootstrap's own jump past the next epoch is refused.
+func TestStagedPlanOnlyFromBootstrap(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a libp2p swarm")
+	}
+	sw := p2ptest.NewSwarm(t, 3, p2ptest.Options{Node: func(i int, c *p2p.NodeConfig) {
+		if i == 2 {
+			c.Meta.Role = p2p.RoleBootstrap // anyone may sign this role
+		}
+	}})
+	boot, vol, hostile := sw.Nodes[0], sw.Nodes[1], sw.Nodes[2]
+	if m, ok := vol.Member(hostile.ID()); !ok || m.Meta.Role != p2p.RoleBootstrap {
+		t.Fatalf("the volunteer does not see the hostile member as a bootstrap: %+v", m)
+	}
+	serve := func(n *p2p.Node, epoch func() uint64) {
+		err := n.Handle(p2p.ProtoStagePlan, p2p.MessageFrameConfig(pipeline.MaxAssignmentBytes), func(_ context.Context, s *p2p.Stream) error {
+			a := pipeline.Assignment{Epoch: epoch(), Start: 1, Stages: 1, Peers: []string{vol.ID().String()}, StageOf: []int{0}, Since: []uint64{1}}
+			b, err := a.MarshalBinary()
+			if err != nil {
+				return err
+			}
+			return s.WriteFrame(pipeline.AssignmentFrame, b)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var epoch atomic.Uint64
+	serve(boot, epoch.Load)
+	serve(hostile, func() uint64 { return math.MaxUint64 })
+	boots, err := planSources([]string{sw.NodeConfig(1).Bootstrap[0]})
+	if err != nil || len(boots) != 1 || boots[0] != boot.ID() {
+		t.Fatalf("plan sources %v, %v; want the seed %s", boots, err, boot.ID())
+	}
+	st := &stagedVolunteer{v: &Volunteer{pn: vol, log: testLogger("volunteer")}, boots: boots}
+	ctx, cancel := context.WithTimeout(context.Background(), p2ptest.Slowdown*time.Minute)
+	defer cancel()
+	for _, step := range []struct{ served, want uint64 }{{1, 1}, {2, 2}, {4, 2}, {2, 2}, {3, 3}} {
+		epoch.Store(step.served)
+		st.pollOnce(ctx)
+		if a := st.newest.Load(); a == nil || a.Epoch != step.want {
+			t.Fatalf("the bootstrap served epoch %d: the volunteer holds %+v, want epoch %d", step.served, a, step.want)
+		}
+	}
+	if _, err := planSources(nil); !errors.Is(err, ErrConfig) {
+		t.Fatalf("no bootstrap: %v, want ErrConfig", err)
+	}
+}
+
+// pickState takes a stage's state only where two members serve it (one
+// member's word is enough only where it alone holds the stage): the
+// latest round at or after the floor, the most served at that round.
+func TestStagedPickState(t *testing.T) {
+	st := func(from string, round uint64, v float32) heldState {
+		return heldState{from: from, round: round, phi: []float32{v, 1}, mom: []float32{0, 0}}
+	}
+	tests := []struct {
+		name  string
+		got   []heldState
+		need  int
+		floor uint64
+		want  string // "": none
+	}{
+		{"lone holder", []heldState{st("a", 3, 1)}, 1, 0, "a"},
+		{"a lone claim of a later round", []heldState{st("liar", 9, 5), st("b", 3, 1), st("c", 3, 1)}, 2, 0, "b"},
+		{"two agree on the later round", []heldState{st("b", 3, 1), st("c", 4, 2), st("d", 4, 2)}, 2, 0, "c"},
+		{"same round, the most served", []heldState{st("x", 4, 7), st("b", 4, 2), st("c", 4, 2), st("y", 4, 7), st("d", 4, 2)}, 2, 0, "b"},
+		{"no two agree", []heldState{st("a", 3, 1), st("b", 3, 2)}, 2, 0, ""},
+		{"only one answered of two", []heldState{st("a", 3, 1)}, 2, 0, ""},
+		{"behind the floor", []heldState{st("a", 3, 1), st("b", 3, 1)}, 2, 4, ""},
+		{"none", nil, 1, 0, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h, ok := pickState(tt.got, tt.need, tt.floor)
+			if got := map[bool]string{true: h.from}[ok]; got != tt.want {
+				t.Fatalf("picked %q (ok %v), want %q", got, ok, tt.want)
+			}
+		})
 	}
 }

@@ -37,10 +37,21 @@ func TestRebuild(t *testing.T) {
 			gPrev: 1, gNext: 3, want: []float32{6.9999500025, 0.499975}, tol: 1e-6,
 		},
 		{
-			// One neighbour with a huge gradient dominates: next's share is
-			// (1e6+1e-4)/(1e6+2e-4) = 1 - 1e-10.
-			name: "one neighbour dominates", prev: []float32{-7}, next: []float32{5},
-			gPrev: 0, gNext: 1e6, want: []float32{5}, tol: 1e-6,
+			// A neighbour with a far larger norm is capped at MaxNormRatio
+			// times the other's: next's share is 4/5, -7 + 12*0.8 = 2.6.
+			name: "larger norm capped", prev: []float32{-7}, next: []float32{5},
+			gPrev: 0.5, gNext: 3, want: []float32{2.6}, tol: 1e-6,
+		},
+		{
+			// A claimed norm of 1e300 (a hostile survivor) weighs as much as
+			// a capped one, never making the rebuild a copy of its side.
+			name: "huge claim capped", prev: []float32{-7}, next: []float32{5},
+			gPrev: 0.5, gNext: 1e300, want: []float32{2.6}, tol: 1e-6,
+		},
+		{
+			// Two huge claims do not overflow their sum: the plain mean.
+			name: "two huge claims", prev: []float32{4}, next: []float32{8},
+			gPrev: 1e308, gNext: 1e308, want: []float32{6},
 		},
 		{name: "empty", gPrev: 1, gNext: 1},
 	}
@@ -68,6 +79,54 @@ func TestRebuildRejects(t *testing.T) {
 		if err := Rebuild(a, b, b, n, 1); !errors.Is(err, ErrNorm) {
 			t.Errorf("norm %v: %v", n, err)
 		}
+	}
+}
+
+// Combine takes the coordinate median of a neighbouring stage's survivors
+// and the median of their capped norms; a minority of liars moves neither,
+// and values that are not finite are refused.
+func TestCombine(t *testing.T) {
+	nan, inf := float32(math.NaN()), float32(math.Inf(1))
+	honest := func(norm float64, w ...float32) Survivor { return Survivor{Weights: w, Norm: norm} }
+	tests := []struct {
+		name    string
+		from    []Survivor
+		maxNorm float64
+		want    []float32
+		norm    float64
+		err     error
+	}{
+		{name: "one", from: []Survivor{honest(0.5, 1, -2)}, want: []float32{1, -2}, norm: 0.5},
+		{name: "two: the mean", from: []Survivor{honest(0.5, 1, -2), honest(1.5, 3, 2)}, want: []float32{2, 0}, norm: 1},
+		{name: "one liar of three", maxNorm: 1,
+			from: []Survivor{honest(0.4, 1, -2), {Weights: []float32{1e30, -1e30}, Norm: 1e300}, honest(0.6, 1.5, -1)},
+			want: []float32{1.5, -2}, norm: 0.6},
+		{name: "two liars of five", maxNorm: 1,
+			from: []Survivor{honest(0.3, 1), {Weights: []float32{1e30}, Norm: 1e300}, honest(0.4, 2), {Weights: []float32{1e30}, Norm: 1e300}, honest(0.5, 3)},
+			want: []float32{3}, norm: 0.5},
+		{name: "claims capped at the clip", maxNorm: 1, from: []Survivor{honest(1e300, 1), honest(1e300, 1)}, want: []float32{1}, norm: 1},
+		{name: "NaN weights", from: []Survivor{honest(0.5, 1), honest(0.5, nan), honest(0.5, 1)}, err: ErrWeights},
+		{name: "Inf weights", from: []Survivor{honest(0.5, inf)}, err: ErrWeights},
+		{name: "NaN norm", from: []Survivor{honest(math.NaN(), 1)}, err: ErrNorm},
+		{name: "negative norm", from: []Survivor{honest(-1, 1)}, err: ErrNorm},
+		{name: "other length", from: []Survivor{honest(0.5, 1, 2)}, want: []float32{0}, err: ErrShape},
+		{name: "none", err: ErrShape},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n := len(tt.want)
+			if n == 0 && len(tt.from) > 0 {
+				n = len(tt.from[0].Weights)
+			}
+			dst := make([]float32, n)
+			norm, err := Combine(dst, tt.from, tt.maxNorm)
+			if !errors.Is(err, tt.err) {
+				t.Fatalf("err %v, want %v", err, tt.err)
+			}
+			if err == nil && (norm != tt.norm || !slices.Equal(dst, tt.want)) {
+				t.Fatalf("Combine = %v, norm %v; want %v, norm %v", dst, norm, tt.want, tt.norm)
+			}
+		})
 	}
 }
 

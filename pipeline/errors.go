@@ -42,6 +42,8 @@ var (
 	ErrShape = errors.New("pipeline: tensor shapes differ")
 	// ErrNorm reports a gradient norm that is negative or not finite.
 	ErrNorm = errors.New("pipeline: bad gradient norm")
+	// ErrWeights reports stage weights with a value that is not finite.
+	ErrWeights = errors.New("pipeline: non-finite stage weights")
 	// ErrUnrecoverable reports a lost stage that CheckFree cannot rebuild
 	// from its neighbours (stage 0, or an edge stage without CheckFree+).
 	ErrUnrecoverable = errors.New("pipeline: stage cannot be rebuilt from neighbours")

@@ -3,6 +3,7 @@ package pipeline
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/skein-ml/skein/compression"
@@ -49,6 +50,12 @@ import (
 // tensor is decoded only after its header matched a visit waiting for it,
 // into at most Len elements; messages for the next iteration that arrive
 // before Begin are kept within MaxStashBytes and 2*Mu per sender.
+//
+// Trust: a neighbour may be hostile or broken. An activation or gradient
+// with a value that is not finite, or whose norm is past the edge's bound
+// (RelayConfig.Bounds), fails its microbatch like a hop that timed out,
+// naming the sender (TensorError); one past Clip times the edge's median
+// is scaled down to it. The node never stops for it.
 
 // Errors of the relay, in addition to those of the path rules.
 var (
@@ -65,7 +72,56 @@ var (
 	ErrAborted = errors.New("pipeline: microbatch aborted")
 	// ErrCompute reports a stage forward, head or backward that failed.
 	ErrCompute = errors.New("pipeline: stage compute failed")
+	// ErrBadTensor reports an activation or gradient refused by the
+	// relay's bounds (a TensorError names the sender).
+	ErrBadTensor = errors.New("pipeline: non-finite or outsized tensor")
 )
+
+// TensorError is an activation or gradient refused by the bounds.
+type TensorError struct {
+	From, Stage int    // the node that sent it and its stage
+	Kind        string // "act" or "grad"
+	Norm, Bound float64
+}
+
+func (e *TensorError) Error() string {
+	return fmt.Sprintf("%v: %s from node %d (stage %d) of norm %.3g, bound %.3g", ErrBadTensor, e.Kind, e.From, e.Stage, e.Norm, e.Bound)
+}
+
+func (e *TensorError) Unwrap() error { return ErrBadTensor }
+
+// TensorBounds limit the activations and gradients a node takes from its
+// neighbours. Norms are judged per edge (kind and sending stage) against
+// the median of the last normWindow norms the edge delivered, once it has
+// normWarm of them; a zero field bounds nothing.
+type TensorBounds struct {
+	// MaxRMS refuses a tensor whose root mean square is past it: the only
+	// bound while an edge has no median yet, and a cap after.
+	MaxRMS float64
+	// Clip scales a tensor whose norm is past Clip times the median down
+	// to that norm.
+	Clip float64
+	// Drop refuses a tensor whose norm is past Drop times the median.
+	Drop float64
+}
+
+// DefaultTensorBounds: values of 1e4 in root mean square are far past
+// any stage's activations or gradients; an honest microbatch past 4x its
+// edge's median is rare and is clipped, one past 64x is refused.
+func DefaultTensorBounds() TensorBounds { return TensorBounds{MaxRMS: 1e4, Clip: 4, Drop: 64} }
+
+// Validate names the first invalid bound.
+func (b TensorBounds) Validate() error {
+	for _, x := range []float64{b.MaxRMS, b.Clip, b.Drop} {
+		if !(x >= 0) || math.IsInf(x, 0) {
+			return fmt.Errorf("%w: tensor bound %v must be finite and >= 0", ErrConfig, x)
+		}
+	}
+	if b.Clip > 0 && b.Drop > 0 && b.Drop < b.Clip {
+		return fmt.Errorf("%w: drop bound %v below clip bound %v", ErrConfig, b.Drop, b.Clip)
+	}
+	return nil
+}
 
 // RelayConfig configures one node's relay. Durations are in ticks of the
 // driver's clock.
@@ -87,6 +143,8 @@ type RelayConfig struct {
 	HopWait int64
 	// MaxStashBytes bounds the messages kept for the next iteration.
 	MaxStashBytes int64
+	// Bounds limit the tensors taken from neighbours (DefaultTensorBounds).
+	Bounds TensorBounds
 }
 
 // DefaultRelayConfig returns the relay of node self on pl for activations
@@ -100,7 +158,7 @@ func DefaultRelayConfig(pl Placement, self, n int, tickSeconds float64) RelayCon
 	mu := DefaultRules().Mu
 	return RelayConfig{Self: self, Placement: pl, Len: n, Codec: c, Mu: mu,
 		HopWait:       max(1, int64(30/tickSeconds+0.5)),
-		MaxStashBytes: int64(2*mu) * maxFrameBytes(n, c.ChunkElems)}
+		MaxStashBytes: int64(2*mu) * maxFrameBytes(n, c.ChunkElems), Bounds: DefaultTensorBounds()}
 }
 
 // maxFrameBytes bounds one encoded tensor of n elements in chunks of
@@ -146,6 +204,9 @@ func (c RelayConfig) Validate() error {
 		return fmt.Errorf("%w: hop wait %d ticks must be positive", ErrConfig, c.HopWait)
 	case c.MaxStashBytes < 0:
 		return fmt.Errorf("%w: max stash bytes %d is negative", ErrConfig, c.MaxStashBytes)
+	}
+	if err := c.Bounds.Validate(); err != nil {
+		return err
 	}
 	return c.Codec.Validate()
 }
@@ -305,6 +366,46 @@ type Relay struct {
 	stashBytes int64
 	dropped    int64
 	ready      Ready
+
+	norms map[int]*normTrack // by edge: 2*sending stage + kind
+}
+
+// normWindow is how many of an edge's last norms its median is taken
+// over, and normWarm how many it needs before it bounds anything.
+const (
+	normWindow = 32
+	normWarm   = 8
+)
+
+// normTrack is the last norms one edge delivered. The norms of an
+// iteration count from the next one on, added in sorted order, so that
+// the bounds do not depend on the order in which the network delivered
+// them (a staged run stays bit-reproducible).
+type normTrack struct {
+	last    [normWindow]float64
+	n       int
+	pending []float64 // this iteration's
+}
+
+// commit adds the iteration's norms to the window.
+func (t *normTrack) commit() {
+	slices.Sort(t.pending)
+	for _, x := range t.pending {
+		t.last[t.n%normWindow] = x
+		t.n++
+	}
+	t.pending = t.pending[:0]
+}
+
+// median is the median of the last norms; 0 before normWarm of them.
+func (t *normTrack) median() float64 {
+	k := min(t.n, normWindow)
+	if k < normWarm {
+		return 0
+	}
+	s := t.last
+	slices.Sort(s[:k])
+	return s[k/2]
 }
 
 // NewRelay returns the machine of node cfg.Self.
@@ -323,7 +424,7 @@ func NewRelay(cfg RelayConfig) (*Relay, error) {
 		enc.Close()
 		return nil, err
 	}
-	return &Relay{cfg: cfg, stage: cfg.Placement.StageOf[cfg.Self], enc: enc, dec: dec, visits: map[uint32]*visit{}}, nil
+	return &Relay{cfg: cfg, stage: cfg.Placement.StageOf[cfg.Self], enc: enc, dec: dec, visits: map[uint32]*visit{}, norms: map[int]*normTrack{}}, nil
 }
 
 // Close releases the codecs.
@@ -383,6 +484,9 @@ func (r *Relay) Begin(iter uint64, paths []Path) (int, error) {
 		}
 	}
 	r.iter, r.begun = iter, true
+	for _, t := range r.norms {
+		t.commit()
+	}
 	clear(r.visits)
 	r.order = r.order[:0]
 	for _, v := range mine {
@@ -507,7 +611,7 @@ func (r *Relay) handle(from int, m relayMsg) {
 			r.fail(v, fmt.Errorf("%w: node %d holds %d activations", ErrNodeMemory, r.cfg.Self, r.held), true)
 			return
 		}
-		x, err := r.decode(m.frame)
+		x, err := r.tensor(from, m)
 		if err != nil {
 			r.fail(v, err, true)
 			return
@@ -525,7 +629,7 @@ func (r *Relay) handle(from int, m relayMsg) {
 			r.dropped++
 			return
 		}
-		x, err := r.decode(m.frame)
+		x, err := r.tensor(from, m)
 		if err != nil {
 			r.fail(v, err, true)
 			return
@@ -570,6 +674,8 @@ func (f failReason) err() error {
 		return ErrCompute
 	case reasonTimeout:
 		return ErrTimeout
+	case reasonTensor:
+		return ErrBadTensor
 	}
 	return ErrBadMessage
 }
@@ -584,6 +690,8 @@ func reasonOf(err error) failReason {
 		return reasonCompute
 	case errors.Is(err, ErrBadMessage):
 		return reasonPayload
+	case errors.Is(err, ErrBadTensor):
+		return reasonTensor
 	}
 	return reasonRejected
 }
@@ -601,6 +709,65 @@ func (r *Relay) decode(frame []byte) ([]float32, error) {
 		return nil, fmt.Errorf("%w: tensor of %d elements, want %d", ErrBadMessage, len(x), r.cfg.Len)
 	}
 	return x, nil
+}
+
+// tensor decodes m's tensor and admits it (admit). A forged frame that
+// decodes to values that are not finite is refused by the decoder, and
+// named like a tensor past the bounds.
+func (r *Relay) tensor(from int, m relayMsg) ([]float32, error) {
+	x, err := r.decode(m.frame)
+	if errors.Is(err, compression.ErrNonFinite) {
+		return nil, &TensorError{From: from, Stage: r.cfg.Placement.StageOf[from], Kind: m.kind.String(), Norm: math.NaN(), Bound: math.Inf(1)}
+	}
+	if err != nil {
+		return nil, err
+	}
+	return x, r.admit(from, m.kind, x)
+}
+
+// admit judges x, a tensor of kind k from node from, by the bounds: a
+// value that is not finite or a norm past MaxRMS or Drop times the edge's
+// median refuses it; a norm past Clip times the median is scaled down to
+// it, in place. Every finite norm under MaxRMS counts towards the median
+// from the next iteration on, refused or not, so that an edge whose honest
+// scale moves (a stage diverging, or recovering) is judged by its new
+// scale within half a window; a hostile sender moves the median only where
+// it sends most of the edge's tensors.
+func (r *Relay) admit(from int, k relayKind, x []float32) error {
+	var ss float64
+	for _, f := range x {
+		ss += float64(f) * float64(f) // NaN or Inf only for values that are; float32 squares cannot overflow it
+	}
+	norm, b := math.Sqrt(ss), r.cfg.Bounds
+	stage := r.cfg.Placement.StageOf[from]
+	refuse := func(bound float64) error {
+		return &TensorError{From: from, Stage: stage, Kind: k.String(), Norm: norm, Bound: bound}
+	}
+	bound := math.Inf(1)
+	if b.MaxRMS > 0 {
+		bound = b.MaxRMS * math.Sqrt(float64(len(x)))
+	}
+	if !(norm <= bound) {
+		return refuse(bound)
+	}
+	key := 2*stage + int(k-kindAct)
+	t := r.norms[key]
+	if t == nil {
+		t = &normTrack{}
+		r.norms[key] = t
+	}
+	med := t.median()
+	t.pending = append(t.pending, norm) // at most mu an iteration
+	if d := b.Drop * med; d > 0 && norm > d {
+		return refuse(d)
+	}
+	if c := b.Clip * med; c > 0 && norm > c {
+		s := float32(c / norm)
+		for i := range x {
+			x[i] *= s
+		}
+	}
+	return nil
 }
 
 func (r *Relay) work(v *visit, op Op, in []float32) {

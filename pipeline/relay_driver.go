@@ -294,7 +294,12 @@ func (d *RelayDriver) loop(ctx context.Context, recv <-chan transport.Message, w
 		}
 		queue = append(queue, rd.Work...)
 		for _, o := range rd.Outcomes {
-			if o.Err != nil {
+			var te *TensorError
+			switch {
+			case errors.As(o.Err, &te):
+				d.log.Warn("refused a neighbour's tensor: dropped the microbatch", "iter", o.Iter, "mb", o.MB,
+					"from", d.ids[te.From], "err", o.Err)
+			case o.Err != nil:
 				d.log.Debug("microbatch failed", "iter", o.Iter, "mb", o.MB, "hop", o.Hop, "err", o.Err)
 			}
 			if waiting != nil && o.Iter == waiting.iter {

@@ -2,6 +2,7 @@ package pipeline
 
 import (
 	"errors"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -33,6 +34,9 @@ func TestRelayConfigValidate(t *testing.T) {
 		"zero hop wait":     func(c *RelayConfig) { c.HopWait = 0 },
 		"negative stash":    func(c *RelayConfig) { c.MaxStashBytes = -1 },
 		"no codec":          func(c *RelayConfig) { c.Codec.Codec = 0 },
+		"negative clip":     func(c *RelayConfig) { c.Bounds.Clip = -1 },
+		"NaN rms cap":       func(c *RelayConfig) { c.Bounds.MaxRMS = math.NaN() },
+		"drop below clip":   func(c *RelayConfig) { c.Bounds = TensorBounds{Clip: 4, Drop: 2} },
 	} {
 		c := good
 		c.Placement.StageOf = slices.Clone(good.Placement.StageOf)

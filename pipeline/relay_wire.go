@@ -77,7 +77,8 @@ const (
 	reasonPayload                        // the tensor did not decode to one activation
 	reasonCompute                        // the stage's forward or backward failed
 	reasonTimeout                        // the hop's own deadline passed
-	maxReason      = reasonTimeout
+	reasonTensor                         // an activation or gradient was not finite or past its bound
+	maxReason      = reasonTensor
 )
 
 // relayMsg is one decoded message.
