@@ -5,11 +5,11 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"slices"
 	"time"
 
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
+	"github.com/skein-ml/skein/replica"
 	"github.com/skein-ml/skein/transport"
 )
 
@@ -65,7 +65,17 @@ func (v *Volunteer) initDiLoCo() (err error) {
 	}
 	v.resume()
 	v.serve(v.dl.State())
-	return nil
+	// The chain of round certificates starts at the state resumed (or the
+	// run's start state), trusted because this member holds it.
+	anchor := &replica.Certificate{Run: v.pn.RunID(), Round: v.dl.Round, Hash: v.dl.StateHash()}
+	certPath := ""
+	if v.ckPath != "" {
+		certPath = v.ckPath + ".cert"
+	}
+	v.certs, err = newCerts(v.pn, v.log, anchor, certPath, func(c *replica.Certificate) error {
+		return vouchedByLive(announcements(v.pn), c)
+	})
+	return err
 }
 
 // HostileMode maps a chaos test's name for a hostile behaviour (scale,
@@ -90,7 +100,7 @@ const butterflyTick = 50 * time.Millisecond
 // runDiLoCo catches up with the run, then trains round after round: an
 // inner phase followed by a contribution to the collective.
 func (v *Volunteer) runDiLoCo(ctx context.Context) error {
-	if err := catchUp(ctx, v.pn, v.dl, v.n, v.log, v.cfg.Progress); err != nil {
+	if err := v.catchUp(ctx); err != nil {
 		v.log.Warn("could not fetch the run's state; starting from the local one", "err", err)
 	} else {
 		v.setWeights()
@@ -130,7 +140,7 @@ func (v *Volunteer) contributeDelayed(ctx context.Context, ph phase) error {
 	// Members land a round one by one as their phases end, so one round
 	// ahead is the others landing first; two is falling behind.
 	if before := v.dl.Round; runAhead(v.pn) > before+1 {
-		if catchUp(ctx, v.pn, v.dl, v.n, v.log, v.cfg.Progress) == nil && v.dl.Round > before {
+		if v.catchUp(ctx) == nil && v.dl.Round > before {
 			say(v.cfg.Progress, "behind the run: jumped from round %d to %d", before, v.dl.Round)
 			v.adopted(ctx, ph)
 			return nil
@@ -148,7 +158,7 @@ func (v *Volunteer) contributeDelayed(ctx context.Context, ph phase) error {
 		v.log.Warn("delayed round failed", "round", before+1, "err", err)
 		say(v.cfg.Progress, "round %d did not complete (%v); re-syncing", before+1, err)
 		v.dl.Abandon()
-		if cerr := catchUp(ctx, v.pn, v.dl, v.n, v.log, v.cfg.Progress); cerr != nil {
+		if cerr := v.catchUp(ctx); cerr != nil {
 			v.log.Warn("re-sync failed", "err", cerr)
 		}
 		v.adopted(ctx, ph)
@@ -161,6 +171,7 @@ func (v *Volunteer) contributeDelayed(ctx context.Context, ph phase) error {
 		say(v.cfg.Progress, "round %d started; its result lands after the next inner phase", before+1)
 		return nil
 	}
+	v.certs.vote(v.dl.Round, v.stateHash, st.Group)
 	if v.resynced(ctx) { // the others ended the landed round with another result
 		v.adopted(ctx, ph)
 		return nil
@@ -187,7 +198,7 @@ func (v *Volunteer) resume() {
 func (v *Volunteer) contribute(ctx context.Context, ph phase) error {
 	// Fell behind (joined late, or slow): take the run's state instead of
 	// offering a pseudo-gradient for a round the others have finished.
-	if before := v.dl.Round; catchUp(ctx, v.pn, v.dl, v.n, v.log, v.cfg.Progress) == nil && v.dl.Round > before {
+	if before := v.dl.Round; v.catchUp(ctx) == nil && v.dl.Round > before {
 		say(v.cfg.Progress, "behind the run: jumped from round %d to %d", before, v.dl.Round)
 		v.adopted(ctx, ph)
 		return nil
@@ -207,7 +218,8 @@ func (v *Volunteer) contribute(ctx context.Context, ph phase) error {
 		v.adopted(ctx, ph) // the run's state if newer; else back to phi
 		return nil
 	}
-	v.install(ctx)       // OuterStep left theta = phi
+	v.install(ctx) // OuterStep left theta = phi
+	v.certs.vote(v.dl.Round, v.stateHash, st.Group)
 	if v.resynced(ctx) { // the others finished this round with another result
 		v.install(ctx)
 	}
@@ -232,7 +244,7 @@ func (v *Volunteer) outerStep(ctx context.Context) (optimizer.RoundStats, error)
 		}
 		say(v.cfg.Progress, "round %d did not complete (%v); re-syncing and retrying", v.dl.Round+1, err)
 		before := v.dl.Round
-		if cerr := catchUp(ctx, v.pn, v.dl, v.n, v.log, v.cfg.Progress); cerr != nil {
+		if cerr := v.catchUp(ctx); cerr != nil {
 			// A transient failure (a slow link, a member gone mid-download):
 			// go back to phi; the next round's catch-up tries again.
 			v.log.Warn("re-sync failed", "round", v.dl.Round+1, "err", cerr)
@@ -280,15 +292,18 @@ func (v *Volunteer) announce(ctx context.Context) {
 	v.gossipRound(ctx, v.dl.Round, v.stateHash)
 }
 
-// resynced takes the run's state when this member's differs from it
-// (divergedFrom; DESIGN.md, consistency) and says whether it did.
+// resynced takes the run's state when this member ended its round with
+// another state than the one the round's certificate names (a strict
+// majority of the round's group; DESIGN.md, consistency) and says whether
+// it did. Without a certificate for the round (not yet formed, or a split
+// group) nothing changes: no plurality, no single member decides.
 func (v *Volunteer) resynced(ctx context.Context) bool {
-	ids, hash := divergedFrom(v.pn, v.dl.Round, v.stateHash)
-	if len(ids) == 0 {
+	cert, ok := v.certs.book.At(v.dl.Round)
+	if !ok || cert.Hash == v.stateHash {
 		return false
 	}
-	v.log.Warn("state differs from the run's; re-syncing", "round", v.dl.Round)
-	if err := adoptFrom(ctx, v.pn, v.log, v.dl, v.n, ids, hash, v.cfg.Progress); err != nil {
+	v.log.Warn("state differs from the round's certificate; re-syncing", "round", v.dl.Round)
+	if err := adoptFrom(ctx, v.pn, v.log, v.dl, v.n, holders(cert, announcements(v.pn)), cert.Hash, v.cfg.Progress); err != nil {
 		v.log.Warn("re-sync failed", "err", err)
 		return false
 	}
@@ -327,19 +342,21 @@ func (v *Volunteer) corrected() {
 	v.reporter.send(sent)
 }
 
-// catchUp adopts the run's state when a quorum of the other volunteers
-// announces a later round with the same state hash (quorumAhead): the most
-// advanced such state, downloaded from one of its announcers and checked
-// against the hash. Nothing happens when no state ahead has a quorum.
-func catchUp(ctx context.Context, pn *p2p.Node, dl *optimizer.DiLoCo, n int, log *slog.Logger, progress io.Writer) error {
-	hash, ids := quorumAhead(announcements(pn), dl.Round)
-	if len(ids) == 0 {
+// catchUp adopts the run's state when a chain of round certificates leads
+// from this member's trusted one past its round (certs.certifiedAhead):
+// the latest certified state, downloaded from its holders and checked
+// against the certified hash. A member announcing a later round without
+// such a chain (a lone jump, sybils) is never followed.
+func (v *Volunteer) catchUp(ctx context.Context) error {
+	others := announcements(v.pn)
+	cert := v.certs.certifiedAhead(ctx, v.dl.Round, others)
+	if cert == nil {
 		return nil
 	}
-	if _, err := adoptState(ctx, pn, log, dl, n, dl.Round+1, hash, ids, progress); err != nil {
+	if _, err := adoptState(ctx, v.pn, v.log, v.dl, v.n, cert.Round, cert.Hash, holders(cert, others), v.cfg.Progress); err != nil {
 		return err
 	}
-	log.Info("adopted the run's state", "round", dl.Round)
+	v.log.Info("adopted the run's certified state", "round", v.dl.Round)
 	return nil
 }
 
@@ -359,53 +376,6 @@ func announcements(pn *p2p.Node) []announcement {
 		}
 	}
 	return out
-}
-
-// maxLoneJump is how many rounds ahead a state announced by a single
-// member (no quorum) may be and still be followed.
-const maxLoneJump = 2
-
-// quorumAhead picks the state to catch up to among the other volunteers'
-// announcements: the latest round after `after` whose state hash at least
-// two of them announce (or the only other volunteer, in a run of two), a
-// tie in round going to the hash with more announcers, then the smaller
-// hash. Without such a quorum, a state one member alone announces is
-// followed only within maxLoneJump rounds: a member excluded from a round
-// that only one other member finished must still catch up, but one member
-// gossiping a huge round and serving weights of its own is never followed
-// (issue 9). It returns the hash and its announcers, sorted; none when
-// nothing qualifies.
-func quorumAhead(others []announcement, after uint64) (uint64, []transport.PeerID) {
-	quorum := min(2, len(others))
-	type key struct{ round, hash uint64 }
-	by := map[key][]transport.PeerID{}
-	for _, a := range others {
-		if a.round > after && a.hash != 0 {
-			k := key{a.round, a.hash}
-			by[k] = append(by[k], a.id)
-		}
-	}
-	// pick returns the best state among those ok accepts: latest round,
-	// then most announcers, then smallest hash.
-	pick := func(ok func(k key, ids []transport.PeerID) bool) (uint64, []transport.PeerID) {
-		var best key
-		var bestIDs []transport.PeerID
-		for k, ids := range by {
-			if !ok(k, ids) {
-				continue
-			}
-			if bestIDs == nil || k.round > best.round ||
-				(k.round == best.round && (len(ids) > len(bestIDs) || (len(ids) == len(bestIDs) && k.hash < best.hash))) {
-				best, bestIDs = k, ids
-			}
-		}
-		slices.Sort(bestIDs)
-		return best.hash, bestIDs
-	}
-	if h, ids := pick(func(_ key, ids []transport.PeerID) bool { return len(ids) >= quorum }); ids != nil {
-		return h, ids
-	}
-	return pick(func(k key, _ []transport.PeerID) bool { return k.round <= after+maxLoneJump })
 }
 
 // runAhead is the highest round another volunteer announces.

@@ -15,6 +15,7 @@ import (
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/p2p/p2ptest"
+	"github.com/skein-ml/skein/replica"
 	"github.com/skein-ml/skein/telemetry"
 	"github.com/skein-ml/skein/transport"
 )
@@ -107,38 +108,129 @@ func TestWinningState(t *testing.T) {
 	}
 }
 
-// catchUp's choice: a state ahead is followed only when a quorum of the
-// other volunteers announces it (issue 9: one member gossiping a huge round
-// was adopted by everyone).
-func TestQuorumAhead(t *testing.T) {
-	a := func(id string, round, hash uint64) announcement {
-		return announcement{transport.PeerID(id), round, hash}
+// Catch-up follows a later round only through a chain of certificates from
+// the member's own: a lone member announcing round r+1 (and serving weights
+// of its choice under their true hash), or two sybils announcing round
+// 2^62, are not followed, however they sign; the honest members'
+// certificate for the next round is. Before certificates, the lone jump
+// was followed within two rounds and a constant quorum of 2 moved members
+// to any round (issue [1/4]).
+func TestCatchUpFollowsOnlyCertificates(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a libp2p swarm")
 	}
-	for _, tt := range []struct {
-		name   string
-		others []announcement
-		after  uint64
-		want   []transport.PeerID
-		hash   uint64
-	}{
-		{"lone attacker far ahead", []announcement{a("x", 1_000_000, 66), a("b", 5, 7), a("c", 5, 7)}, 5, nil, 0},
-		{"two agree ahead", []announcement{a("b", 6, 7), a("c", 6, 7), a("x", 99, 66)}, 5, []transport.PeerID{"b", "c"}, 7},
-		{"latest round with a quorum", []announcement{a("b", 6, 7), a("c", 6, 7), a("d", 7, 8), a("e", 7, 9)}, 5, []transport.PeerID{"b", "c"}, 7},
-		{"excluded: the one member that finished, a joiner behind", []announcement{a("b", 6, 7), a("c", 0, 0)}, 5, []transport.PeerID{"b"}, 7},
-		{"lone member a few rounds ahead", []announcement{a("b", 7, 7), a("c", 5, 8)}, 5, []transport.PeerID{"b"}, 7},
-		{"lone member too far ahead", []announcement{a("b", 8, 7), a("c", 5, 8)}, 5, nil, 0},
-		{"only other volunteer", []announcement{a("b", 9, 7)}, 5, []transport.PeerID{"b"}, 7},
-		{"nobody ahead", []announcement{a("b", 5, 7), a("c", 4, 7)}, 5, nil, 0},
-		{"no hash announced", []announcement{a("b", 6, 0), a("c", 6, 0)}, 5, nil, 0},
-		{"more announcers win a tie in round", []announcement{a("b", 6, 7), a("c", 6, 7), a("d", 6, 8), a("e", 6, 8), a("f", 6, 8)}, 5,
-			[]transport.PeerID{"d", "e", "f"}, 8},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			hash, got := quorumAhead(tt.others, tt.after)
-			if !slices.Equal(got, tt.want) || hash != tt.hash {
-				t.Fatalf("got %v (hash %d), want %v (hash %d)", got, hash, tt.want, tt.hash)
+	sw := p2ptest.NewSwarm(t, 7, p2ptest.Options{})
+	me, honest, attackers := sw.Nodes[1], sw.Nodes[2:5], sw.Nodes[5:7]
+	ctx := context.Background()
+	const n = 64
+	state := func(round uint64, v float32) *optimizer.DiLoCo {
+		phi := make([]float32, n)
+		for i := range phi {
+			phi[i] = v + float32(i)
+		}
+		d, _ := optimizer.NewDiLoCo(optimizer.DefaultDiLoCo(), nil, phi)
+		d.Round = round
+		return d
+	}
+	id := func(p *p2p.Node) transport.PeerID { return transport.PeerID(p.ID().String()) }
+	// sign makes round's certificate of d's state over group, signed by signers.
+	sign := func(d *optimizer.DiLoCo, group, signers []*p2p.Node) *replica.Certificate {
+		var ids []transport.PeerID
+		for _, g := range group {
+			ids = append(ids, id(g))
+		}
+		slices.Sort(ids)
+		c := &replica.Certificate{Run: me.RunID(), Round: d.Round, Hash: d.StateHash(), Group: ids, Sigs: make([][]byte, len(ids))}
+		for _, s := range signers {
+			i, _ := slices.BinarySearch(ids, id(s))
+			c.Sigs[i], _ = s.Sign(replica.VoteBytes(c.Run, c.Round, c.Hash, c.Group))
+		}
+		return c
+	}
+	// serve makes p announce d's state, serve it, and serve chain.
+	serve := func(p *p2p.Node, d *optimizer.DiLoCo, chain ...*replica.Certificate) {
+		blob, _ := encodeServed(d.State())
+		p.ServeBulk(func(context.Context, peer.ID, string) (io.ReaderAt, int64, error) {
+			return bytes.NewReader(blob), int64(len(blob)), nil
+		}, 0)
+		// The chain as the member serves it, whatever it holds.
+		p.Unhandle(p2p.ProtoCerts)
+		err := p.Handle(p2p.ProtoCerts, (&certs{}).frames(), func(_ context.Context, s *p2p.Stream) error {
+			if _, _, err := s.ReadFrame(); err != nil {
+				return err
 			}
+			for _, c := range chain {
+				b, _ := c.MarshalBinary()
+				if err := s.WriteFrame(1, b); err != nil {
+					return err
+				}
+			}
+			return nil
 		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.UpdateMeta(ctx, func(m *p2p.Meta) { m.Round, m.StateHash = d.Round, d.StateHash() }); err != nil {
+			t.Logf("announcing: %v", err)
+		}
+	}
+	s3 := state(3, 0)
+	mine := state(3, 0)
+	group3 := append([]*p2p.Node{me}, honest...)
+	anchor := sign(s3, group3, group3)
+	v := &Volunteer{log: testLogger("me"), pn: me, dl: mine, n: n}
+	var err error
+	if v.certs, err = newCerts(me, v.log, anchor, "", nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(v.certs.close)
+	waitAnnounced := func(want int, round uint64) {
+		t.Helper()
+		deadline := time.Now().Add(p2ptest.Slowdown * 10 * time.Second)
+		for {
+			got := 0
+			for _, a := range announcements(me) {
+				if a.round == round {
+					got++
+				}
+			}
+			if got >= want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d announcements of round %d arrived, want %d", got, round, want)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	// Lone jump: one member of round 3's group announces round 4 with the
+	// true hash of its own weights, certified by itself alone (a group of
+	// one) and by itself in round 3's group.
+	jump := state(4, 1000)
+	serve(honest[0], jump, sign(jump, []*p2p.Node{honest[0]}, []*p2p.Node{honest[0]}))
+	serve(attackers[0], jump, sign(jump, group3, []*p2p.Node{honest[0]}))
+	waitAnnounced(2, 4)
+	if err := v.catchUp(ctx); err != nil || mine.Round != 3 {
+		t.Fatalf("lone jump followed: round %d, err %v", mine.Round, err)
+	}
+	// Two sybils: round 2^62, both sign a group of their own.
+	far := state(1<<62, 2000)
+	for _, a := range attackers {
+		serve(a, far, sign(far, attackers, attackers))
+	}
+	waitAnnounced(2, 1<<62)
+	if err := v.catchUp(ctx); err != nil || mine.Round != 3 {
+		t.Fatalf("sybils followed: round %d, err %v", mine.Round, err)
+	}
+	// The honest round 4: certified by 3 of round 3's 4 members.
+	s4 := state(4, 7)
+	cert4 := sign(s4, group3, honest)
+	for _, h := range honest {
+		serve(h, s4, cert4)
+	}
+	waitAnnounced(3, 4)
+	if err := v.catchUp(ctx); err != nil || mine.Round != 4 || mine.StateHash() != s4.StateHash() {
+		t.Fatalf("the certified round was not adopted: round %d, err %v", mine.Round, err)
 	}
 }
 
@@ -212,5 +304,38 @@ func TestCorrectedReport(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "round 7: ended it apart from the run") {
 		t.Fatalf("console: %q", out.String())
+	}
+}
+
+// A certificate taken without an earlier group (a newcomer) needs a strict
+// majority of the volunteers this member sees: not one, not a fixed two.
+func TestVouchedByLive(t *testing.T) {
+	a := func(id string) announcement { return announcement{id: transport.PeerID(id), round: 9, hash: 1} }
+	cert := func(signers ...string) *replica.Certificate {
+		group := []transport.PeerID{"a", "b", "c", "d", "x", "y"}
+		c := &replica.Certificate{Group: group, Sigs: make([][]byte, len(group))}
+		for _, s := range signers {
+			i, _ := slices.BinarySearch(group, transport.PeerID(s))
+			c.Sigs[i] = []byte{1}
+		}
+		return c
+	}
+	live := []announcement{a("a"), a("b"), a("c"), a("d")}
+	for _, tt := range []struct {
+		name string
+		c    *replica.Certificate
+		ok   bool
+	}{
+		{"three of four live", cert("a", "b", "c"), true},
+		{"half", cert("a", "b"), false},
+		{"two sybils and one live", cert("x", "y", "a"), false},
+		{"sybils only", cert("x", "y"), false},
+	} {
+		if err := vouchedByLive(live, tt.c); (err == nil) != tt.ok {
+			t.Errorf("%s: %v", tt.name, err)
+		}
+	}
+	if err := vouchedByLive([]announcement{a("b")}, cert("b")); err != nil {
+		t.Errorf("the only other volunteer: %v", err)
 	}
 }

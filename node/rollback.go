@@ -67,7 +67,7 @@ func (v *Volunteer) rollbackDiLoCo(ctx context.Context) error {
 		return nil
 	}
 	before := v.dl.Round
-	if err := catchUp(ctx, v.pn, v.dl, v.n, v.log, v.cfg.Progress); err != nil || v.dl.Round == before {
+	if err := v.catchUp(ctx); err != nil || v.dl.Round == before {
 		// This member's own state counts for nothing (hash MaxUint64 is
 		// held by nobody): take the one most others hold at this round.
 		ids, hash := divergedFrom(v.pn, v.dl.Round, math.MaxUint64)

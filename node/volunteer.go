@@ -289,6 +289,7 @@ type Volunteer struct {
 	peers *p2p.Peers
 	coll  *optimizer.ButterflyDriver
 	dl    *optimizer.DiLoCo
+	certs *certs // the DiLoCo state's round certificates (certs.go)
 
 	theta     []float32 // the stage's weights, host copy
 	n         int       // parameters
@@ -677,6 +678,9 @@ func (v *Volunteer) close() error {
 	}
 	if v.peers != nil {
 		v.peers.Close()
+	}
+	if v.certs != nil {
+		v.certs.close()
 	}
 	if v.su != nil {
 		v.su.Close()

@@ -59,6 +59,14 @@ var (
 	// arrived (upload.go): `skein node doctor` measures this machine's
 	// upload rate against the bootstrap.
 	ProtoUploadProbe = Protocol{"upload-probe", 1}
+	// ProtoVote carries a member's signed vote for the state its round
+	// ended in (a replica.Certificate with its signature alone) to the
+	// round's other members, one frame per stream.
+	ProtoVote = Protocol{"vote", 1}
+	// ProtoCerts serves the chain of round certificates a member trusts:
+	// the asker sends the round it trusts (8 bytes), the answer is one
+	// frame per certificate after it, oldest first.
+	ProtoCerts = Protocol{"certs", 1}
 )
 
 // ProtoStageReduce carries the DiLoCo collective of stage s's replicas in a

@@ -17,11 +17,17 @@ import (
 type Book struct {
 	run    string
 	signer transport.Signer
+	// Anchorless, if set, must also accept a certificate adopted from an
+	// anchor without a group (a newcomer's start state, or a restart
+	// without a saved certificate), whose chain no earlier group vouches
+	// for: node asks that a majority of the members it sees live signed it.
+	Anchorless func(*Certificate) error
 
 	mu      sync.Mutex
 	trusted []*Certificate // the chain, oldest first; [0] is the anchor
 	pending map[pendingKey]*Certificate
-	voted   map[voter]bool // who has voted in which pending round
+	voted   map[voter]bool      // who has voted in which pending round
+	mine    map[uint64][32]byte // round -> digest of the group this member voted in
 }
 
 type voter struct {
@@ -47,7 +53,7 @@ const (
 // NewBook returns a book of run whose trusted chain starts at anchor.
 func NewBook(run string, signer transport.Signer, anchor *Certificate) *Book {
 	return &Book{run: run, signer: signer, trusted: []*Certificate{anchor},
-		pending: map[pendingKey]*Certificate{}, voted: map[voter]bool{}}
+		pending: map[pendingKey]*Certificate{}, voted: map[voter]bool{}, mine: map[uint64][32]byte{}}
 }
 
 // Trusted is the latest certificate this member trusts.
@@ -98,14 +104,29 @@ func (b *Book) Vote(round, hash uint64, group []transport.PeerID, self transport
 	}
 	v := &Certificate{Run: b.run, Round: round, Hash: hash, Group: group, Sigs: make([][]byte, len(group))}
 	v.Sigs[i] = sig
-	_, err = b.AddVote(v, self)
-	return v, err
+	b.mu.Lock()
+	b.mine[round] = GroupDigest(group)
+	b.mu.Unlock()
+	if _, err := b.AddVote(v, self); err != nil {
+		return nil, err
+	}
+	// The others' votes that came first may form the certificate now.
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for k, c := range b.pending {
+		if k.round == round && k.group == b.mine[round] {
+			b.formLocked(c)
+		}
+	}
+	return v, nil
 }
 
 // AddVote records a vote received from a member: a certificate carrying
 // from's signature alone. When the votes for the same (round, state, group)
-// reach a strict majority of the group, the certificate is formed, and
-// trusted if it extends the chain; it is returned then. Votes for rounds
+// reach a strict majority of the group, and this member voted in that
+// round with that group (so that votes for a group made up elsewhere never
+// form a certificate here), the certificate is formed, and trusted if it
+// extends the chain; it is returned then. Votes for rounds
 // at or before the trusted one, or too far ahead, and a member's second
 // vote in a round, are ignored.
 func (b *Book) AddVote(v *Certificate, from transport.PeerID) (*Certificate, error) {
@@ -139,16 +160,28 @@ func (b *Book) AddVote(v *Certificate, from transport.PeerID) (*Certificate, err
 	}
 	c.Sigs[i] = v.Sigs[i]
 	b.voted[voter{from, v.Round}] = true
-	if 2*len(c.Signers()) <= len(c.Group) || c.Extends(last) != nil {
+	if d, ok := b.mine[v.Round]; !ok || d != k.group {
 		return nil, nil
 	}
+	return b.formLocked(c), nil
+}
+
+// formLocked trusts c when a strict majority of its group signed it and it
+// extends the chain; it returns c then, else nil.
+func (b *Book) formLocked(c *Certificate) *Certificate {
+	last := b.trusted[len(b.trusted)-1]
+	if c.Round <= last.Round || 2*len(c.Signers()) <= len(c.Group) || c.Extends(last) != nil {
+		return nil
+	}
 	b.trustLocked(c)
-	return c, nil
+	return c
 }
 
 // Adopt checks chain (another member's, oldest first) against the trusted
 // one and, when it verifies and extends it, trusts it and returns its last
 // certificate. Certificates at or before the trusted round are skipped.
+// From an anchor without a group only the chain's last certificate counts:
+// it must verify and pass Anchorless.
 func (b *Book) Adopt(chain []*Certificate) (*Certificate, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -157,10 +190,25 @@ func (b *Book) Adopt(chain []*Certificate) (*Certificate, error) {
 	for i < len(chain) && chain[i].Round <= last.Round {
 		i++
 	}
-	if _, err := VerifyChain(b.run, b.signer, last, chain[i:]); err != nil {
+	chain = chain[i:]
+	if len(chain) == 0 {
+		return last, nil
+	}
+	if len(last.Group) == 0 {
+		c := chain[len(chain)-1]
+		if err := c.Verify(b.run, b.signer); err != nil {
+			return nil, err
+		}
+		if b.Anchorless != nil {
+			if err := b.Anchorless(c); err != nil {
+				return nil, err
+			}
+		}
+		chain = chain[len(chain)-1:]
+	} else if _, err := VerifyChain(b.run, b.signer, last, chain); err != nil {
 		return nil, err
 	}
-	for _, c := range chain[i:] {
+	for _, c := range chain {
 		b.trustLocked(c)
 	}
 	return b.trusted[len(b.trusted)-1], nil
@@ -174,6 +222,7 @@ func (b *Book) Reset(anchor *Certificate) {
 	b.trusted = []*Certificate{anchor}
 	clear(b.pending)
 	clear(b.voted)
+	clear(b.mine)
 }
 
 func (b *Book) trustLocked(c *Certificate) {
@@ -189,6 +238,11 @@ func (b *Book) trustLocked(c *Certificate) {
 	for k := range b.voted {
 		if k.round <= c.Round {
 			delete(b.voted, k)
+		}
+	}
+	for r := range b.mine {
+		if r <= c.Round {
+			delete(b.mine, r)
 		}
 	}
 }

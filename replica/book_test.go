@@ -26,6 +26,14 @@ func TestBookVotes(t *testing.T) {
 		votes[i] = v
 	}
 	b := books[0]
+	// Sybils' votes for a group of their own, all of them, form nothing
+	// here: this member did not vote in that group.
+	sybils := ids[4:6]
+	for _, id := range sybils {
+		if c, err := b.AddVote(k.cert("run", 1, 0xee, sybils, []transport.PeerID{id}), id); err != nil || c != nil {
+			t.Fatalf("a sybil's vote: %v, formed %v", err, c != nil)
+		}
+	}
 	// A vote from outside the group (for another group: it counts for
 	// nothing here), a forged one (member 1's name, member 4's key), member
 	// 1's signature claimed by member 2, and member 3 voting for another

@@ -1,0 +1,334 @@
+package node
+
+import (
+	"cmp"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/skein-ml/skein/internal/atomicfile"
+	"github.com/skein-ml/skein/p2p"
+	"github.com/skein-ml/skein/replica"
+	"github.com/skein-ml/skein/transport"
+)
+
+// certs carries a DiLoCo volunteer's round certificates (replica.Book)
+// over the network: after a round, its vote to the round's other members
+// (p2p.ProtoVote); its trusted chain to whoever asks (p2p.ProtoCerts); and
+// the certificate it last trusted, next to its checkpoint, so a restart
+// resumes the chain instead of starting from a bare anchor.
+type certs struct {
+	book   *replica.Book
+	pn     *p2p.Node
+	log    *slog.Logger
+	votes  *p2p.Peers
+	out    *transport.Outbox
+	path   string          // the saved certificate; "" = none
+	ctx    context.Context // the protocols' life: until close
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// Bounds of the certificate protocols: the largest certificate, and how
+// many one answer carries.
+const (
+	maxCertBytes = 4 + 1 + 2 + 256 + 8 + 8 + 2 + replica.MaxGroup*(1+replica.MaxIDLen+1+64)
+	certsServed  = 16
+	certTimeout  = 10 * time.Second
+)
+
+// newCerts starts the certificate protocols of pn with the trusted chain
+// starting at anchor (or at the certificate saved at path, when it is the
+// certificate of anchor's state); vouch judges a certificate adopted
+// without an earlier group (replica.Book.Anchorless).
+func newCerts(pn *p2p.Node, log *slog.Logger, anchor *replica.Certificate, path string, vouch func(*replica.Certificate) error) (*certs, error) {
+	if saved, err := loadCert(path, pn); err == nil && saved.Round == anchor.Round && saved.Hash == anchor.Hash {
+		anchor = saved
+	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
+		log.Warn("the saved round certificate is not usable; starting the chain at the local state", "path", path, "err", err)
+	}
+	book := replica.NewBook(pn.RunID(), pn.Signer(), anchor)
+	book.Anchorless = vouch
+	votes, err := p2p.NewPeers(pn, p2p.ProtoVote, maxCertBytes, certTimeout)
+	if err != nil {
+		return nil, err
+	}
+	c := &certs{book: book, pn: pn, log: log, votes: votes, out: transport.NewOutbox(votes, 8, log), path: path, done: make(chan struct{})}
+	if err := pn.Handle(p2p.ProtoCerts, c.frames(), c.serve); err != nil {
+		votes.Close()
+		return nil, err
+	}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	go c.receive(c.ctx)
+	return c, nil
+}
+
+func (c *certs) frames() p2p.FrameConfig {
+	cfg := p2p.DefaultFrameConfig()
+	cfg.MaxSize, cfg.ReadTimeout, cfg.WriteTimeout = maxCertBytes, certTimeout, certTimeout
+	return cfg
+}
+
+// close stops the protocols.
+func (c *certs) close() {
+	c.cancel()
+	<-c.done
+	c.out.Wait()
+	c.votes.Close()
+	c.pn.Unhandle(p2p.ProtoCerts)
+}
+
+// receive takes the others' votes until ctx ends.
+func (c *certs) receive(ctx context.Context) {
+	defer close(c.done)
+	for {
+		m, err := c.votes.Recv(ctx)
+		if err != nil {
+			return
+		}
+		var v replica.Certificate
+		if err := v.UnmarshalBinary(m.Payload); err != nil {
+			c.log.Warn("malformed vote", "from", m.From, "err", err)
+			continue
+		}
+		formed, err := c.book.AddVote(&v, m.From)
+		if err != nil {
+			c.log.Warn("vote refused", "from", m.From, "round", v.Round, "err", err)
+			continue
+		}
+		if formed != nil {
+			c.save(formed)
+		}
+	}
+}
+
+// vote signs this member's vote for the state hash it ended round in, as
+// a member of group, and queues it for the group's other members (sent
+// until close). A member left out of the round (not in group) does not
+// vote.
+func (c *certs) vote(round, hash uint64, group []transport.PeerID) {
+	self := transport.PeerID(c.pn.ID().String())
+	if !slices.Contains(group, self) {
+		return
+	}
+	v, err := c.book.Vote(round, hash, group, self, c.pn.Sign)
+	if err != nil {
+		c.log.Warn("could not vote", "round", round, "err", err)
+		return
+	}
+	b, err := v.MarshalBinary()
+	if err != nil {
+		c.log.Warn("could not vote", "round", round, "err", err)
+		return
+	}
+	if t := c.book.Trusted(); t.Round == round {
+		c.save(t) // a group of one (or the last vote was ours)
+	}
+	for _, id := range v.Group {
+		if id != self {
+			c.out.Send(c.ctx, id, b)
+		}
+	}
+}
+
+// serve answers ProtoCerts: the trusted certificates after the asked round.
+func (c *certs) serve(_ context.Context, s *p2p.Stream) error {
+	_, req, err := s.ReadFrame()
+	if err != nil {
+		return err
+	}
+	if len(req) != 8 {
+		return fmt.Errorf("node: a certificate request of %d bytes", len(req))
+	}
+	for _, cert := range c.book.Chain(binary.LittleEndian.Uint64(req), certsServed) {
+		b, err := cert.MarshalBinary()
+		if err != nil {
+			return err
+		}
+		if err := s.WriteFrame(1, b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fetch asks id for its trusted certificates after round from.
+func (c *certs) fetch(ctx context.Context, id transport.PeerID, from uint64) ([]*replica.Certificate, error) {
+	pid, err := peer.Decode(string(id))
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, certTimeout)
+	defer cancel()
+	s, err := c.pn.Open(ctx, pid, p2p.ProtoCerts, c.frames())
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	if err := s.WriteFrame(1, binary.LittleEndian.AppendUint64(nil, from)); err != nil {
+		s.Reset()
+		return nil, err
+	}
+	if err := s.CloseWrite(); err != nil {
+		s.Reset()
+		return nil, err
+	}
+	var chain []*replica.Certificate
+	for len(chain) < certsServed {
+		_, b, err := s.ReadFrame()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			s.Reset()
+			return nil, err
+		}
+		cert := new(replica.Certificate)
+		if err := cert.UnmarshalBinary(b); err != nil {
+			s.Reset()
+			return nil, err
+		}
+		chain = append(chain, cert)
+	}
+	return chain, nil
+}
+
+// save keeps cert next to the checkpoint (best effort: a lost file only
+// means a restart starts its chain from a bare anchor).
+func (c *certs) save(cert *replica.Certificate) {
+	if c.path == "" {
+		return
+	}
+	b, err := cert.MarshalBinary()
+	if err == nil {
+		err = atomicfile.WriteFile(c.path, b, 0o644)
+	}
+	if err != nil {
+		c.log.Warn("could not save the round certificate", "path", c.path, "err", err)
+	}
+}
+
+// loadCert reads and verifies the certificate saved at path.
+func loadCert(path string, pn *p2p.Node) (*replica.Certificate, error) {
+	if path == "" {
+		return nil, os.ErrNotExist
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > maxCertBytes {
+		return nil, fmt.Errorf("%w: %d bytes", replica.ErrBadCert, len(b))
+	}
+	c := new(replica.Certificate)
+	if err := c.UnmarshalBinary(b); err != nil {
+		return nil, err
+	}
+	if err := c.Verify(pn.RunID(), pn.Signer()); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// certifiedAhead returns the latest certified state past round that this
+// member's trusted chain leads to: it asks the members announcing a later
+// round than it trusts (latest first, at most three, until one answers
+// with a chain that verifies and extends its own) for their certificates,
+// page after page. A member whose anchor has no group (a newcomer) asks for
+// the latest certificate only. A chain that does not verify is refused and
+// its server named. nil when nothing certified lies past round.
+func (c *certs) certifiedAhead(ctx context.Context, round uint64, others []announcement) *replica.Certificate {
+	t := c.book.Trusted()
+	ahead := slices.DeleteFunc(slices.Clone(others), func(a announcement) bool { return a.round <= max(round, t.Round) || a.hash == 0 })
+	slices.SortFunc(ahead, func(a, b announcement) int {
+		if a.round != b.round {
+			return cmp.Compare(b.round, a.round)
+		}
+		return cmp.Compare(a.id, b.id)
+	})
+	for _, a := range ahead[:min(3, len(ahead))] {
+		if c.follow(ctx, a) {
+			break
+		}
+	}
+	if t = c.book.Trusted(); t.Round > round {
+		return t
+	}
+	return nil
+}
+
+// follow takes a's chain, page by page (a few at most), and says whether
+// it led anywhere.
+func (c *certs) follow(ctx context.Context, a announcement) bool {
+	moved := false
+	for range 8 {
+		t := c.book.Trusted()
+		from := t.Round
+		if len(t.Group) == 0 && a.round > 0 {
+			from = max(from, a.round-1)
+		}
+		chain, err := c.fetch(ctx, a.id, from)
+		if err != nil {
+			c.log.Debug("no certificates from a member ahead", "peer", a.id, "err", err)
+			return moved
+		}
+		last, err := c.book.Adopt(chain)
+		if err != nil {
+			c.log.Warn("refused a member's certificates", "peer", a.id, "round", a.round, "err", err)
+			return moved
+		}
+		if last.Round == t.Round {
+			return moved
+		}
+		moved = true
+		c.save(last)
+		if len(chain) < certsServed {
+			return true
+		}
+	}
+	return moved
+}
+
+// holders are the members that can serve cert's state: those announcing
+// it, then its other signers.
+func holders(cert *replica.Certificate, others []announcement) []transport.PeerID {
+	var ids []transport.PeerID
+	for _, a := range others {
+		if a.round == cert.Round && a.hash == cert.Hash {
+			ids = append(ids, a.id)
+		}
+	}
+	for _, id := range cert.Signers() {
+		if !slices.Contains(ids, id) && slices.ContainsFunc(others, func(a announcement) bool { return a.id == id }) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// vouchedByLive is the rule for a certificate taken without an earlier
+// group (a newcomer, or a restart without a saved certificate): a strict
+// majority of the other volunteers this member sees live signed it. No
+// single member and no fixed number of them decides: sybils must outnumber
+// the live honest volunteers in this member's view (where p2p counts only
+// members proved live, within the admission caps).
+func vouchedByLive(others []announcement, cert *replica.Certificate) error {
+	n := 0
+	for _, a := range others {
+		if _, ok := slices.BinarySearch(cert.Group, a.id); ok && cert.Sigs[slices.Index(cert.Group, a.id)] != nil {
+			n++
+		}
+	}
+	if 2*n <= len(others) {
+		return fmt.Errorf("%w: %d of the %d volunteers this member sees signed round %d", replica.ErrMinority, n, len(others), cert.Round)
+	}
+	return nil
+}
