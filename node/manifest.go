@@ -39,12 +39,14 @@ func ServeManifest(n *p2p.Node, m manifest.Manifest) error {
 // FetchManifest asks the run's members for its manifest until one source
 // it can trust serves a valid one for runID, or wait runs out, or ctx ends
 // (members that have just joined may not serve it yet, so it asks again
-// every second). A bootstrap's answer is taken as the run's. While no
-// bootstrap is in the membership (it is down), or none has answered when
-// wait runs out, the volunteers are asked instead, and their manifest is
-// taken only when the volunteers that answer agree on it, at least two of
-// them when there are two or more: one member alone cannot point newcomers
-// at another run's data or settings. (Signed manifests are issue 9's.)
+// every second). The answer of a bootstrap this node dialled (its
+// configured seeds, p2p.Node.Seeds) is taken as the run's; a member that
+// only claims the bootstrap role is one volunteer among the others. While
+// no such bootstrap is a member (it is down, or this node joined through its
+// peer book), or none has answered when wait runs out, the other members
+// are asked instead, and their manifest is taken only when those that
+// answer agree on it, at least two of them when there are two or more: one
+// member alone cannot point newcomers at another run's data or settings.
 func FetchManifest(ctx context.Context, n *p2p.Node, runID string, wait time.Duration, log *slog.Logger) (manifest.Manifest, error) {
 	deadline := time.Now().Add(wait)
 	var lastErr error = fmt.Errorf("%w: no member of run %q to ask", ErrManifest, runID)
@@ -122,13 +124,15 @@ func agreedManifest(vols []peer.ID, ask func(peer.ID) (manifest.Manifest, error)
 }
 
 // memberSources lists the members other than self that serve the manifest
-// and the shards: the bootstraps (which have both from the start), then the
-// others, sorted.
+// and the shards: the bootstraps this node dialled (which have both from
+// the start; a member's role is its own word, so never taken from it), then
+// the others, sorted.
 func memberSources(n *p2p.Node) (boots, vols []peer.ID) {
+	seeds := n.Seeds()
 	for _, m := range n.Members() {
 		switch {
 		case m.ID == n.ID():
-		case m.Meta.Role == p2p.RoleBootstrap:
+		case slices.Contains(seeds, m.ID):
 			boots = append(boots, m.ID)
 		default:
 			vols = append(vols, m.ID)

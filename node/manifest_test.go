@@ -1,15 +1,18 @@
 package node
 
 import (
+	"context"
 	"crypto/ed25519"
 	"errors"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
 	"github.com/skein-ml/skein/manifest"
 	"github.com/skein-ml/skein/p2p"
+	"github.com/skein-ml/skein/p2p/p2ptest"
 )
 
 // Without a bootstrap, a newcomer takes the volunteers' manifest only when
@@ -90,5 +93,40 @@ func TestAdmissionAgrees(t *testing.T) {
 				t.Fatalf("err %v, want ok=%v (ErrManifest otherwise)", err, tt.ok)
 			}
 		})
+	}
+}
+
+// Self-declared bootstrap (issue 18): a member that signs role bootstrap
+// is not the run's bootstrap. A newcomer takes the manifest of the seed it
+// dialled; the impostor's is one volunteer's word, and one honest volunteer
+// disagrees, so while the seed is silent the newcomer takes nothing.
+func TestManifestOnlyFromTheDialledBootstrap(t *testing.T) {
+	s := p2ptest.NewSwarm(t, 4, p2ptest.Options{
+		Node: func(i int, c *p2p.NodeConfig) {
+			if i == 2 {
+				c.Meta.Role = p2p.RoleBootstrap // the impostor
+			}
+		},
+	})
+	honest, forged := manifest.Default(), manifest.Default()
+	honest.RunID, forged.RunID = s.Opts.RunID, s.Opts.RunID
+	forged.Model.Preset = "small"
+	for i, m := range map[int]manifest.Manifest{1: honest, 2: forged} {
+		if err := ServeManifest(s.Nodes[i], m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	newcomer := s.Nodes[3]
+	ctx, cancel := context.WithTimeout(context.Background(), p2ptest.Slowdown*time.Minute)
+	defer cancel()
+	log := slog.New(slog.DiscardHandler)
+	if m, err := FetchManifest(ctx, newcomer, s.Opts.RunID, time.Second, log); err == nil || m.Hash() == forged.Hash() {
+		t.Fatalf("took manifest %s (%v) while the seed serves none; the impostor's is %s", m.ShortHash(), err, forged.ShortHash())
+	}
+	if err := ServeManifest(s.Seed.Node, honest); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := FetchManifest(ctx, newcomer, s.Opts.RunID, time.Second, log); err != nil || m.Hash() != honest.Hash() {
+		t.Fatalf("took manifest %s (%v), want the seed's %s", m.ShortHash(), err, honest.ShortHash())
 	}
 }

@@ -154,7 +154,7 @@ func TestTokenLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 	key, _, _ := crypto.GenerateEd25519Key(rand.Reader)
-	signed, err := signMeta(key, fields)
+	signed, err := signMeta(key, 1, net.ParseIP("2001:db8::1"), 4001, fields)
 	if err != nil {
 		t.Fatalf("longest metadata with a token: %v", err)
 	}
@@ -234,7 +234,7 @@ func tokenMember(t *testing.T, role Role, token func(id peer.ID) []byte) (peer.I
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := signMeta(key, fields)
+	b, err := signMeta(key, 1, nil, 0, fields)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,7 +302,7 @@ func TestClosedRunDelegate(t *testing.T) {
 		t.Fatal("member with a valid token not listed")
 	}
 	time.Sleep(time.Until(soon))
-	if _, ok := ev.get(id); ok || ev.count() != 0 || len(ev.list()) != 0 {
+	if _, ok := ev.get(id); ok || ev.count() != 0 || len(ev.list(false)) != 0 {
 		t.Error("member listed after its token expired")
 	}
 	if ev.admitted(id, time.Now()) {
@@ -364,8 +364,8 @@ func TestCapsDelegate(t *testing.T) {
 	ev := newEvents("run", "", nil)
 	ev.setPolicy(Admission{MaxMembers: 4, MaxPerPrefix: 2})
 	join := func(addr string) (peer.ID, error) {
-		id, meta := signedMember(t, Meta{RunID: "run"})
-		n := &memberlist.Node{Name: id.String(), Meta: meta, Addr: net.ParseIP(announcedIP(addr).String()), Port: 4001}
+		n, _ := memberAt(t, Meta{RunID: "run"}, net.JoinHostPort(announcedIP(addr).String(), "4001"))
+		id, _ := peer.Decode(n.Name)
 		if err := ev.NotifyAlive(n); err != nil {
 			return id, err
 		}
@@ -396,7 +396,7 @@ func TestCapsDelegate(t *testing.T) {
 		t.Errorf("%d members, want 4", ev.count())
 	}
 	// A member's own alive always passes, and so does a seed's.
-	for _, m := range ev.list() {
+	for _, m := range ev.list(false) {
 		if err := ev.checkCaps(m); err != nil {
 			t.Errorf("member refused: %v", err)
 		}

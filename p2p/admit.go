@@ -141,59 +141,108 @@ func (e *events) admit(n *memberlist.Node, now time.Time) (Member, time.Time, er
 }
 
 // checkCaps refuses a newcomer past the policy's caps: MaxMembers, and in
-// an open run MaxPerPrefix. Members, this node and its seeds pass.
+// an open run MaxPerPrefix, counted over the members that count, the
+// newcomer's prefix taken from its direct connection to this node. A
+// newcomer without one is let in as pending (it counts once it connects,
+// within the caps then: promote), unless maxPending are pending already.
+// Members, this node and its seeds pass.
 func (e *events) checkCaps(m Member) error {
-	adm, _ := e.policy()
 	if m.ID == e.self {
 		return nil
 	}
-	perPrefix := adm.MaxPerPrefix
-	if adm.Closed {
-		perPrefix = 0
-	}
-	if adm.MaxMembers == 0 && perPrefix == 0 {
-		return nil
-	}
+	e.promote() // the members connected by now count against the caps
+	ip, direct := e.measure(m)
 	now := time.Now()
 	e.mu.Lock()
-	_, known := e.members[m.ID]
-	exempt := e.exempt[m.ID]
-	var others []Member
-	for id, o := range e.members {
-		if e.liveLocked(id, now) {
-			others = append(others, o)
-		}
-	}
-	e.mu.Unlock()
-	if known || exempt {
+	defer e.mu.Unlock()
+	if _, known := e.members[m.ID]; known || e.exempt[m.ID] {
 		return nil
 	}
-	if adm.MaxMembers > 0 && len(others) >= adm.MaxMembers {
-		return fmt.Errorf("%w: %s refused: %w (%d)", ErrNotAdmitted, m.ID, ErrRunFull, adm.MaxMembers)
+	if direct {
+		return e.capsLocked(m.ID, ip, now)
 	}
-	if perPrefix == 0 {
-		return nil
-	}
-	// Outside the lock: ipOf asks the host for connections.
-	p := adm.prefix(e.addrOf(m))
-	same := 0
-	for _, o := range others {
-		if adm.prefix(e.addrOf(o)) == p {
-			same++
-		}
-	}
-	if same >= perPrefix {
-		return fmt.Errorf("%w: %s refused: %w (%d behind %s)", ErrNotAdmitted, m.ID, ErrPrefixFull, perPrefix, p)
+	if pending := len(e.members) - len(e.live); pending >= maxPending {
+		return fmt.Errorf("%w: %s refused: %w (%d members pending)", ErrNotAdmitted, m.ID, ErrRunFull, pending)
 	}
 	return nil
 }
 
-// addrOf is the IP a member's prefix is taken from.
-func (e *events) addrOf(m Member) net.IP {
-	if e.ipOf != nil {
-		return e.ipOf(m.ID, m.Addr)
+// maxPending bounds the members that have not proved themselves live, the
+// members a node is sized for (DefaultLimits' ConnHigh): ghosts announced
+// by a host that never joins fill at most that, and a newcomer past it
+// still gets in once it connects (checkCaps).
+const maxPending = 256
+
+// capsLocked checks the caps for id behind ip against the members that
+// count; e.mu is held.
+func (e *events) capsLocked(id peer.ID, ip net.IP, now time.Time) error {
+	adm := e.adm
+	perPrefix := adm.MaxPerPrefix
+	if adm.Closed {
+		perPrefix = 0
 	}
-	return announcedIP(m.Addr)
+	if id == e.self || e.exempt[id] || adm.MaxMembers == 0 && perPrefix == 0 {
+		return nil
+	}
+	counted, same, p := 0, 0, adm.prefix(ip)
+	for o, oip := range e.live {
+		if o != id && e.liveLocked(o, now) {
+			counted++
+			if adm.prefix(oip) == p {
+				same++
+			}
+		}
+	}
+	if adm.MaxMembers > 0 && counted >= adm.MaxMembers {
+		return fmt.Errorf("%w: %s refused: %w (%d)", ErrNotAdmitted, id, ErrRunFull, adm.MaxMembers)
+	}
+	if perPrefix > 0 && same >= perPrefix {
+		return fmt.Errorf("%w: %s refused: %w (%d behind %s)", ErrNotAdmitted, id, ErrPrefixFull, perPrefix, p)
+	}
+	return nil
+}
+
+// promote counts the pending members that proved themselves live: a
+// direct connection to this node (not relayed), within the caps, their
+// prefix taken from that connection. Until then a member is pending: it
+// does not count for groups, majorities or caps. A member counts until it
+// leaves or fails.
+func (e *events) promote() {
+	e.mu.Lock()
+	var pending []Member
+	for id, m := range e.members {
+		if _, ok := e.live[id]; !ok {
+			pending = append(pending, m)
+		}
+	}
+	e.mu.Unlock()
+	for _, m := range pending {
+		ip, ok := e.measure(m) // outside the lock: it asks the host for connections
+		if !ok {
+			continue
+		}
+		now := time.Now()
+		e.mu.Lock()
+		_, member := e.members[m.ID]
+		_, done := e.live[m.ID]
+		if member && !done {
+			if err := e.capsLocked(m.ID, ip, now); err != nil {
+				e.log.Debug("member stays pending", "member", m.ID, "err", err)
+			} else {
+				e.live[m.ID] = ip
+			}
+		}
+		e.mu.Unlock()
+	}
+}
+
+// measure returns the IP m's prefix is taken from and whether m proved
+// itself live: this node itself, or a direct connection (e.direct).
+func (e *events) measure(m Member) (net.IP, bool) {
+	if m.ID == e.self || e.direct == nil {
+		return announcedIP(m.Addr), true
+	}
+	return e.direct(m.ID, m.Addr)
 }
 
 func announcedIP(addr string) net.IP {
@@ -519,14 +568,13 @@ func (n *Node) gate(pid protocol.ID, h network.StreamHandler) network.StreamHand
 	}
 }
 
-// peerIP is the address a member's prefix is taken from: its direct
-// connection to this node, or the address it announces when there is none
-// or it comes from loopback (a node on this machine, whose dial may leave
-// from any local address).
-func (n *Node) peerIP(id peer.ID, addr string) net.IP {
-	if id == n.h.ID() {
-		return announcedIP(addr)
-	}
+// directIP returns the remote IP of a direct connection (not relayed, not
+// limited) to id, and false when there is none: a connection authenticated
+// by id's key proves id live, which gossip cannot. On loopback (a node on
+// this machine, whose dial may leave from any local address) a loopback
+// address id announces is taken, so that tests can put nodes behind
+// 127.0.0.x; any other announced address never is.
+func (n *Node) directIP(id peer.ID, addr string) (net.IP, bool) {
 	for _, c := range n.h.Network().ConnsToPeer(id) {
 		if c.Stat().Limited {
 			continue
@@ -534,12 +582,21 @@ func (n *Node) peerIP(id peer.ID, addr string) net.IP {
 		if _, err := c.RemoteMultiaddr().ValueForProtocol(ma.P_CIRCUIT); err == nil {
 			continue
 		}
-		if ip, err := manet.ToIP(c.RemoteMultiaddr()); err == nil && !ip.IsLoopback() {
-			return ip
+		ip, err := manet.ToIP(c.RemoteMultiaddr())
+		if err != nil {
+			continue
 		}
+		if a := announcedIP(addr); ip.IsLoopback() && a != nil && a.IsLoopback() {
+			return a, true
+		}
+		return ip, true
 	}
-	return announcedIP(addr)
+	return nil, false
 }
+
+// Pending returns the members that have not proved themselves live to this
+// node yet (events.promote): gossip names them, but they count for nothing.
+func (n *Node) Pending() []Member { return n.ev.list(true) }
 
 // relayACL lets a seed's relay serve admitted peers only (closed runs).
 type relayACL struct {

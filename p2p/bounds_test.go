@@ -222,8 +222,8 @@ func TestTransportAddrsBounded(t *testing.T) {
 	}
 
 	for _, kind := range []EventKind{EventLeave, EventFail} {
-		id, meta := signedMember(t, Meta{RunID: "run"})
-		node := &memberlist.Node{Name: id.String(), Addr: []byte{127, 0, 0, 2}, Port: 9, Meta: meta}
+		node, _ := memberAt(t, Meta{RunID: "run"}, "127.0.0.2:9")
+		id, _ := peer.Decode(node.Name)
 		n.ev.NotifyJoin(node)
 		if got, err := tr.resolve(memberlist.Address{Addr: "127.0.0.2:9"}); err != nil || got != id {
 			t.Fatalf("joined member's address resolves to %s (%v), want %s", got, err, id)

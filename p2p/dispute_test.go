@@ -120,6 +120,7 @@ func TestDispute(t *testing.T) {
 		sub   *Subscription
 		id    peer.ID
 		node  *memberlist.Node
+		move  func(addr string) *memberlist.Node // the member at another address
 	}
 	// next returns the next event about the member other than its join,
 	// or false when none comes within d.
@@ -219,9 +220,7 @@ func TestDispute(t *testing.T) {
 		{"refutation with new metadata is an update", func(e *env) {
 			e.ev.NotifyLeave(e.node)
 			listedThrough(e, 1)
-			moved := *e.node
-			moved.Port = 4002
-			e.ev.NotifyJoin(&moved)
+			e.ev.NotifyJoin(e.move("127.0.0.1:4002"))
 			expect(e, EventUpdate)
 		}},
 		{"crash during the dispute: fail at the next check", func(e *env) {
@@ -264,10 +263,10 @@ func TestDispute(t *testing.T) {
 			defer ev.close()
 			sub := ev.subscribe()
 			defer sub.Close()
-			id, meta := signedMember(t, Meta{RunID: "run"})
-			node := &memberlist.Node{Name: id.String(), Meta: meta, Addr: []byte{127, 0, 0, 1}, Port: 4001}
+			node, move := memberAt(t, Meta{RunID: "run"}, "127.0.0.1:4001")
+			id, _ := peer.Decode(node.Name)
 			ev.NotifyJoin(node)
-			c.run(&env{t: t, ev: ev, reach: f, log: rec, sub: sub, id: id, node: node})
+			c.run(&env{t: t, ev: ev, reach: f, log: rec, sub: sub, id: id, node: node, move: move})
 		})
 	}
 }

@@ -9,8 +9,11 @@
 //     the node's data directory (host.go, identity.go);
 //   - membership: hashicorp/memberlist carried on libp2p streams, node names are
 //     peer IDs (transport.go, membership.go), node metadata signed by the
-//     node's identity key, so no peer can gossip another's (meta.go,
-//     metasig.go), the
+//     node's identity key with its address and incarnation, so no peer can
+//     gossip another's, move it or replay an older one (meta.go,
+//     metasig.go); a member counts (Members) only once it proved itself
+//     live over a direct connection to this node, until then it is pending
+//     (admit.go); the
 //     persisted peer book used to rejoin without the bootstrap (peerbook.go);
 //     memberlist's unsigned suspect and dead messages are not taken on
 //     their word: a member declared failed stays listed while it answers a
@@ -20,8 +23,8 @@
 //     length-prefixed frames (frame.go, stream.go) and bulk transfers of large
 //     byte ranges, striped over streams and connections and resumable (bulk.go,
 //     lanes.go);
-//   - admission: a run's policy, open (caps per address prefix and in
-//     total) or closed (join tokens signed by the run key), enforced by
+//   - admission: a run's policy, open (caps per address prefix, measured on
+//     the member's connection, and in total) or closed (join tokens signed by the run key), enforced by
 //     every member in membership, on every run protocol stream (one gate)
 //     and at the admission handshake (admission.go, admit.go, runkey.go);
 //   - per-peer and per-protocol byte accounting (accounting.go);

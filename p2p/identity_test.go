@@ -102,7 +102,7 @@ func TestDelegateRefusesOtherRun(t *testing.T) {
 	id := pid.String()
 	sign := func(m Meta) []byte {
 		fields, _ := m.MarshalBinary()
-		b, err := signMeta(key, fields)
+		b, err := signMeta(key, 1, nil, 0, fields)
 		if err != nil {
 			t.Fatal(err)
 		}

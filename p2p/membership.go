@@ -156,6 +156,8 @@ type Member struct {
 	ID   peer.ID
 	Addr string // memberlist address: the member's QUIC ip:port
 	Meta Meta
+
+	inc uint64 // the incarnation its metadata was signed at (metasig.go)
 }
 
 // Event is a membership change.
@@ -250,12 +252,18 @@ type events struct {
 	self  peer.ID
 	log   *slog.Logger
 	hooks func(kind EventKind, m Member) // node bookkeeping, called under mu
-	// ipOf returns the address a member's prefix is taken from (admit.go);
-	// nil: the address it announces.
-	ipOf func(id peer.ID, addr string) net.IP
+	// direct returns the IP of a direct connection from this node to a
+	// member (admit.go), false when there is none; nil (tests of the table
+	// alone): every member is taken as connected from the address it
+	// announces.
+	direct func(id peer.ID, addr string) (net.IP, bool)
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// members holds every member memberlist reports alive; live those
+	// that count (admit.go: promote), each with the IP its prefix is taken
+	// from. The others are pending.
 	members map[peer.ID]Member
+	live    map[peer.ID]net.IP
 	// until holds the token expiry of each member of a closed run: a
 	// member is not listed from then on, and the next sweep (expireTokens)
 	// reports it failed.
@@ -296,7 +304,7 @@ func newEvents(runID string, self peer.ID, log *slog.Logger) *events {
 	}
 	stop, stopAll := context.WithCancel(context.Background())
 	return &events{runID: runID, self: self, log: log,
-		members: make(map[peer.ID]Member), until: make(map[peer.ID]time.Time), subs: make(map[*Subscription]struct{}),
+		members: make(map[peer.ID]Member), live: make(map[peer.ID]net.IP), until: make(map[peer.ID]time.Time), subs: make(map[*Subscription]struct{}),
 		leftAt: make(map[peer.ID]time.Time), exempt: make(map[peer.ID]bool), door: make(map[peer.ID]time.Time),
 		disputeTimeout: disputeTimeout, disputeRecheck: disputeRecheck, disputed: make(map[peer.ID]*dispute),
 		stop: stop, stopAll: stopAll}
@@ -339,38 +347,39 @@ func (e *events) close() {
 	}
 }
 
-func (e *events) list() []Member {
+// list returns the members that count (live, within their token), or with
+// pending those that have not proved themselves live yet.
+func (e *events) list(pending bool) []Member {
+	e.promote()
 	now := time.Now()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	out := make([]Member, 0, len(e.members))
-	for _, m := range e.members {
-		if e.liveLocked(m.ID, now) {
+	var out []Member
+	for id, m := range e.members {
+		_, live := e.live[id]
+		if pending && !live || !pending && live && e.liveLocked(id, now) {
 			out = append(out, m)
 		}
 	}
 	return out
 }
 
-func (e *events) count() int {
-	now := time.Now()
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	n := 0
-	for id := range e.members {
-		if e.liveLocked(id, now) {
-			n++
-		}
-	}
-	return n
-}
+func (e *events) count() int { return len(e.list(false)) }
 
 func (e *events) get(id peer.ID) (Member, bool) {
+	e.promote()
 	now := time.Now()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	m, ok := e.members[id]
-	return m, ok && e.liveLocked(id, now)
+	return m, ok && e.countsLocked(id, now)
+}
+
+// countsLocked reports whether member id counts: it proved itself live
+// (promote) and its token (if any) is still valid.
+func (e *events) countsLocked(id peer.ID, now time.Time) bool {
+	_, live := e.live[id]
+	return live && e.liveLocked(id, now)
 }
 
 // liveLocked reports whether member id's token (if any) is still valid.
@@ -418,8 +427,8 @@ func (e *events) expireLeftLocked(now time.Time) {
 	}
 }
 
-// member decodes n and checks it: metadata signed by its own key
-// (metasig.go), of this run, and in a closed run a token for it and its
+// member decodes n and checks it: metadata signed by its own key for its
+// address (metasig.go), of this run, and in a closed run a token for it and its
 // role (see admit).
 func (e *events) member(n *memberlist.Node) (Member, error) {
 	m, _, err := e.admit(n, time.Now())
@@ -432,7 +441,7 @@ func (e *events) decode(n *memberlist.Node) (Member, error) {
 	if err != nil {
 		return Member{}, fmt.Errorf("p2p: member name %q: %w", n.Name, err)
 	}
-	fields, err := verifyMeta(id, n.Meta)
+	fields, inc, err := verifyMeta(id, n.Addr, n.Port, n.Meta)
 	if err != nil {
 		return Member{}, fmt.Errorf("p2p: member %s: %w", id, err)
 	}
@@ -443,7 +452,7 @@ func (e *events) decode(n *memberlist.Node) (Member, error) {
 	if meta.RunID != e.runID {
 		return Member{}, fmt.Errorf("%w: member %s has run %q, this node %q", ErrWrongRun, id, meta.RunID, e.runID)
 	}
-	return Member{ID: id, Addr: n.Address(), Meta: meta}, nil
+	return Member{ID: id, Addr: n.Address(), Meta: meta, inc: inc}, nil
 }
 
 func (e *events) emit(kind EventKind, m Member) {
@@ -471,6 +480,7 @@ func (e *events) emitLocked(kind EventKind, m Member, until time.Time) {
 		e.setUntilLocked(m.ID, until)
 	case EventLeave, EventFail:
 		delete(e.members, m.ID)
+		delete(e.live, m.ID)
 		delete(e.until, m.ID)
 	}
 	if e.hooks != nil {
@@ -518,6 +528,9 @@ func (e *events) readmit(m Member, until time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	old, known := e.members[m.ID]
+	if known && m.inc < old.inc {
+		return // older metadata (NotifyAlive refuses it; memberlist may still report it)
+	}
 	if e.endDisputeLocked(m.ID) && old == m {
 		e.setUntilLocked(m.ID, until)
 		return
@@ -559,13 +572,20 @@ func (e *events) NotifyLeave(n *memberlist.Node) {
 }
 
 // NotifyAlive is memberlist's AliveDelegate: members of other runs,
-// undecodable or unsigned metadata, and nodes the admission policy does not
-// admit (no valid token in a closed run, past a cap) are refused, so they
-// never become members.
+// undecodable or unsigned metadata or metadata signed for another address,
+// metadata older than the member's current one, and nodes the admission
+// policy does not admit (no valid token in a closed run, past a cap, or
+// one pending too many) are refused, so they never become members.
 func (e *events) NotifyAlive(n *memberlist.Node) error {
 	m, _, err := e.admit(n, time.Now())
 	if err != nil {
 		return err
+	}
+	e.mu.Lock()
+	old, known := e.members[m.ID]
+	e.mu.Unlock()
+	if known && m.inc < old.inc {
+		return fmt.Errorf("%w: member %s at %d, current %d", errStaleMeta, m.ID, m.inc, old.inc)
 	}
 	return e.checkCaps(m)
 }

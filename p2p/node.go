@@ -198,6 +198,11 @@ type Node struct {
 
 	metaMu sync.Mutex
 	meta   Meta
+	// metaInc is the incarnation of the metadata last signed (metasig.go);
+	// advIP and advPort the memberlist address signed with it.
+	metaInc uint64
+	advIP   net.IP
+	advPort uint16
 
 	// up and down are the bandwidth caps (nil: none); limitCtx ends their
 	// waits when the node closes.
@@ -323,6 +328,7 @@ func (n *Node) start(ctx context.Context) error {
 		meta.CapDownMbps = float32(cfg.MaxDownloadBps * 8 / 1e6)
 	}
 	meta.Token = string(cfg.Token)
+	n.advIP, n.advPort = advIP, uint16(advPort)
 	if cfg.RunKey != nil {
 		tok, err := n.issueOwnToken(time.Now())
 		if err != nil {
@@ -339,7 +345,7 @@ func (n *Node) start(ctx context.Context) error {
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	n.ev = newEvents(cfg.RunID, n.h.ID(), n.log)
 	n.ev.hooks = n.onEvent
-	n.ev.ipOf = n.peerIP
+	n.ev.direct = n.directIP
 	for _, s := range n.seeds {
 		n.ev.exempt[s.ID] = true
 	}
@@ -792,8 +798,20 @@ func (n *Node) Addrs() []ma.Multiaddr {
 	return out
 }
 
-// Members returns the current members, this node included.
-func (n *Node) Members() []Member { return n.ev.list() }
+// Members returns the current members, this node included: those that
+// proved themselves live to this node (Pending lists the others).
+func (n *Node) Members() []Member { return n.ev.list(false) }
+
+// Seeds returns the peer IDs of the bootstrap addresses this node was given
+// (NodeConfig.Bootstrap): identities it chose to dial, where a member's
+// role is only that member's word.
+func (n *Node) Seeds() []peer.ID {
+	var out []peer.ID
+	for _, s := range n.seeds {
+		out = append(out, s.ID)
+	}
+	return out
+}
 
 // NumMembers counts the current members, this node included.
 func (n *Node) NumMembers() int { return n.ev.count() }
@@ -805,13 +823,21 @@ func (n *Node) Member(id peer.ID) (Member, bool) { return n.ev.get(id) }
 // EventJoin, then delivers every change in order.
 func (n *Node) Subscribe() *Subscription { return n.ev.subscribe() }
 
-// signedMeta encodes m and signs it with this node's identity (metasig.go).
+// signedMeta encodes m and signs it with this node's identity and address
+// at its next incarnation (metasig.go): the time in nanoseconds, so that a
+// restarted node's metadata is newer than what members still hold of it.
+// n.metaMu is held (or the node is starting).
 func (n *Node) signedMeta(m Meta) ([]byte, error) {
 	fields, err := m.MarshalBinary()
 	if err != nil {
 		return nil, err
 	}
-	return signMeta(n.h.Peerstore().PrivKey(n.h.ID()), fields)
+	inc := max(n.metaInc+1, uint64(time.Now().UnixNano()))
+	b, err := signMeta(n.h.Peerstore().PrivKey(n.h.ID()), inc, n.advIP, n.advPort, fields)
+	if err == nil {
+		n.metaInc = inc
+	}
+	return b, err
 }
 
 // Meta returns this node's metadata.
@@ -911,7 +937,7 @@ func (n *Node) sayGoodbye() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
-	for _, m := range n.ev.list() {
+	for _, m := range n.ev.list(false) {
 		if m.ID == n.h.ID() {
 			continue
 		}

@@ -68,8 +68,8 @@ func TestMemberAddrsOutliveRecentTTL(t *testing.T) {
 	ps := n.h.Peerstore()
 
 	// A member known only through membership: no connection, no identify.
-	id, meta := signedMember(t, Meta{RunID: "run", TCPPort: 10})
-	node := &memberlist.Node{Name: id.String(), Addr: []byte{127, 0, 0, 2}, Port: 9, Meta: meta}
+	node, move := memberAt(t, Meta{RunID: "run", TCPPort: 10}, "127.0.0.2:9")
+	id, _ := peer.Decode(node.Name)
 	quic := ma.StringCast("/ip4/127.0.0.2/udp/9/quic-v1")
 	tcp := ma.StringCast("/ip4/127.0.0.2/tcp/10")
 	relayed := seedAddr.Encapsulate(ma.StringCast("/p2p/" + seedID.String() + "/p2p-circuit"))
@@ -120,7 +120,7 @@ func TestMemberAddrsOutliveRecentTTL(t *testing.T) {
 
 	// The member restarts on another port: the new address is pinned, the
 	// old one expires.
-	node.Port = 11
+	node = move("127.0.0.2:11")
 	moved := ma.StringCast("/ip4/127.0.0.2/udp/11/quic-v1")
 	n.ev.NotifyUpdate(node)
 	checkAddrs(t, ps, id, "moved", []ma.Multiaddr{moved, quic, tcp, relayed}, nil)

@@ -1,0 +1,114 @@
+package p2p_test
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/crypto"
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/skein-ml/skein/p2p"
+	"github.com/skein-ml/skein/p2p/p2ptest"
+)
+
+// memberIDs lists the IDs of n's members, sorted.
+func memberIDs(n *p2p.Node) []string {
+	var out []string
+	for _, m := range n.Members() {
+		out = append(out, m.ID.String())
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Ghosts (issue 18): a host that never joins announces volunteers made from
+// keys it generates, each at a made-up address in its own /24, re-announced
+// at rising incarnations. No honest member counts them (they never proved
+// themselves live over a connection), so the members' views are unchanged
+// and the caps are not consumed: an honest newcomer still gets in.
+func TestGhostsDoNotCount(t *testing.T) {
+	const ghosts = 40
+	s := p2ptest.NewSwarm(t, 4, p2ptest.Options{
+		Seed: func(c *p2p.SeedConfig) { c.Admission = p2p.Admission{MaxMembers: 6} },
+	})
+	cfg := s.NodeConfig(9)
+	cfg.Bootstrap, cfg.JoinAlone, cfg.Admission = nil, true, &p2p.Admission{}
+	host, err := p2p.NewNode(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Adopt(host)
+	target := s.Nodes[1]
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := host.Host().Connect(ctx, peer.AddrInfo{ID: target.ID(), Addrs: target.Host().Addrs()}); err != nil {
+		t.Fatal(err)
+	}
+	before := make(map[*p2p.Node][]string)
+	for _, n := range s.Nodes {
+		before[n] = memberIDs(n)
+	}
+	meta := p2p.Meta{RunID: cfg.RunID, Role: p2p.RoleVolunteer, Stage: -1}
+	var ids []peer.ID
+	for i := range ghosts {
+		key, _, err := crypto.GenerateEd25519Key(rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, _ := peer.IDFromPrivateKey(key)
+		ids = append(ids, id)
+		for inc := range 3 {
+			if err := p2p.ForgeAlive(host, target.ID(), key, meta, fmt.Sprintf("198.18.%d.1:4001", i), uint64(inc+1), uint32(inc+1)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// The forgeries arrived: the target knows every ghost, or counts one.
+	known := func() int {
+		k := 0
+		for _, m := range append(target.Members(), target.Pending()...) {
+			if slices.Contains(ids, m.ID) {
+				k++
+			}
+		}
+		return k
+	}
+	err = s.Eventually(p2ptest.Slowdown*10*time.Second, func() error {
+		if k := known(); k < ghosts && slices.Equal(memberIDs(target), before[target]) {
+			return fmt.Errorf("the target knows %d of %d ghosts", k, ghosts)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		for i, n := range s.Nodes[:4] {
+			if got := memberIDs(n); !slices.Equal(got, before[n]) {
+				t.Fatalf("node %d counts %d members, %d before the ghosts", i, len(got), len(before[n]))
+			}
+		}
+	}
+	if _, err := s.Add(s.NodeConfig(4)); err != nil {
+		t.Fatalf("an honest newcomer after %d ghosts: %v", ghosts, err)
+	}
+}
+
+// A member's address prefix is the one measured on its connection, never
+// the one it announces: a node on 127.0.0.0/24 that announces another /24
+// is refused when its real /24 is full.
+func TestPrefixMeasuredOnTheConnection(t *testing.T) {
+	s := p2ptest.NewSwarm(t, 2, p2ptest.Options{
+		Seed: func(c *p2p.SeedConfig) { c.Admission = p2p.Admission{MaxPerPrefix: 2} },
+	})
+	cfg := s.NodeConfig(2)
+	cfg.AdvertiseAddr = "198.18.7.1:4001"
+	if _, err := s.Add(cfg); !errors.Is(err, p2p.ErrPrefixFull) {
+		t.Fatalf("a third node on 127.0.0.0/24 announcing 198.18.7.1: %v, want ErrPrefixFull", err)
+	}
+}
