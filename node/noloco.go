@@ -1,8 +1,13 @@
 package node
 
 import (
+	"cmp"
 	"context"
+	"fmt"
+	"io"
+	"log/slog"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -22,9 +27,10 @@ import (
 // state hash 0), only a clock: the members must run the same step to find
 // their group. Each gossips its step in its membership metadata (Meta.Round:
 // the next step it will run). A joiner, a restarted member behind the
-// others, and a member that fell more than one step behind download one
-// member's state (step, phi, momentum; the bulk key and format of DiLoCo's
-// shared state) and go on from that step.
+// others, and a member that fell more than one step behind catch up
+// (nolocoCatchUp): to the step a majority of the others has reached, with
+// the coordinate-wise median of several members' states (step, phi,
+// momentum; the bulk key and format of DiLoCo's shared state).
 
 // nolocoState is the NoLoCo side of a volunteer.
 type nolocoState struct {
@@ -70,7 +76,7 @@ func nolocoConfig(m manifest.Manifest, ring CollectiveConfig) optimizer.NoLoCoCo
 		c.PhiCodec.Codec = compression.FP32
 	}
 	c.InitialDeadline, c.MinDeadline, c.MaxDeadline = ring.InitialDeadline, ring.MinDeadline, ring.MaxDeadline
-	c.MaxAbs, c.OnReject, c.Logger = ring.MaxAbs, ring.OnReject, ring.Logger
+	c.MaxAbs, c.MaxStashBytes, c.OnReject, c.Logger = ring.MaxAbs, ring.MaxStashBytes, ring.OnReject, ring.Logger
 	return c
 }
 
@@ -93,7 +99,7 @@ func (v *Volunteer) runNoLoCo(ctx context.Context) error {
 		v.log.Warn("could not fetch a member's state; starting from the local one", "err", err)
 		say(v.cfg.Progress, "could not take a member's state (%v); starting from this volunteer's own, round %d", err, o.Step)
 	case ok:
-		say(v.cfg.Progress, "caught up with the run: took a member's state at round %d", o.Step)
+		say(v.cfg.Progress, "caught up with the run: took the median of members' states at round %d", o.Step)
 	}
 	s.install(ctx, v)
 	v.lastReported = o.Step
@@ -110,8 +116,8 @@ func (v *Volunteer) runNoLoCo(ctx context.Context) error {
 			return err
 		}
 		// Fell behind (slow, or paused): the others run a step at least
-		// two ahead, so this member's partners have moved on. Take a
-		// member's state instead of offering a stale outer gradient.
+		// two ahead, so this member's partners have moved on. Take the
+		// run's state instead of offering a stale outer gradient.
 		before := o.Step
 		switch ok, err := s.catchUp(ctx, v, 1); {
 		case err != nil:
@@ -174,19 +180,102 @@ func (s *nolocoState) adopted(ctx context.Context, v *Volunteer, ph phase) {
 	v.report(RoundReport{Round: s.opt.Step, Loss: ph.meanLoss(), Members: len(v.peers.Members()), Adopted: true}, ph, 0)
 }
 
-// catchUp takes the state of a member that announces a step beyond this
-// member's step + slack (the most advanced first) and reports whether it
-// did.
+// catchUp catches up with the run (nolocoCatchUp) when it is more than
+// slack steps ahead of this member, and reports whether it did.
 func (s *nolocoState) catchUp(ctx context.Context, v *Volunteer, slack uint64) (bool, error) {
-	ids := membersAhead(v.pn, s.opt.Step+slack)
-	if len(ids) == 0 {
+	return nolocoCatchUp(ctx, v.pn, v.log, s.opt, s.opt.Step, slack, v.n, v.cfg.Progress)
+}
+
+// NoLoCo has no shared state to certify, so a member catching up trusts no
+// single member, neither for the step nor for the weights:
+//   - it jumps only when a strict majority of the other volunteers that
+//     announce a step, and at least nolocoQuorum of them, announce a later
+//     step than its own plus slack, and only to the latest step that such a
+//     majority has reached (catchUpTarget). A minority announcing far
+//     steps moves nobody: the target is never beyond the step of an honest
+//     member while the hostile ones are fewer than the quorum.
+//   - it adopts the coordinate-wise median (optimizer.TrimmedMean, trimming
+//     (k-1)/2) of the states of up to nolocoSources members that announce
+//     the target or at most nolocoLead steps more (members move on while one
+//     downloads); a state served for another step is refused, and fewer than
+//     nolocoQuorum states are no state. One hostile state among three moves
+//     no coordinate outside the honest ones' range.
+//
+// With a single other volunteer there is no majority to follow: a member
+// of a two-member run that fell behind trains on from its own state.
+const (
+	nolocoQuorum  = 2
+	nolocoSources = 3
+	nolocoLead    = 2
+)
+
+// catchUpTarget returns the latest step that a strict majority (and at
+// least nolocoQuorum) of steps, the steps the other volunteers announce,
+// has reached, and whether it lies beyond own+slack.
+func catchUpTarget(own, slack uint64, steps []uint64) (uint64, bool) {
+	q := max(nolocoQuorum, len(steps)/2+1)
+	if len(steps) < q {
+		return 0, false
+	}
+	sorted := slices.Sorted(slices.Values(steps))
+	target := sorted[len(sorted)-q]
+	return target, target > own+slack
+}
+
+// nolocoCatchUp moves st, at step own, to the run's step with the median of
+// several members' states when the run is more than slack steps ahead, and
+// reports whether it did.
+func nolocoCatchUp(ctx context.Context, pn *p2p.Node, log *slog.Logger, st outerState, own, slack uint64, n int, progress io.Writer) (bool, error) {
+	var steps []uint64
+	var cands []p2p.Member
+	for _, m := range pn.Members() {
+		if m.Meta.Role == p2p.RoleVolunteer && m.ID != pn.ID() {
+			steps = append(steps, m.Meta.Round)
+			cands = append(cands, m)
+		}
+	}
+	target, ok := catchUpTarget(own, slack, steps)
+	if !ok {
 		return false, nil
 	}
-	from, err := adoptState(ctx, v.pn, v.log, s.opt, v.n, s.opt.Step+1, 0, ids, v.cfg.Progress)
-	if err != nil {
+	// The members nearest the target first.
+	cands = slices.DeleteFunc(cands, func(m p2p.Member) bool { return m.Meta.Round < target || m.Meta.Round > target+nolocoLead })
+	slices.SortFunc(cands, func(a, b p2p.Member) int {
+		return cmp.Or(cmp.Compare(a.Meta.Round, b.Meta.Round), cmp.Compare(a.ID, b.ID))
+	})
+	var rounds []uint64
+	var phis, moms [][]float32
+	var from []transport.PeerID
+	for _, m := range cands {
+		if len(phis) == nolocoSources {
+			break
+		}
+		id := transport.PeerID(m.ID.String())
+		round, phi, mom, _, err := fetchVerifiedState(ctx, pn, log, n, target, 0, []transport.PeerID{id}, progress)
+		if err == nil && round > target+nolocoLead {
+			err = fmt.Errorf("%w: %s serves step %d, the run is at %d", ErrBadState, shortPeer(m.ID), round, target)
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return false, ctx.Err()
+			}
+			log.Info("could not take a member's state", "peer", m.ID, "err", err)
+			continue
+		}
+		rounds, phis, moms, from = append(rounds, round), append(phis, phi), append(moms, mom), append(from, id)
+	}
+	if len(phis) < nolocoQuorum {
+		return false, fmt.Errorf("%w: %d member state(s) at step %d to %d, want %d", ErrBadState, len(phis), target, target+nolocoLead, nolocoQuorum)
+	}
+	t := (len(phis) - 1) / 2
+	phi, mom := make([]float32, n), make([]float32, n)
+	scratch := optimizer.TrimmedMean(phi, phis, t, nil)
+	optimizer.TrimmedMean(mom, moms, t, scratch)
+	slices.Sort(rounds)
+	if err := st.SetState(rounds[(len(rounds)-1)/2], phi, mom); err != nil {
 		return false, err
 	}
-	v.log.Info("adopted a member's state", "round", s.opt.Step, "from", from)
+	log.Info("adopted the median of members' states", "step", target, "from", from)
 	return true, nil
 }
 

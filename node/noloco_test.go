@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/libp2p/go-libp2p/core/peer"
+
 	"github.com/skein-ml/skein/data"
 	"github.com/skein-ml/skein/kernels"
 	"github.com/skein-ml/skein/manifest"
@@ -215,7 +217,7 @@ func (r *nolocoRun) until(what string, timeout time.Duration, cond func() bool, 
 	}
 }
 
-var caughtUpRe = regexp.MustCompile(`caught up with the run: took a member's state at round (\d+)`)
+var caughtUpRe = regexp.MustCompile(`caught up with the run: took the median of members' states at round (\d+)`)
 
 // TestNoLoCoVolunteers runs NoLoCo volunteers over libp2p on loopback, in
 // this process: three train together; one of them stalls and, two steps
@@ -231,10 +233,11 @@ func TestNoLoCoVolunteers(t *testing.T) {
 	r := newNoLoCoRun(t)
 	long := p2ptest.Slowdown * 90 * time.Second
 	var a, b, c *testVolunteer
-	// c stalls after its second round until a is two steps ahead (the
-	// test fails below if that never happens).
+	// c stalls after its second round until a and b are two steps ahead
+	// (a majority of the others: one is not followed; the test fails below
+	// if that never happens).
 	stall := func(rep RoundReport) {
-		for deadline := time.Now().Add(long); rep.Round == 2 && a.lastRound() < 4 && time.Now().Before(deadline); {
+		for deadline := time.Now().Add(long); rep.Round == 2 && min(a.lastRound(), b.lastRound()) < 4 && time.Now().Before(deadline); {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
@@ -525,4 +528,127 @@ type countingDevice struct {
 func (d *countingDevice) AdamW(p, g, m, v kernels.Buffer, lr, b1, b2, eps, wd float32, t int) {
 	d.steps.Add(1)
 	d.CPU.AdamW(p, g, m, v, lr, b1, b2, eps, wd, t)
+}
+
+func TestCatchUpTarget(t *testing.T) {
+	for _, tt := range []struct {
+		own, slack uint64
+		steps      []uint64
+		want       uint64
+		jump       bool
+	}{
+		{0, 0, nil, 0, false},
+		{0, 0, []uint64{9}, 0, false},                        // one other: no majority to follow
+		{0, 0, []uint64{9, 9}, 9, true},                      // both ahead
+		{0, 0, []uint64{9, 1 << 62}, 9, true},                // the far one is not followed
+		{5, 0, []uint64{5, 5, 1 << 62}, 5, false},            // a lone far announcer
+		{5, 0, []uint64{5, 1 << 62, 1 << 62}, 1 << 62, true}, // a majority is followed
+		{5, 1, []uint64{6, 7, 1 << 62}, 7, true},             // the latest step a majority reached
+		{5, 2, []uint64{6, 7, 1 << 62}, 7, false},            // within slack
+		{3, 0, []uint64{0, 0, 9, 9, 9}, 9, true},             // 3 of 5
+		{3, 0, []uint64{0, 0, 0, 9, 9}, 0, false},            // 2 of 5
+	} {
+		got, jump := catchUpTarget(tt.own, tt.slack, tt.steps)
+		if jump != tt.jump || (jump && got != tt.want) {
+			t.Errorf("own %d slack %d steps %v: %d %v, want %d %v", tt.own, tt.slack, tt.steps, got, jump, tt.want, tt.jump)
+		}
+	}
+}
+
+// fixedState is an outerState for tests.
+type fixedState struct {
+	round    uint64
+	phi, mom []float32
+}
+
+func (s *fixedState) State() (uint64, []float32, []float32) { return s.round, s.phi, s.mom }
+func (s *fixedState) SetState(round uint64, phi, mom []float32) error {
+	s.round, s.phi, s.mom = round, slices.Clone(phi), slices.Clone(mom)
+	return nil
+}
+
+// A hostile volunteer that announces a far step and serves weights of its
+// choosing is not followed by a member catching up: alone it moves no one,
+// and where the honest members are ahead the member goes to their step with
+// the median of several members' states, so the hostile one moves no
+// coordinate outside the honest range.
+func TestNoLoCoCatchUpIgnoresLoneJump(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a libp2p swarm")
+	}
+	sw := p2ptest.NewSwarm(t, 5, p2ptest.Options{})
+	me, honest, hostile := sw.Nodes[1], sw.Nodes[2:4], sw.Nodes[4]
+	const n = 1000
+	vec := func(v float32) []float32 {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = v + float32(i%7)/100
+		}
+		return x
+	}
+	// announce makes node a volunteer at step round serving a state of
+	// phi and momentum all v (plus a pattern), at served (its own choice).
+	announce := func(node *p2p.Node, round, served uint64, v float32) {
+		blob, _ := encodeServed(served, vec(v), vec(v))
+		node.ServeBulk(func(_ context.Context, _ peer.ID, key string) (io.ReaderAt, int64, error) {
+			return servedState{blob, served}.open(key)
+		}, 0)
+		if err := node.UpdateMeta(context.Background(), func(m *p2p.Meta) { m.Role, m.Round = p2p.RoleVolunteer, round }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	far := uint64(1) << 62
+	for _, tt := range []struct {
+		name            string
+		own, honest     uint64
+		hostile, served uint64 // what the hostile member announces and serves
+		jump            bool
+		wantRound       uint64
+	}{
+		{"lone far step", 5, 5, far, far, false, 0},
+		{"far step, honest ahead", 0, 10, far, far, true, 10},
+		{"the honest step, hostile weights", 0, 10, 10, 10, true, 10},
+		{"a step past the honest one", 0, 10, 11, 11, true, 10},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			for i, h := range honest {
+				announce(h, tt.honest, tt.honest, float32(i+1)) // 1 and 2
+			}
+			announce(hostile, tt.hostile, tt.served, 1e30)
+			want := map[peer.ID]uint64{honest[0].ID(): tt.honest, honest[1].ID(): tt.honest, hostile.ID(): tt.hostile}
+			deadline := time.Now().Add(p2ptest.Slowdown * 30 * time.Second)
+			for seen := 0; seen < len(want); {
+				if time.Now().After(deadline) {
+					t.Fatal("announced steps not seen")
+				}
+				seen = 0
+				for _, m := range me.Members() {
+					if r, ok := want[m.ID]; ok && m.Meta.Role == p2p.RoleVolunteer && m.Meta.Round == r {
+						seen++
+					}
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			st := &fixedState{round: tt.own, phi: vec(0), mom: vec(0)}
+			jumped, err := nolocoCatchUp(context.Background(), me, testLogger("me"), st, tt.own, 0, n, nil)
+			if err != nil || jumped != tt.jump {
+				t.Fatalf("jumped %v, err %v; want %v", jumped, err, tt.jump)
+			}
+			if !jumped {
+				if st.round != tt.own || st.phi[0] != 0 {
+					t.Fatalf("state changed: round %d, phi[0] %v", st.round, st.phi[0])
+				}
+				return
+			}
+			if st.round != tt.wantRound {
+				t.Fatalf("took round %d, want %d", st.round, tt.wantRound)
+			}
+			lo, hi := vec(1), vec(2)
+			for i := range st.phi {
+				if st.phi[i] < lo[i] || st.phi[i] > hi[i] || st.mom[i] < lo[i] || st.mom[i] > hi[i] {
+					t.Fatalf("element %d: phi %v mom %v, outside the honest range [%v, %v]", i, st.phi[i], st.mom[i], lo[i], hi[i])
+				}
+			}
+		})
+	}
 }

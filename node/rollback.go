@@ -97,15 +97,16 @@ func (s *nolocoState) rollback(ctx context.Context, v *Volunteer) error {
 		s.install(ctx, v)
 		return nil
 	}
-	ids := membersAhead(v.pn, max(o.Step, 1)-1)
-	if len(ids) == 0 {
-		return fmt.Errorf("node: phi is not finite and no other volunteer is at round %d or later", o.Step)
-	}
-	from, err := adoptState(ctx, v.pn, v.log, o, v.n, o.Step, 0, ids, v.cfg.Progress)
+	// The median of several members' states, as a catch-up takes: never
+	// one member's word.
+	ok, err := nolocoCatchUp(ctx, v.pn, v.log, o, max(o.Step, 1)-1, 0, v.n, v.cfg.Progress)
 	if err != nil {
 		return err
 	}
-	v.log.Info("replaced a poisoned phi with a member's state", "round", o.Step, "from", from)
+	if !ok {
+		return fmt.Errorf("node: phi is not finite and no majority of the other volunteers is at round %d or later", o.Step)
+	}
+	v.log.Info("replaced a poisoned phi with the median of members' states", "round", o.Step)
 	s.install(ctx, v)
 	return nil
 }

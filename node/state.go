@@ -1,7 +1,6 @@
 package node
 
 import (
-	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -13,7 +12,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"slices"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -234,23 +232,6 @@ func (v *Volunteer) resumeLocal(st outerState) bool {
 		say(v.cfg.Progress, "warning: local checkpoint %s is unusable (%v); moved it to %s and starting without it", p, err, aside)
 	}
 	return false
-}
-
-// membersAhead lists the other volunteers that announce a round beyond
-// after, the most advanced first.
-func membersAhead(pn *p2p.Node, after uint64) []transport.PeerID {
-	var ahead []p2p.Member
-	for _, m := range pn.Members() {
-		if m.Meta.Role == p2p.RoleVolunteer && m.ID != pn.ID() && m.Meta.Round > after {
-			ahead = append(ahead, m)
-		}
-	}
-	slices.SortFunc(ahead, func(a, b p2p.Member) int { return cmp.Compare(b.Meta.Round, a.Meta.Round) })
-	ids := make([]transport.PeerID, len(ahead))
-	for i, m := range ahead {
-		ids[i] = transport.PeerID(m.ID.String())
-	}
-	return ids
 }
 
 // adoptState downloads the outer state from the members ids

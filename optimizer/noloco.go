@@ -27,8 +27,16 @@ type NoLoCoConfig struct {
 	// Deadlines for a partner's message, adaptive as in RingConfig.
 	InitialDeadline, MinDeadline, MaxDeadline time.Duration
 	MaxAbs                                    float32
-	OnReject                                  func(from transport.PeerID, err error)
-	Logger                                    *slog.Logger
+	// ClipFactor bounds the norm of a partner's outer gradient, and
+	// PhiClip the distance of its phi to this member's phi, to that many
+	// times a running median (noloco_clip.go).
+	ClipFactor, PhiClip float64
+	// MaxStashBytes bounds the partners' messages kept for steps not run
+	// yet (a quarter of it per sender, half of it for steps beyond the next
+	// two); NewNoLoCo raises it to 8 messages of the model's largest size.
+	MaxStashBytes int64
+	OnReject      func(from transport.PeerID, err error)
+	Logger        *slog.Logger
 	// PeerStep, if set, tells the next step a peer says it will run (for
 	// example gossiped in membership metadata), math.MaxUint64 for a peer
 	// known to be gone. A partner past the step being waited for has
@@ -40,14 +48,16 @@ type NoLoCoConfig struct {
 }
 
 // DefaultNoLoCo returns the paper's defaults: g = 2, eta = gamma = 0.7,
-// beta = 0.5, slow weights in bf16 and outer gradients in int8.
+// beta = 0.5, slow weights in bf16 and outer gradients in int8; and
+// Skein's bounds on a partner (noloco_clip.go).
 func DefaultNoLoCo() NoLoCoConfig {
 	phi := compression.DefaultConfig()
 	phi.Codec, phi.ZstdLevel = compression.BF16, 0
 	d := compression.DefaultConfig()
 	d.Codec, d.ZstdLevel = compression.Int8, 0
 	return NoLoCoConfig{OuterLR: 0.7, Momentum: 0.5, Gamma: 0.7, GroupSize: 2, PhiCodec: phi, DeltaCodec: d,
-		InitialDeadline: 2 * time.Minute, MinDeadline: 2 * time.Second, MaxDeadline: 10 * time.Minute, MaxAbs: 1e4}
+		InitialDeadline: 2 * time.Minute, MinDeadline: 2 * time.Second, MaxDeadline: 10 * time.Minute, MaxAbs: 1e4,
+		ClipFactor: 2, PhiClip: 1.5, MaxStashBytes: DefaultMaxStashBytes}
 }
 
 // Validate names the first invalid field.
@@ -65,6 +75,10 @@ func (c NoLoCoConfig) Validate() error {
 		return fmt.Errorf("%w: deadlines initial %v, min %v, max %v", ErrConfig, c.InitialDeadline, c.MinDeadline, c.MaxDeadline)
 	case !(c.MaxAbs > 0):
 		return fmt.Errorf("%w: max abs %v must be positive", ErrConfig, c.MaxAbs)
+	case !(c.ClipFactor >= 1 && c.ClipFactor <= 1e6) || !(c.PhiClip >= 1 && c.PhiClip <= 1e6):
+		return fmt.Errorf("%w: clip factors %g and %g must be in [1, 1e6]", ErrConfig, c.ClipFactor, c.PhiClip)
+	case c.MaxStashBytes <= 0:
+		return fmt.Errorf("%w: max stash bytes %d must be positive", ErrConfig, c.MaxStashBytes)
 	}
 	if err := c.PhiCodec.Validate(); err != nil {
 		return err
@@ -111,6 +125,7 @@ type GossipStats struct {
 	Step      uint64
 	Group     []transport.PeerID // the planned group
 	Heard     []transport.PeerID // partners whose contribution was used
+	Clipped   []transport.PeerID // those of them clipped (clipPartner)
 	BytesSent int64
 	BytesRecv int64
 	Duration  time.Duration
@@ -131,16 +146,23 @@ type NoLoCo struct {
 	phibar, dbar []float32
 	own, tmp     []float32
 
-	mu      sync.Mutex
-	arrived map[uint64][]envelope // by step, Step to Step+2
-	// ahead holds each sender's newest message for a step beyond
-	// Step+2: from a member this one is about to catch up with (a joiner,
-	// or a member that fell behind, before it adopts a member's state).
-	ahead  map[transport.PeerID]envelope
-	notify chan struct{}
-	est    estimator
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	mu sync.Mutex
+	// arrived holds, by step, the messages of that step's partners for
+	// Step to Step+2, one per sender; ahead each partner's newest for a
+	// later step: from a member this one is about to catch up with (a
+	// joiner, or a member that fell behind, before it adopts a state).
+	// Both within the byte budget (keep).
+	arrived map[uint64][]envelope
+	ahead   map[transport.PeerID]envelope
+	maxBody int   // maxGossipBody of the model
+	budget  int64 // MaxStashBytes, at least 8 messages of maxBody
+	// norms and dists are the last normWindow own outer-gradient norms and
+	// accepted partner distances (noloco_clip.go).
+	norms, dists []float64
+	notify       chan struct{}
+	est          estimator
+	cancel       context.CancelFunc
+	wg           sync.WaitGroup
 }
 
 // NewNoLoCo starts from slow weights phi (copied) with zero momentum and
@@ -157,7 +179,11 @@ func NewNoLoCo(ctx context.Context, cfg NoLoCoConfig, peers transport.Peers, phi
 	if err != nil {
 		return nil, err
 	}
-	dec, err := compression.NewDecoder(cfg.DeltaCodec)
+	// The decoder refuses a frame declaring more elements than the model
+	// before allocating anything for it.
+	dc := cfg.DeltaCodec
+	dc.MaxElements = int64(len(phi))
+	dec, err := compression.NewDecoder(dc)
 	if err != nil {
 		return nil, err
 	}
@@ -168,7 +194,8 @@ func NewNoLoCo(ctx context.Context, cfg NoLoCoConfig, peers transport.Peers, phi
 	n := len(phi)
 	nl := &NoLoCo{cfg: cfg, peers: peers, log: log, Phi: append([]float32(nil), phi...), Delta: make([]float32, n),
 		encPhi: encPhi, encD: encD, dec: dec, phibar: make([]float32, n), dbar: make([]float32, n),
-		own: make([]float32, n), tmp: make([]float32, n), arrived: map[uint64][]envelope{}, ahead: map[transport.PeerID]envelope{}, notify: make(chan struct{}, 1)}
+		own: make([]float32, n), tmp: make([]float32, n), arrived: map[uint64][]envelope{}, ahead: map[transport.PeerID]envelope{},
+		maxBody: maxGossipBody(n), budget: max(cfg.MaxStashBytes, 8*int64(maxGossipBody(n))), notify: make(chan struct{}, 1)}
 	ctx, nl.cancel = context.WithCancel(ctx)
 	nl.wg.Add(1)
 	go func() {
@@ -240,24 +267,73 @@ func (nl *NoLoCo) advance(step uint64) {
 	}
 }
 
-// maxAhead bounds the senders whose message from a later step is kept (a
-// member about to catch up averages with at most maxGroup-1 partners):
-// each message is as large as the model, so this bounds the memory a
-// member far behind holds to maxAhead models, however many members there
-// are.
-const maxAhead = maxGroup
+// maxGossipBody bounds a gossip body for n parameters: both frames in fp32
+// plus framing (chunk headers, zstd's block headers).
+func maxGossipBody(n int) int { return 8*n + n/64 + 1<<16 }
 
-// dropOldestAhead forgets the kept message of the earliest step. nl.mu is
-// held.
-func (nl *NoLoCo) dropOldestAhead() {
-	var from transport.PeerID
-	oldest := uint64(math.MaxUint64)
-	for f, e := range nl.ahead {
-		if e.h.round < oldest {
-			from, oldest = f, e.h.round
+// groupAt is this member's group at step, by the members it sees now.
+func (nl *NoLoCo) groupAt(step uint64) []transport.PeerID {
+	self := nl.peers.Self()
+	for _, g := range NoLoCoGroups(nl.peers.Members(), step, nl.cfg.GroupSize) {
+		if slices.Contains(g, self) {
+			return g
 		}
 	}
-	delete(nl.ahead, from)
+	return nil
+}
+
+// keep stores a partner's message: one per sender for the current step and
+// the next two (partners that finished their inner phase earlier), and one
+// per sender, its newest, for any later step. It is dropped when the bytes
+// kept would pass the budget, a quarter of it for one sender or half of it
+// for steps beyond the next two, so memory stays bounded whatever any
+// number of members send (the partners of one step are at most 2g-1).
+// It says whether it kept e. nl.mu is held.
+func (nl *NoLoCo) keep(e envelope) bool {
+	r := e.h.round
+	old, hasOld := nl.ahead[e.from]
+	switch {
+	case r < nl.Step:
+		return false
+	case r <= nl.Step+2:
+		if slices.ContainsFunc(nl.arrived[r], func(k envelope) bool { return k.from == e.from }) {
+			return false
+		}
+	case hasOld && old.h.round >= r:
+		return false
+	}
+	var total, mine, later int64
+	count := func(k envelope) {
+		n := int64(len(k.body))
+		total += n
+		if k.from == e.from {
+			mine += n
+		}
+		if k.h.round > nl.Step+2 {
+			later += n
+		}
+	}
+	for _, es := range nl.arrived {
+		for _, k := range es {
+			count(k)
+		}
+	}
+	for from, k := range nl.ahead {
+		if from != e.from || r <= nl.Step+2 { // a later one replaces e.from's
+			count(k)
+		}
+	}
+	n := int64(len(e.body))
+	if total+n > nl.budget || mine+n > nl.budget/4 || (r > nl.Step+2 && later+n > nl.budget/2) {
+		nl.log.Debug("gossip byte budget spent; dropped a message", "peer", e.from, "step", r)
+		return false
+	}
+	if r <= nl.Step+2 {
+		nl.arrived[r] = append(nl.arrived[r], e)
+	} else {
+		nl.ahead[e.from] = e
+	}
+	return true
 }
 
 func (nl *NoLoCo) receive(ctx context.Context) {
@@ -266,44 +342,37 @@ func (nl *NoLoCo) receive(ctx context.Context) {
 		if err != nil {
 			return
 		}
-		h, body, err := parseMessage(m.Payload)
-		if err == nil && h.kind != kindGossip {
-			err = fmt.Errorf("%w: %s message in a NoLoCo swarm", ErrBadMessage, h.kind)
-		}
-		if err != nil {
-			nl.reject(m.From, err)
-			continue
-		}
-		if !slices.Contains(nl.peers.Members(), m.From) {
-			continue // only members' weights are averaged
-		}
-		nl.mu.Lock()
-		// Keep one message per sender for the current step and the next
-		// two (partners that finished their inner phase earlier), and one
-		// per sender, its newest, for any later step (this member is
-		// behind and will adopt a state at about that step), from at most
-		// maxAhead senders: memory stays bounded whatever they send.
-		e := envelope{from: m.From, h: h, body: body, at: time.Now()}
-		switch {
-		case h.round < nl.Step:
-		case h.round <= nl.Step+2:
-			if !slices.ContainsFunc(nl.arrived[h.round], func(e envelope) bool { return e.from == m.From }) {
-				nl.arrived[h.round] = append(nl.arrived[h.round], e)
+		if nl.offer(m.From, m.Payload) {
+			select {
+			case nl.notify <- struct{}{}:
+			default:
 			}
-		default:
-			if old, ok := nl.ahead[m.From]; !ok || old.h.round < h.round {
-				if !ok && len(nl.ahead) >= maxAhead {
-					nl.dropOldestAhead()
-				}
-				nl.ahead[m.From] = e
-			}
-		}
-		nl.mu.Unlock()
-		select {
-		case nl.notify <- struct{}{}:
-		default:
 		}
 	}
+}
+
+// offer checks a received message and keeps it if it is a partner's, and
+// says whether it did. Only partners' weights are averaged: a message is
+// kept only from a member of this member's group at the message's step.
+func (nl *NoLoCo) offer(from transport.PeerID, payload []byte) bool {
+	h, body, err := parseMessage(payload)
+	switch {
+	case err != nil:
+	case h.kind != kindGossip:
+		err = fmt.Errorf("%w: %s message in a NoLoCo swarm", ErrBadMessage, h.kind)
+	case len(body) > nl.maxBody:
+		err = fmt.Errorf("%w: gossip body of %d bytes, at most %d for this model", ErrBadMessage, len(body), nl.maxBody)
+	}
+	if err != nil {
+		nl.reject(from, err)
+		return false
+	}
+	if !slices.Contains(nl.groupAt(h.round), from) {
+		return false
+	}
+	nl.mu.Lock()
+	defer nl.mu.Unlock()
+	return nl.keep(envelope{from: from, h: h, body: body, at: time.Now()})
 }
 
 func (nl *NoLoCo) reject(from transport.PeerID, err error) {
@@ -331,13 +400,9 @@ func (nl *NoLoCo) OuterStep(ctx context.Context, theta []float32) (GossipStats, 
 	if err := checkFinite(nl.own, nl.cfg.MaxAbs); err != nil {
 		return st, fmt.Errorf("own outer gradient: %w", err)
 	}
+	ref := nl.observeNorm(l2(nl.own))
 	self := nl.peers.Self()
-	var group []transport.PeerID
-	for _, g := range NoLoCoGroups(nl.peers.Members(), nl.Step, nl.cfg.GroupSize) {
-		if slices.Contains(g, self) {
-			group = g
-		}
-	}
+	group := nl.groupAt(nl.Step)
 	if group == nil {
 		return st, fmt.Errorf("%w: %s", ErrNotMember, self)
 	}
@@ -381,13 +446,19 @@ wait:
 				continue
 			}
 			st.BytesRecv += int64(len(e.body) + headerLen)
-			if err := nl.decodeBody(e.body); err != nil {
+			// own was added to dbar: its buffer takes the partner's.
+			if err := decodeGossip(nl.dec, e.body, nl.tmp, nl.own, nl.cfg.MaxAbs); err != nil {
 				nl.reject(e.from, err)
 				heard[e.from] = true // do not wait for it again
 				continue
 			}
+			if nl.clipPartner(nl.tmp, nl.own, ref) {
+				st.Clipped = append(st.Clipped, e.from)
+				nl.log.Info("clipped a partner's contribution", "step", nl.Step, "peer", e.from)
+			}
 			for i := range nl.phibar {
 				nl.phibar[i] += nl.tmp[i]
+				nl.dbar[i] += nl.own[i]
 			}
 			heard[e.from] = true
 			st.Heard = append(st.Heard, e.from)
@@ -444,8 +515,11 @@ func (nl *NoLoCo) encodeBody() ([]byte, error) {
 	return nl.encD.Append(body, nl.own, nl.Step)
 }
 
-// decodeBody decodes a partner's phi into tmp and adds its D to dbar.
-func (nl *NoLoCo) decodeBody(body []byte) error {
+// decodeGossip decodes a gossip body into phi and d, each the model's
+// size. dec refuses frames declaring more elements than that (NewNoLoCo
+// builds it with MaxElements the model's size), so a frame allocates
+// nothing whatever it declares. Every value must be within maxAbs.
+func decodeGossip(dec *compression.Decoder, body []byte, phi, d []float32, maxAbs float32) error {
 	if len(body) < 4 {
 		return fmt.Errorf("%w: gossip body of %d bytes", ErrBadMessage, len(body))
 	}
@@ -453,23 +527,21 @@ func (nl *NoLoCo) decodeBody(body []byte) error {
 	if uint64(n) > uint64(len(body)-4) {
 		return fmt.Errorf("%w: phi frame of %d bytes, %d present", ErrBadMessage, n, len(body)-4)
 	}
-	got, err := nl.dec.DecodeBytes(body[4:4+n], nl.tmp)
-	if err != nil || len(got) != len(nl.tmp) {
-		return fmt.Errorf("%w: phi: %d elements, %v", ErrRejected, len(got), err)
-	}
-	if err := checkFinite(nl.tmp, nl.cfg.MaxAbs); err != nil { // weights beyond MaxAbs would overflow the mean
-		return err
-	}
-	d := nl.own // reuse: own was already added to dbar
-	got, err = nl.dec.DecodeBytes(body[4+n:], d)
-	if err != nil || len(got) != len(d) {
-		return fmt.Errorf("%w: outer gradient: %d elements, %v", ErrRejected, len(got), err)
-	}
-	if err := checkFinite(d, nl.cfg.MaxAbs); err != nil {
-		return err
-	}
-	for i := range d {
-		nl.dbar[i] += d[i]
+	for _, f := range []struct {
+		name  string
+		frame []byte
+		dst   []float32
+	}{{"phi", body[4 : 4+n], phi}, {"outer gradient", body[4+n:], d}} {
+		got, err := dec.DecodeBytes(f.frame, f.dst)
+		if err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrRejected, f.name, err)
+		}
+		if len(got) != len(f.dst) {
+			return fmt.Errorf("%w: %s of %d elements, want %d", ErrRejected, f.name, len(got), len(f.dst))
+		}
+		if err := checkFinite(f.dst, maxAbs); err != nil { // beyond maxAbs would overflow the mean
+			return fmt.Errorf("%s: %w", f.name, err)
+		}
 	}
 	return nil
 }

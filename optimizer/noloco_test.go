@@ -73,8 +73,10 @@ func testNoLoCoConfig() NoLoCoConfig {
 	return c
 }
 
-// With no local progress (theta = phi), NoLoCo gossip is a consensus
-// process: the members' slow weights converge towards each other.
+// NoLoCo gossip is a consensus process: members that start from the same
+// weights and drift apart in their inner phases stay much closer together
+// than the same drifts would take them alone, and honest partners are not
+// clipped.
 func TestNoLoCoMembersConverge(t *testing.T) {
 	const M, n = 6, 500
 	net := transport.NewMemNetwork()
@@ -91,34 +93,48 @@ func TestNoLoCoMembersConverge(t *testing.T) {
 		// the test), which costs nothing when messages arrive.
 		cfg := testNoLoCoConfig()
 		cfg.InitialDeadline, cfg.MinDeadline, cfg.MaxDeadline = 30*time.Second, 30*time.Second, 30*time.Second
-		nl, err := NewNoLoCo(ctx, cfg, p, randomVec(n, uint64(i), 1))
+		nl, err := NewNoLoCo(ctx, cfg, p, randomVec(n, 1, 1))
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer nl.Close()
 		ns = append(ns, nl)
 	}
-	spread := func() float64 {
+	// alone[i] is member i's phi had it never averaged.
+	alone := make([][]float32, M)
+	for i := range alone {
+		alone[i] = slices.Clone(ns[i].Phi)
+	}
+	spread := func(phis [][]float32) float64 {
 		var s float64
 		for j := 0; j < n; j++ {
 			var mean float64
-			for _, nl := range ns {
-				mean += float64(nl.Phi[j]) / M
+			for _, phi := range phis {
+				mean += float64(phi[j]) / M
 			}
-			for _, nl := range ns {
-				d := float64(nl.Phi[j]) - mean
+			for _, phi := range phis {
+				d := float64(phi[j]) - mean
 				s += d * d
 			}
 		}
 		return s
 	}
-	before := spread()
+	deltas := make([][]float32, M)
+	for i := range deltas {
+		deltas[i] = make([]float32, n)
+	}
 	for step := 0; step < 6; step++ {
 		errs := each(M, func(i int) error {
 			theta := append([]float32(nil), ns[i].Phi...)
+			innerPhase(theta, i, uint64(step))
+			d := slices.Clone(theta)
+			for j := range d {
+				d[j] -= ns[i].Phi[j]
+			}
+			NoLoCoUpdate(alone[i], deltas[i], alone[i], d, 0.7, 0.5, 0.7)
 			st, err := ns[i].OuterStep(context.Background(), theta)
-			if err == nil && len(st.Heard) != len(st.Group)-1 {
-				err = fmt.Errorf("heard %d of %d partners", len(st.Heard), len(st.Group)-1)
+			if err == nil && (len(st.Heard) != len(st.Group)-1 || len(st.Clipped) != 0) {
+				err = fmt.Errorf("heard %d of %d partners, clipped %d", len(st.Heard), len(st.Group)-1, len(st.Clipped))
 			}
 			return err
 		})
@@ -128,8 +144,12 @@ func TestNoLoCoMembersConverge(t *testing.T) {
 			}
 		}
 	}
-	if after := spread(); !(after < before*0.2) {
-		t.Errorf("spread of slow weights %.3g -> %.3g, want at least 5x smaller", before, after)
+	phis := make([][]float32, M)
+	for i, nl := range ns {
+		phis[i] = nl.Phi
+	}
+	if apart, together := spread(alone), spread(phis); !(together < apart*0.2) {
+		t.Errorf("spread of slow weights %.3g, alone %.3g: want at least 5x smaller", together, apart)
 	}
 }
 
@@ -232,8 +252,8 @@ func TestNoLoCoSetState(t *testing.T) {
 	}
 
 	// Both at step 11: they hear each other, and the update is the
-	// hand-computed one, with phibar = (5.125, 6, 7) and dbar = 0.5.
-	thetas := [][]float32{{6.25, 7, 8}, {5, 6, 7}}
+	// hand-computed one, with phibar = (5.125, 6, 7) and dbar = 1.
+	thetas := [][]float32{{6.25, 7, 8}, {6, 7, 8}}
 	errs := each(2, func(i int) error {
 		nl := []*NoLoCo{a, b}[i]
 		st, err := nl.OuterStep(ctx, thetas[i])
@@ -247,9 +267,9 @@ func TestNoLoCoSetState(t *testing.T) {
 			t.Fatalf("member %d: %v", i, err)
 		}
 	}
-	// a: delta = 0.5*0.25 + 0.7*0.5 + 0.7*(5.125-5.25) on the first
-	// element, 0.7*0.5 on the others; b: 0.7*0.5 + 0.7*(5.125-5), 0.35.
-	wantA, wantB := []float32{5.6375, 6.35, 7.35}, []float32{5.4375, 6.35, 7.35}
+	// a: delta = 0.5*0.25 + 0.7*1 + 0.7*(5.125-5.25) on the first
+	// element, 0.7 on the others; b: 0.7 + 0.7*(5.125-5), 0.7.
+	wantA, wantB := []float32{5.9875, 6.7, 7.7}, []float32{5.7875, 6.7, 7.7}
 	for i := range wantA {
 		if math.Abs(float64(a.Phi[i]-wantA[i])) > 1e-2 || math.Abs(float64(b.Phi[i]-wantB[i])) > 1e-2 {
 			t.Fatalf("phi a %v b %v, want %v and %v", a.Phi, b.Phi, wantA, wantB)
