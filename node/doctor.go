@@ -190,6 +190,28 @@ func connectionChecks(ctx context.Context, pn *p2p.Node, boot peer.ID) []Check {
 	return append(out, c)
 }
 
+// memberWait is how long the doctor retries what the bootstrap serves only
+// to members: its own join reaches the bootstrap's member table a moment
+// after the doctor sees the bootstrap in its own (TestDoctor failed about
+// one run in 8 by fetching first).
+const memberWait = 15 * time.Second
+
+// untilMember runs f until it succeeds, for at most memberWait.
+func untilMember(ctx context.Context, f func() error) error {
+	deadline := time.Now().Add(memberWait)
+	for {
+		err := f()
+		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
 // downloadCheck measures the download rate from the bootstrap on one of
 // the run's shards (at most 8 MB or 10 s).
 func downloadCheck(ctx context.Context, pn *p2p.Node, boot peer.ID, m manifest.Manifest) Check {
@@ -199,11 +221,20 @@ func downloadCheck(ctx context.Context, pn *p2p.Node, boot peer.ID, m manifest.M
 	sh := m.Data.Shards[0]
 	n := min(sh.Bytes, 8<<20)
 	buf := make(memWriterAt, n)
-	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	began := time.Now()
-	got, err := pn.Fetch(fctx, boot, data.ShardKey(sh.Hash), buf, p2p.FetchOptions{Length: n, Streams: 8, ChunkSize: 512 << 10})
-	took := time.Since(began).Seconds()
+	var got int64
+	var took float64
+	err := untilMember(ctx, func() error {
+		fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		began := time.Now()
+		var err error
+		got, err = pn.Fetch(fctx, boot, data.ShardKey(sh.Hash), buf, p2p.FetchOptions{Length: n, Streams: 8, ChunkSize: 512 << 10})
+		took = time.Since(began).Seconds()
+		if got == 0 && err == nil {
+			err = errors.New("nothing fetched")
+		}
+		return err
+	})
 	if got == 0 || took <= 0 {
 		return Check{Name: "download", Status: CheckFail, Detail: fmt.Sprintf("could not fetch from the bootstrap: %v", err),
 			Advice: "the run's data comes from its members: check the firewall"}
@@ -225,9 +256,14 @@ func downloadCheck(ctx context.Context, pn *p2p.Node, boot peer.ID, m manifest.M
 // Rounds upload a pseudo-gradient per round, so the uplink usually sets a
 // volunteer's pace.
 func uploadCheck(ctx context.Context, pn *p2p.Node, boot peer.ID) Check {
-	uctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	r, err := pn.MeasureUpload(uctx, boot, 16<<20, 8*time.Second)
+	var r p2p.UploadReceipt
+	err := untilMember(ctx, func() error {
+		uctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		var err error
+		r, err = pn.MeasureUpload(uctx, boot, 16<<20, 8*time.Second)
+		return err
+	})
 	if err != nil {
 		return Check{Name: "upload", Status: CheckWarn, Detail: fmt.Sprintf("not measured: %v", err)}
 	}
