@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -180,6 +181,7 @@ func checkInvariants(hist []status.RoundStats, err error, kids *children, honest
 	} else {
 		add("validation loss still falling", false, "only %d rounds measured", len(vals))
 	}
+	pageWithinHonest(hist, honestLogs, add)
 	add("no survivor crashed", len(rep.Crashes) == 0, "%d unexpected exits%s", len(rep.Crashes), listed(rep.Crashes))
 	// No leaked process: every child ever started has exited and is gone.
 	kids.mu.Lock()
@@ -224,4 +226,46 @@ func mean(xs []float64) float64 {
 		s += x
 	}
 	return s / float64(len(xs))
+}
+
+// honestRound is an honest volunteer's line for a round it trained in.
+var honestRound = regexp.MustCompile(`(?m)^round (\d+): loss [0-9.]+, val ([0-9.]+)`)
+
+// pageWithinHonest checks what the status page shows against what the
+// honest volunteers logged: every round's validation loss on the page lies
+// within the range of the honest values for that round, and no round on
+// the page lies more than 2 past the last an honest volunteer reached (a
+// hostile reporter must not draw the curve; issue [1/4]).
+func pageWithinHonest(hist []status.RoundStats, honestLogs []string, add func(string, bool, string, ...any)) {
+	lo, hi := map[uint64]float64{}, map[uint64]float64{}
+	var last uint64
+	for _, l := range honestLogs {
+		b, _ := os.ReadFile(l)
+		for _, m := range honestRound.FindAllSubmatch(b, -1) {
+			r, _ := strconv.ParseUint(string(m[1]), 10, 64)
+			v, _ := strconv.ParseFloat(string(m[2]), 64)
+			if _, ok := lo[r]; !ok {
+				lo[r], hi[r] = v, v
+			}
+			lo[r], hi[r], last = min(lo[r], v), max(hi[r], v), max(last, r)
+		}
+	}
+	var bad []string
+	checked := 0
+	for _, r := range hist {
+		if r.Round > last+2 {
+			bad = append(bad, fmt.Sprintf("round %d past the honest %d", r.Round, last))
+			continue
+		}
+		l, ok := lo[r.Round]
+		if r.ValLoss == nil || !ok {
+			continue
+		}
+		checked++
+		// The logs print 4 decimals.
+		if v := *r.ValLoss; v < l-1e-4 || v > hi[r.Round]+1e-4 {
+			bad = append(bad, fmt.Sprintf("round %d: %.4f outside [%.4f, %.4f]", r.Round, v, l, hi[r.Round]))
+		}
+	}
+	add("the page's loss within the honest range", len(bad) == 0, "%d rounds checked against %d honest logs%s", checked, len(honestLogs), listed(bad))
 }

@@ -71,8 +71,8 @@ type Config struct {
 	ChaosPause time.Duration
 	ChaosShare float64
 	ChaosSeed  uint64
-	// Hostile adds one volunteer that misbehaves: scale, signflip, nan or
-	// forge (node join --hostile).
+	// Hostile adds one volunteer that misbehaves: scale, signflip, nan,
+	// forge, lonejump or telemetry (node join --hostile).
 	Hostile string
 }
 

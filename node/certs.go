@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -34,6 +35,8 @@ type certs struct {
 	path   string          // the saved certificate; "" = none
 	ctx    context.Context // the protocols' life: until close
 	cancel context.CancelFunc
+	// forged is served after the chain (HostileLoneJump, chaos tests only).
+	forged atomic.Pointer[replica.Certificate]
 	done   chan struct{}
 }
 
@@ -148,7 +151,11 @@ func (c *certs) serve(_ context.Context, s *p2p.Stream) error {
 	if len(req) != 8 {
 		return fmt.Errorf("node: a certificate request of %d bytes", len(req))
 	}
-	for _, cert := range c.book.Chain(binary.LittleEndian.Uint64(req), certsServed) {
+	chain := c.book.Chain(binary.LittleEndian.Uint64(req), certsServed)
+	if f := c.forged.Load(); f != nil && len(chain) < certsServed {
+		chain = append(chain, f)
+	}
+	for _, cert := range chain {
 		b, err := cert.MarshalBinary()
 		if err != nil {
 			return err
@@ -282,7 +289,7 @@ func (c *certs) follow(ctx context.Context, a announcement) bool {
 		}
 		last, err := c.book.Adopt(chain)
 		if err != nil {
-			c.log.Warn("refused a member's certificates", "peer", a.id, "round", a.round, "err", err)
+			c.log.Warn("offender: a member's certificates do not extend the trusted chain", "peer", a.id, "round", a.round, "err", err)
 			return moved
 		}
 		if last.Round == t.Round {

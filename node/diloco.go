@@ -35,7 +35,10 @@ func (v *Volunteer) initDiLoCo() (err error) {
 	rc := v.cfg.Collective
 	bc := optimizer.DefaultButterflyConfig(v.n, v.pn.Signer(), butterflyTick.Seconds())
 	bc.Codec.Codec = m.Codec()
-	bc.MaxAbs, bc.Hostile = rc.MaxAbs, v.cfg.Hostile
+	bc.MaxAbs = rc.MaxAbs
+	if v.cfg.Hostile != HostileLoneJump && v.cfg.Hostile != HostileTelemetry {
+		bc.Hostile = v.cfg.Hostile
+	}
 	ticks := func(d time.Duration) int64 { return max(1, int64(d/butterflyTick)) }
 	bc.PhaseWait, bc.MinPhase, bc.MaxPhase = ticks(rc.InitialDeadline), ticks(rc.MinDeadline), ticks(rc.MaxDeadline)
 	// Room for a few rounds of every member's messages (about 2 bytes per
@@ -78,10 +81,25 @@ func (v *Volunteer) initDiLoCo() (err error) {
 	return err
 }
 
+// HostileLoneJump, as VolunteerConfig.Hostile, makes a volunteer that
+// trains and contributes honestly but announces each round one ahead of
+// the run with the true hash of weights of its own (phi + 1), serves them,
+// and certifies them itself: the lone jump of issue [1/4], which honest
+// members followed within two rounds before round certificates.
+const HostileLoneJump = "lonejump"
+
+// HostileTelemetry, as VolunteerConfig.Hostile, makes a volunteer that
+// trains honestly but lies in its reports to the status page
+// (lyingReport).
+const HostileTelemetry = "telemetry"
+
 // HostileMode maps a chaos test's name for a hostile behaviour (scale,
-// signflip, nan, forge) to VolunteerConfig.Hostile; "" if unknown.
+// signflip, nan, forge, lonejump, telemetry) to VolunteerConfig.Hostile;
+// "" if unknown.
 func HostileMode(name string) string {
 	switch name {
+	case HostileLoneJump, HostileTelemetry:
+		return name
 	case "scale":
 		return optimizer.HostileScale
 	case "signflip":
@@ -283,7 +301,29 @@ func (v *Volunteer) install(ctx context.Context) {
 // what it announces.
 func (v *Volunteer) publish(ctx context.Context) {
 	v.stateHash = v.serve(v.dl.State())
+	if v.cfg.Hostile == HostileLoneJump {
+		v.loneJump(ctx)
+		return
+	}
 	v.gossipRound(ctx, v.dl.Round, v.stateHash)
+}
+
+// loneJump is HostileLoneJump's lie: the next round, with weights of this
+// member's choosing under their true hash, served and certified by itself.
+func (v *Volunteer) loneJump(ctx context.Context) {
+	round, phi, mom := v.dl.State()
+	forged := make([]float32, len(phi))
+	for i, x := range phi {
+		forged[i] = x + 1
+	}
+	v.stateHash = v.serve(round+1, forged, mom)
+	self := transport.PeerID(v.pn.ID().String())
+	group := []transport.PeerID{self}
+	sig, err := v.pn.Sign(replica.VoteBytes(v.pn.RunID(), round+1, v.stateHash, group))
+	if err == nil {
+		v.certs.forged.Store(&replica.Certificate{Run: v.pn.RunID(), Round: round + 1, Hash: v.stateHash, Group: group, Sigs: [][]byte{sig}})
+	}
+	v.gossipRound(ctx, round+1, v.stateHash)
 }
 
 // announce gossips this member's round and state hash in its metadata.
@@ -298,6 +338,9 @@ func (v *Volunteer) announce(ctx context.Context) {
 // it did. Without a certificate for the round (not yet formed, or a split
 // group) nothing changes: no plurality, no single member decides.
 func (v *Volunteer) resynced(ctx context.Context) bool {
+	if v.certs == nil {
+		return false
+	}
 	cert, ok := v.certs.book.At(v.dl.Round)
 	if !ok || cert.Hash == v.stateHash {
 		return false
@@ -348,6 +391,9 @@ func (v *Volunteer) corrected() {
 // against the certified hash. A member announcing a later round without
 // such a chain (a lone jump, sybils) is never followed.
 func (v *Volunteer) catchUp(ctx context.Context) error {
+	if v.certs == nil {
+		return nil // not set up yet
+	}
 	others := announcements(v.pn)
 	cert := v.certs.certifiedAhead(ctx, v.dl.Round, others)
 	if cert == nil {

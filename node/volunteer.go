@@ -902,7 +902,11 @@ func (v *Volunteer) report(rep RoundReport, ph phase, group int) {
 		TrainLoss: measured(rep.Loss), ValLoss: measured(rep.ValLoss), Tokens: tokens, TokensPerSec: tps,
 		BytesSent: uint64(max(sent, 0)), BytesRecv: uint64(max(recv, 0)), ComputeSeconds: ph.computeSec, WallSeconds: wall,
 		Members: rep.Members, Device: v.device, Version: v.cfg.Version, UnixMS: time.Now().UnixMilli()}
-	v.reporter.send(v.lastSent)
+	if v.cfg.Hostile == HostileTelemetry {
+		v.reporter.send(lyingReport(v.lastSent))
+	} else {
+		v.reporter.send(v.lastSent)
+	}
 	if v.cfg.OnRound != nil {
 		v.cfg.OnRound(rep)
 	}
@@ -953,4 +957,19 @@ func say(w io.Writer, format string, args ...any) {
 	if w != nil {
 		fmt.Fprintf(w, format+"\n", args...)
 	}
+}
+
+// lyingReport is HostileTelemetry's report for a round: in turn a
+// validation loss of 200002, 1e13 tokens, and the round 1000 rounds ahead
+// (the status page attack of issue [1/4]).
+func lyingReport(r telemetry.Report) telemetry.Report {
+	switch r.Round % 3 {
+	case 0:
+		r.ValLoss, r.TrainLoss = 200002, 200002
+	case 1:
+		r.Tokens = 1e13
+	default:
+		r.Round += 1000
+	}
+	return r
 }

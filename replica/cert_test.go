@@ -19,7 +19,7 @@ func newKeys(n int) (keys, []transport.PeerID) {
 	k := keys{}
 	var ids []transport.PeerID
 	for i := range n {
-		id := transport.PeerID(fmt.Sprintf("member-%02d", i))
+		id := transport.PeerID(fmt.Sprintf("12D3KooW%044d", i)) // as long as a libp2p ed25519 peer ID
 		seed := make([]byte, ed25519.SeedSize)
 		binary.LittleEndian.PutUint64(seed, uint64(i)+1)
 		k[id] = ed25519.NewKeyFromSeed(seed)

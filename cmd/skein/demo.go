@@ -55,7 +55,7 @@ func demoCommand() *cli.Command {
 			&cli.BoolFlag{Name: "chaos", Usage: "chaos soak: kill -9 and restart a third of the volunteers every --chaos-every, pause one (SIGSTOP) between waves, then check the run's invariants (exit status 1 if one broke)"},
 			&cli.DurationFlag{Name: "chaos-every", Value: time.Minute, Usage: "period of the chaos soak's kill waves"},
 			&cli.DurationFlag{Name: "chaos-pause", Value: 20 * time.Second, Usage: "how long the chaos soak pauses a straggler"},
-			&cli.StringFlag{Name: "hostile", Usage: "add a hostile volunteer: scale (x1000 contributions), signflip, nan (values past every bound) or forge (tampered aggregates)"},
+			&cli.StringFlag{Name: "hostile", Usage: "add a hostile volunteer: scale (x1000 contributions), signflip, nan (values past every bound), forge (tampered aggregates), lonejump (announces the next round with weights of its own, certified by itself) or telemetry (lies to the status page)"},
 			&cli.IntFlag{Name: "stages", Usage: "split the model into this many pipeline stages (SkipPipe, with CheckFree); 0: data-parallel volunteers"},
 			&cli.IntFlag{Name: "replicas", Value: 2, Usage: "with --stages: nodes per stage (they average with DiLoCo every --inner-steps)"},
 			&cli.Float64Flag{Name: "skip-ratio", Value: 1.0 / 3, Usage: "with --stages: k, the share of the S stages each microbatch skips (it visits S(1-k), stage 0 always; rounded to whole stages)"},
@@ -86,7 +86,7 @@ func demoCommand() *cli.Command {
 			cfg.ChaosSeed = uint64(time.Now().UnixNano())
 			if h := c.String("hostile"); h != "" {
 				if node.HostileMode(h) == "" {
-					return fmt.Errorf("--hostile %q: want scale, signflip, nan or forge", h)
+					return fmt.Errorf("--hostile %q: want scale, signflip, nan, forge, lonejump or telemetry", h)
 				}
 				cfg.Hostile = h
 			}
