@@ -154,6 +154,9 @@ type server struct {
 	status *status.Server
 	limits reportLimits
 	plan   *stagePlanner // a staged run's placement; nil otherwise
+	// anchors countersigns a whole-model DiLoCo run's round certificates;
+	// nil otherwise (NoLoCo and staged members hold no common state).
+	anchors *anchors
 }
 
 // Run serves the run until ctx ends, then leaves the membership gracefully.
@@ -190,7 +193,12 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := atomicfile.WriteFile(filepath.Join(cfg.DataDir, "run.toml"), s.run.Canonical(), 0o644); err != nil {
 		return err
 	}
-	if s.store, err = status.Open(filepath.Join(cfg.DataDir, "history.db"), storeConfig(s.run)); err != nil {
+	storeCfg := storeConfig(s.run)
+	if s.run.Optimizer.Kind == manifest.KindDiLoCo && !s.run.Pipeline.Staged() {
+		s.anchors = newAnchors(s.run.RunID, s.log)
+		storeCfg.Certified = s.anchors.certified
+	}
+	if s.store, err = status.Open(filepath.Join(cfg.DataDir, "history.db"), storeCfg); err != nil {
 		return err
 	}
 	defer s.store.Close()
@@ -249,6 +257,13 @@ func Run(ctx context.Context, cfg Config) error {
 	// handler counts refusals on it.
 	if err := s.serve(); err != nil {
 		return err
+	}
+	if s.anchors != nil {
+		actx, stop := context.WithCancel(ctx)
+		defer stop()
+		if err := s.anchors.start(actx, s.seed.Node); err != nil {
+			return err
+		}
 	}
 	if s.plan != nil {
 		if err := s.plan.serve(); err != nil {

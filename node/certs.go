@@ -43,7 +43,7 @@ type certs struct {
 // Bounds of the certificate protocols: the largest certificate, and how
 // many one answer carries.
 const (
-	maxCertBytes = 4 + 1 + 2 + 256 + 8 + 8 + 2 + replica.MaxGroup*(1+replica.MaxIDLen+1+64)
+	maxCertBytes = replica.MaxCertBytes
 	certsServed  = 16
 	certTimeout  = 10 * time.Second
 )
@@ -247,22 +247,39 @@ func loadCert(path string, pn *p2p.Node) (*replica.Certificate, error) {
 
 // certifiedAhead returns the latest certified state past round that this
 // member's trusted chain leads to: it asks the members announcing a later
-// round than it trusts (latest first, at most three, until one answers
-// with a chain that verifies and extends its own) for their certificates,
-// page after page. A member whose anchor has no group (a newcomer) asks for
-// the latest certificate only. A chain that does not verify is refused and
+// round than it trusts (members of its trusted group first, then the
+// latest; at most three, until one answers with a chain that verifies and
+// extends its own) for their certificates, page after page. A member
+// whose anchor has no group (a newcomer) checks the chain from the
+// certificate the bootstrap it dialled countersigned (bootAnchor), or,
+// while no bootstrap answers with one, takes the latest certificate only
+// (Anchorless: vouchedByLive). A chain that does not verify is refused and
 // its server named. nil when nothing certified lies past round.
 func (c *certs) certifiedAhead(ctx context.Context, round uint64, others []announcement) *replica.Certificate {
 	t := c.book.Trusted()
 	ahead := slices.DeleteFunc(slices.Clone(others), func(a announcement) bool { return a.round <= max(round, t.Round) || a.hash == 0 })
-	slices.SortFunc(ahead, func(a, b announcement) int {
-		if a.round != b.round {
-			return cmp.Compare(b.round, a.round)
+	var boot *replica.Certificate
+	if len(t.Group) == 0 && len(ahead) > 0 {
+		boot = c.bootAnchor(ctx)
+	}
+	// Only a majority of the trusted group (boot's, for a newcomer) can
+	// extend the chain: its members are asked first, so that sybils
+	// announcing far rounds do not take every turn.
+	group := t.Group
+	if boot != nil {
+		group = boot.Group
+	}
+	rank := func(a announcement) int {
+		if _, ok := slices.BinarySearch(group, a.id); ok {
+			return 0
 		}
-		return cmp.Compare(a.id, b.id)
+		return 1
+	}
+	slices.SortFunc(ahead, func(a, b announcement) int {
+		return cmp.Or(cmp.Compare(rank(a), rank(b)), cmp.Compare(b.round, a.round), cmp.Compare(a.id, b.id))
 	})
 	for _, a := range ahead[:min(3, len(ahead))] {
-		if c.follow(ctx, a) {
+		if c.follow(ctx, a, boot) {
 			break
 		}
 	}
@@ -272,14 +289,17 @@ func (c *certs) certifiedAhead(ctx context.Context, round uint64, others []annou
 	return nil
 }
 
-// follow takes a's chain, page by page (a few at most), and says whether
-// it led anywhere.
-func (c *certs) follow(ctx context.Context, a announcement) bool {
+// follow takes a's chain, page by page (a few at most), from boot when
+// this member's anchor has no group and the bootstrap countersigned one,
+// and says whether it led anywhere.
+func (c *certs) follow(ctx context.Context, a announcement, boot *replica.Certificate) bool {
 	moved := false
 	for range 8 {
 		t := c.book.Trusted()
 		from := t.Round
-		if len(t.Group) == 0 && a.round > 0 {
+		if len(t.Group) == 0 && boot != nil {
+			from = boot.Round
+		} else if len(t.Group) == 0 && a.round > 0 {
 			from = max(from, a.round-1)
 		}
 		chain, err := c.fetch(ctx, a.id, from)
@@ -287,7 +307,7 @@ func (c *certs) follow(ctx context.Context, a announcement) bool {
 			c.log.Debug("no certificates from a member ahead", "peer", a.id, "err", err)
 			return moved
 		}
-		last, err := c.book.Adopt(chain)
+		last, err := c.book.AdoptFrom(boot, chain)
 		if err != nil {
 			c.log.Warn("offender: a member's certificates do not extend the trusted chain", "peer", a.id, "round", a.round, "err", err)
 			return moved
@@ -328,14 +348,45 @@ func holders(cert *replica.Certificate, others []announcement) []transport.PeerI
 // the live honest volunteers in this member's view (where p2p counts only
 // members proved live, within the admission caps).
 func vouchedByLive(others []announcement, cert *replica.Certificate) error {
-	n := 0
-	for _, a := range others {
-		if _, ok := slices.BinarySearch(cert.Group, a.id); ok && cert.Sigs[slices.Index(cert.Group, a.id)] != nil {
-			n++
+	live := make([]transport.PeerID, len(others))
+	for i, a := range others {
+		live[i] = a.id
+	}
+	return replica.VouchedBy(live, cert)
+}
+
+// bootAnchor is the certificate the bootstrap this member dialled last
+// countersigned (p2p.ProtoAnchor), checked against the bootstrap's peer
+// ID; nil when no bootstrap answers with one.
+func (c *certs) bootAnchor(ctx context.Context) *replica.Certificate {
+	for _, id := range c.pn.Seeds() {
+		a, err := fetchAnchor(ctx, c.pn, id)
+		if err == nil && a != nil {
+			if err = a.Verify(c.pn.RunID(), c.pn.Signer(), transport.PeerID(id.String())); err == nil {
+				return a.Cert
+			}
+		}
+		if err != nil {
+			c.log.Warn("no countersigned round certificate from the bootstrap; a majority of the volunteers seen decides", "bootstrap", id, "err", err)
 		}
 	}
-	if 2*n <= len(others) {
-		return fmt.Errorf("%w: %d of the %d volunteers this member sees signed round %d", replica.ErrMinority, n, len(others), cert.Round)
-	}
 	return nil
+}
+
+// fetchAnchor asks the bootstrap id for its anchor; nil while it has none.
+func fetchAnchor(ctx context.Context, pn *p2p.Node, id peer.ID) (*replica.Anchor, error) {
+	ctx, cancel := context.WithTimeout(ctx, certTimeout)
+	defer cancel()
+	s, err := pn.Open(ctx, id, p2p.ProtoAnchor, p2p.MessageFrameConfig(replica.MaxAnchorBytes))
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	_, b, err := s.ReadFrame()
+	if err != nil || len(b) == 0 {
+		s.Reset()
+		return nil, err
+	}
+	a := new(replica.Anchor)
+	return a, a.UnmarshalBinary(b)
 }

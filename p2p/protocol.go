@@ -67,6 +67,10 @@ var (
 	// the asker sends the round it trusts (8 bytes), the answer is one
 	// frame per certificate after it, oldest first.
 	ProtoCerts = Protocol{"certs", 1}
+	// ProtoAnchor serves the round certificate the bootstrap last
+	// countersigned (a replica.Anchor, one frame; empty while it has none):
+	// a newcomer checks the announcers' chain from it.
+	ProtoAnchor = Protocol{"anchor", 1}
 )
 
 // ProtoStageReduce carries the DiLoCo collective of stage s's replicas in a

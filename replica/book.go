@@ -185,12 +185,40 @@ func (b *Book) formLocked(c *Certificate) *Certificate {
 func (b *Book) Adopt(chain []*Certificate) (*Certificate, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	last := b.trusted[len(b.trusted)-1]
-	i := 0
-	for i < len(chain) && chain[i].Round <= last.Round {
-		i++
+	return b.adoptLocked(chain)
+}
+
+// AdoptFrom is Adopt for a book whose trusted certificate has no group,
+// through anchor, a certificate vouched for outside the chain (the
+// bootstrap's, Anchor.Verify): chain (oldest first; certificates at or
+// before anchor's round are skipped) must verify and extend anchor,
+// instead of its last certificate passing Anchorless; anchor and chain are
+// trusted then, past the trusted round. With a nil anchor, or a trusted
+// certificate that has a group, it is Adopt.
+func (b *Book) AdoptFrom(anchor *Certificate, chain []*Certificate) (*Certificate, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if anchor == nil || len(b.trusted[len(b.trusted)-1].Group) != 0 {
+		return b.adoptLocked(chain)
 	}
-	chain = chain[i:]
+	if err := anchor.Verify(b.run, b.signer); err != nil {
+		return nil, err
+	}
+	chain = after(chain, anchor.Round)
+	if _, err := VerifyChain(b.run, b.signer, anchor, chain); err != nil {
+		return nil, err
+	}
+	for _, c := range append([]*Certificate{anchor}, chain...) {
+		if c.Round > b.trusted[len(b.trusted)-1].Round {
+			b.trustLocked(c)
+		}
+	}
+	return b.trusted[len(b.trusted)-1], nil
+}
+
+func (b *Book) adoptLocked(chain []*Certificate) (*Certificate, error) {
+	last := b.trusted[len(b.trusted)-1]
+	chain = after(chain, last.Round)
 	if len(chain) == 0 {
 		return last, nil
 	}
@@ -245,6 +273,15 @@ func (b *Book) trustLocked(c *Certificate) {
 			delete(b.mine, r)
 		}
 	}
+}
+
+// after skips the certificates of chain at or before round.
+func after(chain []*Certificate, round uint64) []*Certificate {
+	i := 0
+	for i < len(chain) && chain[i].Round <= round {
+		i++
+	}
+	return chain[i:]
 }
 
 func sortedGroup(g []transport.PeerID) []transport.PeerID {

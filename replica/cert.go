@@ -87,8 +87,14 @@ func GroupDigest(group []transport.PeerID) [32]byte {
 
 // VoteBytes is what a member of round's group signs for the state hash.
 func VoteBytes(run string, round, hash uint64, group []transport.PeerID) []byte {
-	b := make([]byte, 0, len(voteContext)+2+len(run)+8+8+32)
-	b = append(b, voteContext...)
+	return signedBytes(voteContext, run, round, hash, group)
+}
+
+// signedBytes is what is signed for (run, round, hash, group) in context
+// (a vote, or the bootstrap's countersignature).
+func signedBytes(context, run string, round, hash uint64, group []transport.PeerID) []byte {
+	b := make([]byte, 0, len(context)+2+len(run)+8+8+32)
+	b = append(b, context...)
 	b = binary.LittleEndian.AppendUint16(b, uint16(len(run)))
 	b = append(b, run...)
 	b = binary.LittleEndian.AppendUint64(b, round)

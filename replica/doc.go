@@ -9,10 +9,11 @@
 // It is pure: no I/O, no clock, no goroutines. Members' signatures come
 // through transport.Signer; node carries votes and chains over the network
 // (p2p.ProtoVote, p2p.ProtoCerts) and downloads the certified state. It
-// must not import node, p2p or optimizer.
+// must not import node, p2p or optimizer. The bootstrap follows the chain
+// too and countersigns its latest certificate (Anchor, p2p.ProtoAnchor),
+// from which a newcomer, which has no earlier group, checks the chain.
 //
 // Not yet here (issue [1/4]): the outer round itself (catch up, inner
 // phase, contribute, apply, publish, checkpoint), which node, the staged
-// volunteer and experiment each still write; the bootstrap's periodic
-// countersignature that gives a newcomer a recent anchor; void rounds.
+// volunteer and experiment each still write; void rounds.
 package replica

@@ -62,9 +62,10 @@
 // A round's loss is the median over its reporters whose state is the
 // round's certified state, and its tokens their sum; the run's tokens are
 // the sum over rounds. The certified state is the round certificate's
-// (StoreConfig.Certified) or, until rounds carry certificates, the hash a
-// strict majority of the round's reporters announced, that majority also
-// more than half of the current reporters (so a lone reporter certifies
+// (StoreConfig.Certified: the bootstrap's, in a whole-model DiLoCo run) or,
+// for a round without one, the hash a strict majority of the round's
+// reporters announced, that majority also more than half of the current
+// reporters (so a lone reporter certifies
 // nothing in a run of several; hash 0, NoLoCo's and a staged run's, counts
 // as a hash). The curve shows certified rounds only. A report more than
 // MaxRoundLead rounds past the highest certified round (past the current

@@ -1,6 +1,7 @@
 package status
 
 import (
+	"cmp"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -50,9 +51,10 @@ type StoreConfig struct {
 	Fresh             time.Duration // a peer's latest report is current for max(Fresh, 2 x its round's wall time)
 	NoSync            bool          // skip fsync (tests); a crash may lose the last writes
 	// Certified, if set, returns the state hash that round's certificate
-	// carries (ok false while it has none). It is called under the store's
-	// lock when a report for the round arrives, so it must be fast and must
-	// not call the store. Nil: the stand-in rule of Store.certify.
+	// carries (ok false while it has none: then the stand-in rule of
+	// Store.certify judges). It is called under the store's lock when a
+	// report for the round arrives, so it must be fast and must not call
+	// the store.
 	Certified func(round uint64) (hash uint64, ok bool)
 }
 
@@ -185,6 +187,7 @@ type peerRecord struct {
 	BytesSent uint64 `json:"sent"`
 	BytesRecv uint64 `json:"recv"`
 	Role      string `json:"role,omitempty"` // from its latest membership event
+	Gone      int64  `json:"gone,omitempty"` // unix ms of its last leave or failure
 	Latest    report `json:"latest"`
 }
 
@@ -798,9 +801,12 @@ func (s *Store) RecordEvent(e Event) error {
 		return ErrClosed
 	}
 	var peer *peerRecord
-	if p := s.peers[e.Peer]; p != nil && rec.Role != "" {
+	if p := s.peers[e.Peer]; p != nil && (rec.Role != "" || e.Kind != Join) {
 		c := *p
-		c.Role = rec.Role
+		c.Role = cmp.Or(rec.Role, c.Role)
+		if e.Kind != Join {
+			c.Gone = rec.At // its last report no longer counts it in the run
+		}
 		peer = &c
 	}
 	err := s.db.Update(func(tx *bolt.Tx) error {
@@ -922,12 +928,14 @@ func (s *Store) fresh(rec *peerRecord, now int64) bool {
 }
 
 // freshRounds returns the latest rounds of the peers (other than except)
-// whose latest report is current at at.
+// whose latest report is current at at and that have not left or failed
+// since it (a volunteer that goes on alone after the others left must
+// still certify its rounds).
 func (s *Store) freshRounds(at time.Time, except string) []uint64 {
 	now := at.UnixMilli()
 	var rounds []uint64
 	for id, rec := range s.peers {
-		if id != except && s.fresh(rec, now) {
+		if id != except && s.fresh(rec, now) && rec.Gone < rec.Latest.At {
 			rounds = append(rounds, rec.Latest.Round)
 		}
 	}
@@ -935,16 +943,19 @@ func (s *Store) freshRounds(at time.Time, except string) []uint64 {
 }
 
 // certify returns the state of rr's round that the run certified: the
-// round certificate's hash (StoreConfig.Certified) or, until rounds carry
-// certificates, the hash that a strict majority of the round's reporters
-// announced, counted against the current reporters when there are more of
-// them (current: the run's size as the store sees it), so that one
+// round certificate's hash (StoreConfig.Certified) or, for a round without
+// one (the bootstrap has not followed it yet, NoLoCo and staged runs), the
+// hash that a strict majority of the round's reporters announced, counted
+// against the current reporters when there are more of them (current: the
+// run's size as the store sees it), so that one
 // reporter alone in a round certifies nothing in a run of several. Hash 0
 // (NoLoCo and staged members hold no common state) is a hash like any
 // other here, so those runs are certified by their majority too.
 func (s *Store) certify(rr *roundRecord, current int) (uint64, bool) {
 	if s.cfg.Certified != nil {
-		return s.cfg.Certified(rr.Round)
+		if h, ok := s.cfg.Certified(rr.Round); ok {
+			return h, true
+		}
 	}
 	n := max(rr.Reporters, current)
 	if 2*rr.votes(0) > n {

@@ -459,8 +459,8 @@ func ptrString(v *float64) string {
 }
 
 // A round's curve point and tokens count the reporters in its certified
-// state: a strict majority of its reporters (and of the current ones), or
-// the certificate's hash when StoreConfig.Certified is set.
+// state: the certificate's hash when StoreConfig.Certified knows one, else
+// a strict majority of its reporters (and of the current ones).
 func TestStoreCertifies(t *testing.T) {
 	const H, G = 0x1111, 0x2222
 	for _, c := range []struct {
@@ -474,7 +474,8 @@ func TestStoreCertifies(t *testing.T) {
 		{"split", []uint64{H, G}, nil, nil},
 		{"noloco: no hashes", []uint64{0, 0, 0, G}, nil, []float64{1, 2, 3}},
 		{"certificate", []uint64{H, G, H}, func(uint64) (uint64, bool) { return G, true }, []float64{2}},
-		{"no certificate yet", []uint64{H, H, H}, func(uint64) (uint64, bool) { return 0, false }, nil},
+		{"no certificate yet: the majority", []uint64{H, G, H}, func(uint64) (uint64, bool) { return 0, false }, []float64{1, 3}},
+		{"no certificate yet, split", []uint64{H, G}, func(uint64) (uint64, bool) { return 0, false }, nil},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := testConfig()
@@ -553,5 +554,30 @@ func TestMedian(t *testing.T) {
 	}
 	if !math.IsNaN(median(nil)) {
 		t.Errorf("median of nothing is not NaN")
+	}
+}
+
+// A volunteer that goes on alone after the others left certifies its
+// rounds: a member that left (or failed) after its last report no longer
+// counts among the current reporters (TestBootstrapAndVolunteersTrainTogether
+// restarts one volunteer alone after the run).
+func TestStoreDepartedDoNotCount(t *testing.T) {
+	s, _ := openStore(t, testConfig())
+	feedRun(t, s, 3, 1, 2)
+	at := t0.Add(30 * time.Second)
+	for i := 1; i < 3; i++ {
+		if err := s.RecordEvent(Event{At: at, Peer: peerID(i), Kind: Leave, Role: "volunteer"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Record(peerID(0), fakeReport(3, 2, 2, 1), at.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	hist, err := s.History(3, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hist) != 1 || !hist[0].Certified {
+		t.Fatalf("the lone survivor's round 3 is not certified: %+v", hist)
 	}
 }

@@ -1,0 +1,216 @@
+package bootstrap
+
+import (
+	"cmp"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/libp2p/go-libp2p/core/peer"
+
+	"github.com/skein-ml/skein/p2p"
+	"github.com/skein-ml/skein/replica"
+	"github.com/skein-ml/skein/transport"
+)
+
+// anchors follows a whole-model DiLoCo run's chain of round certificates
+// and countersigns the latest it trusts (replica.Anchor), served on
+// p2p.ProtoAnchor: a newcomer checks the announcers' chain from it instead
+// of trusting the volunteers it happens to see. The bootstrap does not
+// vote. Its first certificate is one a strict majority of the volunteers
+// it sees live signed (replica.VouchedBy, a newcomer's rule); from there it
+// takes only chains that extend its own (replica.Book.Adopt), asking a few
+// volunteers ahead of it every anchorInterval. Its certificates are also
+// the status page's certified states (status.StoreConfig.Certified).
+type anchors struct {
+	book *replica.Book
+	log  *slog.Logger
+	node *p2p.Node // set by start
+
+	mu  sync.Mutex
+	enc []byte // the latest anchor, encoded; nil while there is none
+}
+
+const (
+	anchorInterval = 10 * time.Second
+	anchorAsked    = 3                // volunteers asked per poll, latest round first
+	certsPage      = 16               // certificates a volunteer serves per answer
+	certTimeout    = 10 * time.Second // one request for a chain
+)
+
+// newAnchors returns the anchors of run, its book at the run's start (a
+// certificate without a group: the bootstrap holds no state).
+func newAnchors(run string, log *slog.Logger) *anchors {
+	a := &anchors{book: replica.NewBook(run, verifier{}, &replica.Certificate{Run: run}), log: log}
+	a.book.Anchorless = func(c *replica.Certificate) error { return replica.VouchedBy(a.volunteers(), c) }
+	return a
+}
+
+// verifier checks members' signatures against their peer IDs; the
+// bootstrap's book never signs.
+type verifier struct{}
+
+func (verifier) Sign([]byte) ([]byte, error) {
+	return nil, errors.New("bootstrap: the book does not sign")
+}
+
+func (verifier) Verify(id transport.PeerID, msg, sig []byte) bool {
+	return p2p.VerifyPeer(string(id), msg, sig)
+}
+
+// start serves the latest anchor on node and polls the volunteers until
+// ctx ends.
+func (a *anchors) start(ctx context.Context, node *p2p.Node) error {
+	a.node = node
+	if err := node.Handle(p2p.ProtoAnchor, p2p.MessageFrameConfig(replica.MaxAnchorBytes), func(_ context.Context, st *p2p.Stream) error {
+		a.mu.Lock()
+		enc := a.enc
+		a.mu.Unlock()
+		return st.WriteFrame(1, enc)
+	}); err != nil {
+		return err
+	}
+	go func() {
+		t := time.NewTicker(anchorInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				a.poll(ctx)
+			}
+		}
+	}()
+	return nil
+}
+
+// certified is the state hash of round's certificate, if the bootstrap
+// trusts one (status.StoreConfig.Certified).
+func (a *anchors) certified(round uint64) (uint64, bool) {
+	c, ok := a.book.At(round)
+	if !ok || len(c.Group) == 0 {
+		return 0, false
+	}
+	return c.Hash, true
+}
+
+// volunteers are the volunteers this bootstrap sees live.
+func (a *anchors) volunteers() []transport.PeerID {
+	var out []transport.PeerID
+	for _, m := range a.node.Members() {
+		if m.Meta.Role == p2p.RoleVolunteer {
+			out = append(out, transport.PeerID(m.ID.String()))
+		}
+	}
+	return out
+}
+
+// poll asks up to anchorAsked volunteers announcing a later round than the
+// bootstrap trusts (members of its group first, then the latest) for their
+// chain after it, until one
+// extends it, and countersigns the certificate it leads to. A chain that
+// does not verify or extend the bootstrap's is refused and its server
+// named. From the start (no group yet) only the latest certificate is
+// asked for.
+func (a *anchors) poll(ctx context.Context) {
+	t := a.book.Trusted()
+	var ahead []p2p.Member
+	for _, m := range a.node.Members() {
+		if m.Meta.Role == p2p.RoleVolunteer && m.Meta.Round > t.Round && m.Meta.StateHash != 0 {
+			ahead = append(ahead, m)
+		}
+	}
+	// Only a majority of t's group can extend it: its members are asked
+	// first, so that sybils announcing far rounds do not take every turn.
+	rank := func(m p2p.Member) int {
+		if _, ok := slices.BinarySearch(t.Group, transport.PeerID(m.ID.String())); ok {
+			return 0
+		}
+		return 1
+	}
+	slices.SortFunc(ahead, func(x, y p2p.Member) int {
+		return cmp.Or(cmp.Compare(rank(x), rank(y)), cmp.Compare(y.Meta.Round, x.Meta.Round), cmp.Compare(x.ID, y.ID))
+	})
+	for _, m := range ahead[:min(anchorAsked, len(ahead))] {
+		from := t.Round
+		if len(t.Group) == 0 {
+			from = max(from, m.Meta.Round-1)
+		}
+		chain, err := a.fetch(ctx, m.ID, from)
+		if err != nil {
+			a.log.Debug("no certificates from a volunteer ahead", "peer", m.ID, "err", err)
+			continue
+		}
+		last, err := a.book.Adopt(chain)
+		if err != nil {
+			a.log.Warn("offender: a volunteer's certificates do not extend the bootstrap's chain", "peer", m.ID, "round", m.Meta.Round, "err", err)
+			continue
+		}
+		if last.Round > t.Round {
+			a.countersign(last)
+			return
+		}
+	}
+}
+
+// countersign signs c, trusted, and serves it from now on.
+func (a *anchors) countersign(c *replica.Certificate) {
+	an, err := replica.Countersign(c, a.node.Sign)
+	var b []byte
+	if err == nil {
+		b, err = an.MarshalBinary()
+	}
+	if err != nil {
+		a.log.Warn("could not countersign the round certificate", "round", c.Round, "err", err)
+		return
+	}
+	a.mu.Lock()
+	a.enc = b
+	a.mu.Unlock()
+	a.log.Info("countersigned the round certificate", "round", c.Round, "state", fmt.Sprintf("%016x", c.Hash), "signers", len(c.Signers()))
+}
+
+// fetch asks id for its trusted certificates after round from
+// (p2p.ProtoCerts).
+func (a *anchors) fetch(ctx context.Context, id peer.ID, from uint64) ([]*replica.Certificate, error) {
+	ctx, cancel := context.WithTimeout(ctx, certTimeout)
+	defer cancel()
+	s, err := a.node.Open(ctx, id, p2p.ProtoCerts, p2p.MessageFrameConfig(replica.MaxCertBytes))
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	if err := s.WriteFrame(1, binary.LittleEndian.AppendUint64(nil, from)); err != nil {
+		s.Reset()
+		return nil, err
+	}
+	if err := s.CloseWrite(); err != nil {
+		s.Reset()
+		return nil, err
+	}
+	var chain []*replica.Certificate
+	for len(chain) < certsPage {
+		_, b, err := s.ReadFrame()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			s.Reset()
+			return nil, err
+		}
+		c := new(replica.Certificate)
+		if err := c.UnmarshalBinary(b); err != nil {
+			s.Reset()
+			return nil, err
+		}
+		chain = append(chain, c)
+	}
+	return chain, nil
+}
