@@ -24,6 +24,7 @@ import (
 // p2p.ProtoReduce, the shared state (resumed from the local checkpoint if
 // there is one) and what it serves to joiners.
 func (v *Volunteer) initDiLoCo() (err error) {
+	v.outer = dilocoLoop{v} // set first: its close cleans up whatever started
 	m := v.run
 	maxMsg := uint32(min(stateSize(v.n)+1<<20, 1<<30))
 	if v.peers, err = p2p.NewPeers(v.pn, p2p.ProtoReduce, maxMsg, 60*time.Second); err != nil {
@@ -66,7 +67,10 @@ func (v *Volunteer) initDiLoCo() (err error) {
 	if v.dl, err = optimizer.NewDiLoCo(d, v.coll, v.theta); err != nil {
 		return err
 	}
-	v.resume()
+	if v.resumeLocal(v.dl) {
+		v.setWeights()
+		say(v.cfg.Progress, "resumed local checkpoint at round %d", v.dl.Round)
+	}
 	v.serve(v.dl.State())
 	// The chain of round certificates starts at the state resumed (or the
 	// run's start state), trusted because this member holds it.
@@ -94,7 +98,8 @@ const HostileLoneJump = "lonejump"
 const HostileTelemetry = "telemetry"
 
 // HostileMode maps a chaos test's name for a hostile behaviour (scale,
-// signflip, nan, forge, lonejump, telemetry) to VolunteerConfig.Hostile;
+// signflip, nan, forge, collude, lonejump, telemetry) to
+// VolunteerConfig.Hostile;
 // "" if unknown.
 func HostileMode(name string) string {
 	switch name {
@@ -108,6 +113,8 @@ func HostileMode(name string) string {
 		return optimizer.HostilePoison
 	case "forge":
 		return optimizer.HostileForge
+	case "collude":
+		return optimizer.HostileCollude
 	}
 	return ""
 }
@@ -115,37 +122,61 @@ func HostileMode(name string) string {
 // butterflyTick is the collective's clock.
 const butterflyTick = 50 * time.Millisecond
 
-// runDiLoCo catches up with the run, then trains round after round: an
-// inner phase followed by a contribution to the collective.
-func (v *Volunteer) runDiLoCo(ctx context.Context) error {
+// dilocoLoop is the DiLoCo side of a volunteer as its outerLoop: the
+// butterfly collective, the shared state and its round certificates.
+type dilocoLoop struct{ v *Volunteer }
+
+func (d dilocoLoop) round() uint64 {
+	if d.v.dl == nil {
+		return 0
+	}
+	return d.v.dl.Round
+}
+
+// start catches up with the run's certified state and announces the state
+// this member trains from.
+func (d dilocoLoop) start(ctx context.Context) {
+	v := d.v
 	if err := v.catchUp(ctx); err != nil {
 		v.log.Warn("could not fetch the run's state; starting from the local one", "err", err)
 	} else {
 		v.setWeights()
 	}
 	v.announce(ctx)
-	v.lastReported = v.dl.Round
-	// --rounds counts rounds the run completes while this volunteer is in
-	// it (a round adopted from the others counts; a failed one does not).
-	stopAt := v.dl.Round + uint64(v.cfg.Rounds)
-	for v.cfg.Rounds == 0 || v.dl.Round < stopAt {
-		ph, err := v.trainPhase(ctx)
-		if isNonFinite(err) {
-			v.rollback(ctx, err) // back to phi; the others finish the round without us
-			continue
-		}
-		if err != nil || ctx.Err() != nil {
-			return err
-		}
-		contribute := v.contribute
-		if v.run.Optimizer.Delayed {
-			contribute = v.contributeDelayed
-		}
-		if err := contribute(ctx, ph); err != nil || ctx.Err() != nil {
-			return err
-		}
+}
+
+func (d dilocoLoop) contribute(ctx context.Context, ph phase) error {
+	if d.v.run.Optimizer.Delayed {
+		return d.v.contributeDelayed(ctx, ph)
 	}
-	return nil
+	return d.v.contribute(ctx, ph)
+}
+
+func (d dilocoLoop) rollback(ctx context.Context) error { return d.v.rollbackDiLoCo(ctx) }
+
+func (d dilocoLoop) save() bool {
+	v := d.v
+	if v.ckPath == "" || v.su == nil || v.dl == nil {
+		return false
+	}
+	if err := saveState(v.ckPath, v.su.Stage, v.innerStep, v.dl); err != nil {
+		v.log.Error("saving checkpoint", "err", err)
+		return false
+	}
+	return true
+}
+
+func (d dilocoLoop) close() {
+	v := d.v
+	if v.cancelRing != nil {
+		v.cancelRing() // its sends end now, not at their timeouts
+	}
+	if v.coll != nil {
+		v.coll.Close()
+	}
+	if v.certs != nil {
+		v.certs.close()
+	}
 }
 
 // contributeDelayed is contribute for the one-step-delayed outer step
@@ -199,15 +230,6 @@ func (v *Volunteer) contributeDelayed(ctx context.Context, ph phase) error {
 		Stats: st, StateHash: v.stateHash}
 	v.report(rep, ph, len(st.Group))
 	return nil
-}
-
-// resume loads the local checkpoint (weights, AdamW moments, the round and
-// phi/momentum), if any; the weights restart from phi.
-func (v *Volunteer) resume() {
-	if v.resumeLocal(v.dl) {
-		v.setWeights()
-		say(v.cfg.Progress, "resumed local checkpoint at round %d", v.dl.Round)
-	}
 }
 
 // contribute offers the round's pseudo-gradient to the collective and installs

@@ -32,8 +32,9 @@ import (
 // the coordinate-wise median of several members' states (step, phi,
 // momentum; the bulk key and format of DiLoCo's shared state).
 
-// nolocoState is the NoLoCo side of a volunteer.
+// nolocoState is the NoLoCo side of a volunteer: its outerLoop.
 type nolocoState struct {
+	v   *Volunteer
 	opt *optimizer.NoLoCo
 }
 
@@ -56,8 +57,12 @@ func (v *Volunteer) initNoLoCo() (err error) {
 	if err != nil {
 		return err
 	}
-	v.nl = &nolocoState{opt: opt}
-	v.resumeNoLoCo()
+	s := &nolocoState{v: v, opt: opt}
+	v.outer = s
+	if v.resumeLocal(opt) {
+		s.setWeights()
+		say(v.cfg.Progress, "resumed local checkpoint at round %d", opt.Step)
+	}
 	v.serve(opt.State())
 	return nil
 }
@@ -80,99 +85,85 @@ func nolocoConfig(m manifest.Manifest, ring CollectiveConfig) optimizer.NoLoCoCo
 	return c
 }
 
-// resumeNoLoCo loads the local checkpoint (weights, AdamW moments, the step,
-// phi and momentum), if any; the weights restart from phi.
-func (v *Volunteer) resumeNoLoCo() {
-	if v.resumeLocal(v.nl.opt) {
-		v.nl.setWeights(v)
-		say(v.cfg.Progress, "resumed local checkpoint at round %d", v.nl.opt.Step)
-	}
-}
-
-// runNoLoCo catches up with the run, then trains step after step: an inner
-// phase followed by the exchange with this step's group.
-func (v *Volunteer) runNoLoCo(ctx context.Context) error {
-	s := v.nl
-	o := s.opt
-	switch ok, err := s.catchUp(ctx, v, 0); {
+// start catches up with the run (the median of members' states, when a
+// majority is ahead) and installs the state to train from.
+func (s *nolocoState) start(ctx context.Context) {
+	v, o := s.v, s.opt
+	switch ok, err := s.catchUp(ctx, 0); {
 	case err != nil:
 		v.log.Warn("could not fetch a member's state; starting from the local one", "err", err)
 		say(v.cfg.Progress, "could not take a member's state (%v); starting from this volunteer's own, round %d", err, o.Step)
 	case ok:
 		say(v.cfg.Progress, "caught up with the run: took the median of members' states at round %d", o.Step)
 	}
-	s.install(ctx, v)
-	v.lastReported = o.Step
-	// --rounds counts the outer steps the run takes while this volunteer
-	// is in it (a jump to a member's later step counts).
-	stopAt := o.Step + uint64(v.cfg.Rounds)
-	for v.cfg.Rounds == 0 || o.Step < stopAt {
-		ph, err := v.trainPhase(ctx)
-		if isNonFinite(err) {
-			v.rollback(ctx, err) // back to phi, at the next step
-			continue
-		}
-		if err != nil || ctx.Err() != nil {
+	s.install(ctx)
+}
+
+// contribute exchanges the phase's outer gradient and phi with this step's
+// group and takes the outer step; or, when this member fell behind, takes
+// the run's state instead.
+func (s *nolocoState) contribute(ctx context.Context, ph phase) error {
+	v, o := s.v, s.opt
+	// Fell behind (slow, or paused): the others run a step at least two
+	// ahead, so this member's partners have moved on. Take the run's state
+	// instead of offering a stale outer gradient.
+	before := o.Step
+	switch ok, err := s.catchUp(ctx, 1); {
+	case err != nil:
+		v.log.Warn("behind the run, but could not fetch a member's state", "round", before, "err", err)
+	case ok:
+		say(v.cfg.Progress, "behind the run: jumped from round %d to %d", before, o.Step)
+		s.adopted(ctx, ph)
+		return nil
+	}
+	v.su.Dev.CopyOut(v.theta, v.su.Stage.Params)
+	st, err := o.OuterStep(ctx, v.theta)
+	if ctx.Err() != nil {
+		return nil
+	}
+	if err != nil {
+		// Not a missing partner (OuterStep goes on with whoever arrived)
+		// but a local failure, such as a diverged inner phase: drop the
+		// phase and keep the run's clock.
+		v.log.Warn("outer step failed; going on from phi", "round", before, "err", err)
+		say(v.cfg.Progress, "round %d: outer step failed (%v); going on from the last slow weights", before+1, err)
+		if err := o.SetState(before+1, o.Phi, o.Delta); err != nil {
 			return err
 		}
-		// Fell behind (slow, or paused): the others run a step at least
-		// two ahead, so this member's partners have moved on. Take the
-		// run's state instead of offering a stale outer gradient.
-		before := o.Step
-		switch ok, err := s.catchUp(ctx, v, 1); {
-		case err != nil:
-			v.log.Warn("behind the run, but could not fetch a member's state", "round", before, "err", err)
-		case ok:
-			say(v.cfg.Progress, "behind the run: jumped from round %d to %d", before, o.Step)
-			s.adopted(ctx, v, ph)
-			continue
-		}
-		v.su.Dev.CopyOut(v.theta, v.su.Stage.Params)
-		st, err := o.OuterStep(ctx, v.theta)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if err != nil {
-			// Not a missing partner (OuterStep goes on with whoever
-			// arrived) but a local failure, such as a diverged inner
-			// phase: drop the phase and keep the run's clock.
-			v.log.Warn("outer step failed; going on from phi", "round", before, "err", err)
-			say(v.cfg.Progress, "round %d: outer step failed (%v); going on from the last slow weights", before+1, err)
-			if err := o.SetState(before+1, o.Phi, o.Delta); err != nil {
-				return err
-			}
-			s.install(ctx, v)
-			continue
-		}
-		s.install(ctx, v)
-		v.lastReported = o.Step
-		averaged := append([]transport.PeerID{v.peers.Self()}, st.Heard...)
-		rep := RoundReport{Round: o.Step, Loss: ph.meanLoss(), Members: len(v.peers.Members()),
-			Stats: optimizer.RoundStats{Round: o.Step, Group: averaged, Attempts: 1,
-				BytesSent: st.BytesSent, BytesRecv: st.BytesRecv, Duration: st.Duration}}
-		v.report(rep, ph, len(averaged))
+		s.install(ctx)
+		return nil
 	}
+	s.install(ctx)
+	v.lastReported = o.Step
+	averaged := append([]transport.PeerID{v.peers.Self()}, st.Heard...)
+	rep := RoundReport{Round: o.Step, Loss: ph.meanLoss(), Members: len(v.peers.Members()),
+		Stats: optimizer.RoundStats{Round: o.Step, Group: averaged, Attempts: 1,
+			BytesSent: st.BytesSent, BytesRecv: st.BytesRecv, Duration: st.Duration}}
+	v.report(rep, ph, len(averaged))
 	return nil
 }
 
 // setWeights makes phi the stage's weights.
-func (s *nolocoState) setWeights(v *Volunteer) {
+func (s *nolocoState) setWeights() {
+	v := s.v
 	copy(v.theta, s.opt.Phi)
 	v.su.Dev.CopyIn(v.su.Stage.Params, v.theta)
 }
 
 // install makes phi the stage's weights and the state what this member
 // serves to joiners, and announces the step.
-func (s *nolocoState) install(ctx context.Context, v *Volunteer) {
-	s.setWeights(v)
+func (s *nolocoState) install(ctx context.Context) {
+	v := s.v
+	s.setWeights()
 	v.serve(s.opt.State())
 	v.gossipRound(ctx, s.opt.Step, 0)
 }
 
 // adopted installs a member's state just taken and reports it; the inner
 // steps since the last outer step are dropped.
-func (s *nolocoState) adopted(ctx context.Context, v *Volunteer, ph phase) {
-	s.install(ctx, v)
+func (s *nolocoState) adopted(ctx context.Context, ph phase) {
+	v := s.v
+	s.install(ctx)
 	if s.opt.Step == v.lastReported {
 		return
 	}
@@ -182,7 +173,8 @@ func (s *nolocoState) adopted(ctx context.Context, v *Volunteer, ph phase) {
 
 // catchUp catches up with the run (nolocoCatchUp) when it is more than
 // slack steps ahead of this member, and reports whether it did.
-func (s *nolocoState) catchUp(ctx context.Context, v *Volunteer, slack uint64) (bool, error) {
+func (s *nolocoState) catchUp(ctx context.Context, slack uint64) (bool, error) {
+	v := s.v
 	return nolocoCatchUp(ctx, v.pn, v.log, s.opt, s.opt.Step, slack, v.n, v.cfg.Progress)
 }
 
@@ -279,7 +271,8 @@ func nolocoCatchUp(ctx context.Context, pn *p2p.Node, log *slog.Logger, st outer
 	return true, nil
 }
 
-func (s *nolocoState) save(v *Volunteer) bool {
+func (s *nolocoState) save() bool {
+	v := s.v
 	if v.ckPath == "" || v.su == nil || s.opt == nil {
 		return false
 	}

@@ -381,6 +381,7 @@ func TestRollbackRetakesPoisonedPhi(t *testing.T) {
 	var out bytes.Buffer
 	v := &Volunteer{cfg: VolunteerConfig{Progress: &out}, log: testLogger("v"), pn: me, dl: mine, n: n,
 		theta: make([]float32, n), su: &trainer.Setup{Stage: st, Dev: st.Device()}}
+	v.outer = dilocoLoop{v}
 	deadline := time.Now().Add(p2ptest.Slowdown * 10 * time.Second)
 	for ids, _ := divergedFrom(me, 3, math.MaxUint64); len(ids) < len(others); ids, _ = divergedFrom(me, 3, math.MaxUint64) {
 		if time.Now().After(deadline) {

@@ -36,12 +36,7 @@ func (v *Volunteer) rollback(ctx context.Context, cause error) {
 		"round", round, "err", cause, "in_a_row", v.rollbacks)
 	say(v.cfg.Progress, "warning: round %d: %v; dropped the inner phase and went back to the last shared state", round, cause)
 	v.clearBadMoments()
-	var err error
-	if v.nl != nil {
-		err = v.nl.rollback(ctx, v)
-	} else {
-		err = v.rollbackDiLoCo(ctx)
-	}
+	err := v.outer.rollback(ctx)
 	if err != nil {
 		v.log.Error("could not take the run's state to replace a poisoned one", "round", round, "err", err)
 		say(v.cfg.Progress, "warning: round %d: could not take the run's state (%v); trying again", round, err)
@@ -88,13 +83,13 @@ func (v *Volunteer) rollbackDiLoCo(ctx context.Context) error {
 // rollback keeps the run's clock, as a failed outer step does: the member
 // goes on from phi at the next step, or from a member's state when its own
 // phi is poisoned.
-func (s *nolocoState) rollback(ctx context.Context, v *Volunteer) error {
-	o := s.opt
+func (s *nolocoState) rollback(ctx context.Context) error {
+	v, o := s.v, s.opt
 	if finiteState(o) {
 		if err := o.SetState(o.Step+1, o.Phi, o.Delta); err != nil {
 			return err
 		}
-		s.install(ctx, v)
+		s.install(ctx)
 		return nil
 	}
 	// The median of several members' states, as a catch-up takes: never
@@ -107,7 +102,7 @@ func (s *nolocoState) rollback(ctx context.Context, v *Volunteer) error {
 		return fmt.Errorf("node: phi is not finite and no majority of the other volunteers is at round %d or later", o.Step)
 	}
 	v.log.Info("replaced a poisoned phi with the median of members' states", "round", o.Step)
-	s.install(ctx, v)
+	s.install(ctx)
 	return nil
 }
 

@@ -45,7 +45,7 @@ func (r *reporter) close() {
 	close(r.queue)
 	select {
 	case <-r.done:
-	case <-time.After(5 * time.Second):
+	case <-time.After(2 * time.Second):
 	}
 }
 

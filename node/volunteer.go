@@ -324,8 +324,11 @@ type Volunteer struct {
 	// stats of the last round, for telemetry and metrics
 	last roundMeasure
 
-	nl *nolocoState     // set for a NoLoCo run (noloco.go); the DiLoCo fields above are nil then
-	st *stagedVolunteer // set for a staged run (staged.go); the DiLoCo and NoLoCo fields are nil then
+	// outer is the replica group's outer optimiser that runReplica drives:
+	// dilocoLoop (diloco.go; the DiLoCo fields above) or *nolocoState
+	// (noloco.go). nil for a staged run, which runs its own loop.
+	outer outerLoop
+	st    *stagedVolunteer // set for a staged run (staged.go)
 
 	cancelRing context.CancelFunc
 	mu         sync.Mutex
@@ -636,6 +639,24 @@ func (v *Volunteer) serve(round uint64, phi, mom []float32) uint64 {
 	return hash
 }
 
+func (v *Volunteer) closeReporter() {
+	if v.reporter != nil {
+		v.reporter.close()
+	}
+}
+
+func (v *Volunteer) closeOuter() {
+	if v.outer != nil {
+		v.outer.close()
+	}
+}
+
+func (v *Volunteer) closeMetrics() {
+	if v.metrics != nil {
+		v.metrics.close()
+	}
+}
+
 // Close saves the local checkpoint and leaves the run gracefully.
 func (v *Volunteer) Close() error {
 	saved := v.save()
@@ -661,26 +682,16 @@ func (v *Volunteer) Close() error {
 }
 
 func (v *Volunteer) close() error {
-	if v.reporter != nil {
-		v.reporter.close()
+	// The last report, the outer loop and the metrics stop side by side (a
+	// volunteer must be gone within seconds of Ctrl-C), then the node
+	// leaves the run (at most about 4 s: p2p.Node.Close).
+	var wg sync.WaitGroup
+	for _, stop := range []func(){v.closeReporter, v.closeOuter, v.closeMetrics} {
+		wg.Go(stop)
 	}
-	if v.nl != nil {
-		v.nl.close()
-	}
-	if v.metrics != nil {
-		v.metrics.close()
-	}
-	if v.coll != nil {
-		v.coll.Close()
-	}
-	if v.cancelRing != nil {
-		v.cancelRing()
-	}
+	wg.Wait()
 	if v.peers != nil {
 		v.peers.Close()
-	}
-	if v.certs != nil {
-		v.certs.close()
 	}
 	if v.su != nil {
 		v.su.Close()
@@ -712,10 +723,7 @@ func (v *Volunteer) Run(ctx context.Context) error {
 	if !v.waitForPeers(ctx) {
 		return nil
 	}
-	if v.nl != nil {
-		return v.runNoLoCo(ctx)
-	}
-	return v.runDiLoCo(ctx)
+	return v.runReplica(ctx)
 }
 
 // waitForPeers waits for cfg.MinPeers volunteers and for the view to settle
@@ -928,29 +936,19 @@ func (v *Volunteer) gossipRound(ctx context.Context, round, hash uint64) {
 
 // round is the number of outer rounds this volunteer's state has seen.
 func (v *Volunteer) round() uint64 {
-	switch {
-	case v.nl != nil:
-		return v.nl.round()
-	case v.dl != nil:
-		return v.dl.Round
+	if v.outer == nil {
+		return 0
 	}
-	return 0
+	return v.outer.round()
 }
 
 // save writes the local checkpoint, if there is one, and reports whether
 // it did.
 func (v *Volunteer) save() bool {
-	if v.nl != nil {
-		return v.nl.save(v)
+	if v.outer == nil {
+		return false // a staged volunteer saves its stage itself
 	}
-	if v.ckPath == "" || v.su == nil || v.dl == nil {
-		return false
-	}
-	if err := saveState(v.ckPath, v.su.Stage, v.innerStep, v.dl); err != nil {
-		v.log.Error("saving checkpoint", "err", err)
-		return false
-	}
-	return true
+	return v.outer.save()
 }
 
 func say(w io.Writer, format string, args ...any) {

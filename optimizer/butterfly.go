@@ -118,7 +118,11 @@ type ButterflyConfig struct {
 	// demo --chaos --hostile): HostileScale sends its contribution times
 	// 1000, HostileSignFlip its negation (both well-formed: robust
 	// aggregation bounds them), HostilePoison values past every bound,
-	// HostileForge tampers with every aggregate it sends. "" is honest.
+	// HostileForge tampers with every aggregate it sends, HostileCollude
+	// puts 4 times its contribution's norm into the first 3 coordinates of
+	// every part, all positive (colluders doing the same push the same
+	// coordinates: the attack the trim's breakdown point is about). "" is
+	// honest.
 	Hostile string
 }
 
@@ -128,10 +132,11 @@ const (
 	HostileSignFlip = "signflip"
 	HostilePoison   = "poison"
 	HostileForge    = "forge"
+	HostileCollude  = "collude"
 )
 
 // HostileModes lists them.
-var HostileModes = []string{HostileScale, HostileSignFlip, HostilePoison, HostileForge}
+var HostileModes = []string{HostileScale, HostileSignFlip, HostilePoison, HostileForge, HostileCollude}
 
 var hostileScale = map[string]float32{HostileScale: 1000, HostileSignFlip: -1}
 

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"fmt"
+	"math"
 	"slices"
 
 	"github.com/skein-ml/skein/transport"
@@ -27,6 +28,16 @@ func (b *Butterfly) scatter(c *bfRound) {
 			x = make([]float32, hi-lo)
 			for i, v := range c.x[lo:hi] {
 				x[i] = v * k
+			}
+		}
+		if b.cfg.Hostile == HostileCollude {
+			var sq float64
+			for _, v := range c.x[lo:hi] {
+				sq += float64(v) * float64(v)
+			}
+			x = make([]float32, hi-lo)
+			for i := range min(3, len(x)) {
+				x[i] = float32(4 * math.Sqrt(sq/3))
 			}
 		}
 		if b.cfg.Hostile == HostilePoison {
