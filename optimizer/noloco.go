@@ -1,15 +1,13 @@
 package optimizer
 
 import (
+	"cmp"
 	"context"
-	"encoding/binary"
 	"fmt"
-	"io"
 	"log/slog"
 	"math"
 	"math/rand/v2"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/skein-ml/skein/compression"
@@ -132,96 +130,52 @@ type GossipStats struct {
 }
 
 // NoLoCo is one member's NoLoCo state: its own slow weights phi and outer
-// momentum. No collective: each outer step averages with a random group.
+// momentum. No collective: each outer step averages with a random group,
+// the exchange run by a Gossip machine on a driver (driver.go).
 type NoLoCo struct {
 	cfg   NoLoCoConfig
-	peers transport.Peers
-	log   *slog.Logger
 	Phi   []float32
 	Delta []float32
 	Step  uint64
-
-	encPhi, encD *compression.Encoder
-	dec          *compression.Decoder
-	phibar, dbar []float32
-	own, tmp     []float32
-
-	mu sync.Mutex
-	// arrived holds, by step, the messages of that step's partners for
-	// Step to Step+2, one per sender; ahead each partner's newest for a
-	// later step: from a member this one is about to catch up with (a
-	// joiner, or a member that fell behind, before it adopts a state).
-	// Both within the byte budget (keep).
-	arrived map[uint64][]envelope
-	ahead   map[transport.PeerID]envelope
-	maxBody int   // maxGossipBody of the model
-	budget  int64 // MaxStashBytes, at least 8 messages of maxBody
-	// norms and dists are the last normWindow own outer-gradient norms and
-	// accepted partner distances (noloco_clip.go).
-	norms, dists []float64
-	notify       chan struct{}
-	est          estimator
-	cancel       context.CancelFunc
-	wg           sync.WaitGroup
+	own   []float32
+	g     *Gossip
+	d     *driver[GossipResult]
 }
 
 // NewNoLoCo starts from slow weights phi (copied) with zero momentum and
-// starts its background receiver, which runs until ctx ends or Close.
+// starts its driver, which runs until ctx ends or Close.
 func NewNoLoCo(ctx context.Context, cfg NoLoCoConfig, peers transport.Peers, phi []float32) (*NoLoCo, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	encPhi, err := compression.NewEncoder(cfg.PhiCodec)
+	g, err := NewGossip(cfg, peers.Self(), len(phi))
 	if err != nil {
 		return nil, err
 	}
-	encD, err := compression.NewEncoder(cfg.DeltaCodec)
-	if err != nil {
-		return nil, err
+	sync := func() {
+		g.SetMembers(peers.Members())
+		for _, p := range g.Awaited() {
+			if cfg.PeerStep != nil {
+				g.Announce(p, cfg.PeerStep(p))
+			}
+		}
 	}
-	// The decoder refuses a frame declaring more elements than the model
-	// before allocating anything for it.
-	dc := cfg.DeltaCodec
-	dc.MaxElements = int64(len(phi))
-	dec, err := compression.NewDecoder(dc)
-	if err != nil {
-		return nil, err
-	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	n := len(phi)
-	nl := &NoLoCo{cfg: cfg, peers: peers, log: log, Phi: append([]float32(nil), phi...), Delta: make([]float32, n),
-		encPhi: encPhi, encD: encD, dec: dec, phibar: make([]float32, n), dbar: make([]float32, n),
-		own: make([]float32, n), tmp: make([]float32, n), arrived: map[uint64][]envelope{}, ahead: map[transport.PeerID]envelope{},
-		maxBody: maxGossipBody(n), budget: max(cfg.MaxStashBytes, 8*int64(maxGossipBody(n))), notify: make(chan struct{}, 1)}
-	ctx, nl.cancel = context.WithCancel(ctx)
-	nl.wg.Add(1)
-	go func() {
-		defer nl.wg.Done()
-		nl.receive(ctx)
-	}()
+	nl := &NoLoCo{cfg: cfg, Phi: slices.Clone(phi), Delta: make([]float32, len(phi)), own: make([]float32, len(phi)), g: g,
+		d: newDriver[GossipResult](peers, g, cfg.tick(), cfg.Logger, cfg.OnReject, sync)}
+	// A partner's message must find it in the group.
+	nl.d.syncEach = true
+	nl.d.start(ctx)
 	return nl, nil
 }
 
-// Close stops the receiver.
+// Close stops the driver.
 func (nl *NoLoCo) Close() {
-	nl.cancel()
-	nl.wg.Wait()
-	nl.encPhi.Close()
-	nl.encD.Close()
-	nl.dec.Close()
+	nl.d.close()
+	nl.g.Close()
 }
 
 // State returns copies of this member's state: the next outer step to run,
 // phi and the outer momentum delta. It is what a joiner adopts and what a
 // checkpoint keeps; call it between outer steps.
 func (nl *NoLoCo) State() (step uint64, phi, delta []float32) {
-	nl.mu.Lock()
-	step = nl.Step
-	nl.mu.Unlock()
-	return step, slices.Clone(nl.Phi), slices.Clone(nl.Delta)
+	return nl.Step, slices.Clone(nl.Phi), slices.Clone(nl.Delta)
 }
 
 // SetState installs a state (copied): a member's, adopted by a joiner or a
@@ -239,147 +193,9 @@ func (nl *NoLoCo) SetState(step uint64, phi, delta []float32) error {
 	}
 	copy(nl.Phi, phi)
 	copy(nl.Delta, delta)
-	nl.mu.Lock()
-	nl.advance(step)
-	nl.mu.Unlock()
-	return nil
-}
-
-// advance sets Step, drops the messages of other steps than Step to
-// Step+2 and moves those kept ahead into that window. nl.mu is held.
-func (nl *NoLoCo) advance(step uint64) {
 	nl.Step = step
-	for s := range nl.arrived {
-		if s < step || s > step+2 {
-			delete(nl.arrived, s)
-		}
-	}
-	for from, e := range nl.ahead {
-		switch r := e.h.round; {
-		case r < step:
-			delete(nl.ahead, from)
-		case r <= step+2:
-			delete(nl.ahead, from)
-			if !slices.ContainsFunc(nl.arrived[r], func(e envelope) bool { return e.from == from }) {
-				nl.arrived[r] = append(nl.arrived[r], e)
-			}
-		}
-	}
-}
-
-// maxGossipBody bounds a gossip body for n parameters: both frames in fp32
-// plus framing (chunk headers, zstd's block headers).
-func maxGossipBody(n int) int { return 8*n + n/64 + 1<<16 }
-
-// groupAt is this member's group at step, by the members it sees now.
-func (nl *NoLoCo) groupAt(step uint64) []transport.PeerID {
-	self := nl.peers.Self()
-	for _, g := range NoLoCoGroups(nl.peers.Members(), step, nl.cfg.GroupSize) {
-		if slices.Contains(g, self) {
-			return g
-		}
-	}
+	nl.d.do(func() { nl.g.Advance(step) })
 	return nil
-}
-
-// keep stores a partner's message: one per sender for the current step and
-// the next two (partners that finished their inner phase earlier), and one
-// per sender, its newest, for any later step. It is dropped when the bytes
-// kept would pass the budget, a quarter of it for one sender or half of it
-// for steps beyond the next two, so memory stays bounded whatever any
-// number of members send (the partners of one step are at most 2g-1).
-// It says whether it kept e. nl.mu is held.
-func (nl *NoLoCo) keep(e envelope) bool {
-	r := e.h.round
-	old, hasOld := nl.ahead[e.from]
-	switch {
-	case r < nl.Step:
-		return false
-	case r <= nl.Step+2:
-		if slices.ContainsFunc(nl.arrived[r], func(k envelope) bool { return k.from == e.from }) {
-			return false
-		}
-	case hasOld && old.h.round >= r:
-		return false
-	}
-	var total, mine, later int64
-	count := func(k envelope) {
-		n := int64(len(k.body))
-		total += n
-		if k.from == e.from {
-			mine += n
-		}
-		if k.h.round > nl.Step+2 {
-			later += n
-		}
-	}
-	for _, es := range nl.arrived {
-		for _, k := range es {
-			count(k)
-		}
-	}
-	for from, k := range nl.ahead {
-		if from != e.from || r <= nl.Step+2 { // a later one replaces e.from's
-			count(k)
-		}
-	}
-	n := int64(len(e.body))
-	if total+n > nl.budget || mine+n > nl.budget/4 || (r > nl.Step+2 && later+n > nl.budget/2) {
-		nl.log.Debug("gossip byte budget spent; dropped a message", "peer", e.from, "step", r)
-		return false
-	}
-	if r <= nl.Step+2 {
-		nl.arrived[r] = append(nl.arrived[r], e)
-	} else {
-		nl.ahead[e.from] = e
-	}
-	return true
-}
-
-func (nl *NoLoCo) receive(ctx context.Context) {
-	for {
-		m, err := nl.peers.Recv(ctx)
-		if err != nil {
-			return
-		}
-		if nl.offer(m.From, m.Payload) {
-			select {
-			case nl.notify <- struct{}{}:
-			default:
-			}
-		}
-	}
-}
-
-// offer checks a received message and keeps it if it is a partner's, and
-// says whether it did. Only partners' weights are averaged: a message is
-// kept only from a member of this member's group at the message's step.
-func (nl *NoLoCo) offer(from transport.PeerID, payload []byte) bool {
-	h, body, err := parseMessage(payload)
-	switch {
-	case err != nil:
-	case h.kind != kindGossip:
-		err = fmt.Errorf("%w: %s message in a NoLoCo swarm", ErrBadMessage, h.kind)
-	case len(body) > nl.maxBody:
-		err = fmt.Errorf("%w: gossip body of %d bytes, at most %d for this model", ErrBadMessage, len(body), nl.maxBody)
-	}
-	if err != nil {
-		nl.reject(from, err)
-		return false
-	}
-	if !slices.Contains(nl.groupAt(h.round), from) {
-		return false
-	}
-	nl.mu.Lock()
-	defer nl.mu.Unlock()
-	return nl.keep(envelope{from: from, h: h, body: body, at: time.Now()})
-}
-
-func (nl *NoLoCo) reject(from transport.PeerID, err error) {
-	nl.log.Warn("dropped contribution", "peer", from, "err", err)
-	if nl.cfg.OnReject != nil {
-		nl.cfg.OnReject(from, err)
-	}
 }
 
 // OuterStep exchanges phi and D = theta - phi with this step's group, waits
@@ -387,161 +203,29 @@ func (nl *NoLoCo) reject(from transport.PeerID, err error) {
 // with whatever arrived, and resets theta to the new phi. A missing partner
 // is not an error.
 func (nl *NoLoCo) OuterStep(ctx context.Context, theta []float32) (GossipStats, error) {
-	began := time.Now()
-	nl.mu.Lock()
 	st := GossipStats{Step: nl.Step}
-	nl.mu.Unlock()
 	if len(theta) != len(nl.Phi) {
 		return st, fmt.Errorf("optimizer: %d local parameters, phi has %d", len(theta), len(nl.Phi))
 	}
 	for i := range theta {
 		nl.own[i] = theta[i] - nl.Phi[i]
 	}
-	if err := checkFinite(nl.own, nl.cfg.MaxAbs); err != nil {
-		return st, fmt.Errorf("own outer gradient: %w", err)
+	r := nl.d.call(ctx, func() error { return nl.g.Start(nl.Step, nl.Phi, nl.own) })
+	if r.res != nil {
+		st, r.err = r.res.GossipStats, cmp.Or(r.err, r.res.Err)
+		st.Duration = r.took
 	}
-	ref := nl.observeNorm(l2(nl.own))
-	self := nl.peers.Self()
-	group := nl.groupAt(nl.Step)
-	if group == nil {
-		return st, fmt.Errorf("%w: %s", ErrNotMember, self)
+	if r.err != nil {
+		return st, r.err
 	}
-	st.Group = group
-	body, err := nl.encodeBody()
-	if err != nil {
-		return st, err
+	if log := nl.d.log; len(st.Clipped) > 0 {
+		log.Info("clipped partners' contributions", "step", st.Step, "peers", st.Clipped)
 	}
-	msg := appendMessage(nil, header{kind: kindGossip, round: nl.Step}, body)
-	for _, p := range group {
-		if p != self {
-			if err := nl.peers.Send(ctx, p, msg); err != nil {
-				nl.log.Debug("gossip send", "peer", p, "err", err)
-				continue
-			}
-			st.BytesSent += int64(len(msg))
-		}
+	if len(st.Heard) < len(st.Group)-1 {
+		nl.d.log.Info("partners missing; updated with what arrived", "step", st.Step, "heard", len(st.Heard), "group", len(st.Group)-1)
 	}
-	copy(nl.phibar, nl.Phi)
-	copy(nl.dbar, nl.own)
-	count := 1
-	heard := map[transport.PeerID]bool{self: true}
-	deadline := nl.est.deadline(nl.cfg.InitialDeadline, nl.cfg.MinDeadline, nl.cfg.MaxDeadline)
-	timer := time.NewTimer(deadline)
-	defer timer.Stop()
-	var poll <-chan time.Time
-	if nl.cfg.PeerStep != nil {
-		t := time.NewTicker(max(nl.cfg.MinDeadline/4, 10*time.Millisecond))
-		defer t.Stop()
-		poll = t.C
-	}
-	movedOn := map[transport.PeerID]time.Time{} // when a partner was first seen past this step
-wait:
-	for len(heard) < len(group) {
-		nl.mu.Lock()
-		msgs := nl.arrived[nl.Step]
-		delete(nl.arrived, nl.Step)
-		nl.mu.Unlock()
-		for _, e := range msgs {
-			if heard[e.from] || !slices.Contains(group, e.from) {
-				continue
-			}
-			st.BytesRecv += int64(len(e.body) + headerLen)
-			// own was added to dbar: its buffer takes the partner's.
-			if err := decodeGossip(nl.dec, e.body, nl.tmp, nl.own, nl.cfg.MaxAbs); err != nil {
-				nl.reject(e.from, err)
-				heard[e.from] = true // do not wait for it again
-				continue
-			}
-			if nl.clipPartner(nl.tmp, nl.own, ref) {
-				st.Clipped = append(st.Clipped, e.from)
-				nl.log.Info("clipped a partner's contribution", "step", nl.Step, "peer", e.from)
-			}
-			for i := range nl.phibar {
-				nl.phibar[i] += nl.tmp[i]
-				nl.dbar[i] += nl.own[i]
-			}
-			heard[e.from] = true
-			st.Heard = append(st.Heard, e.from)
-			count++
-			nl.est.observe(time.Since(began))
-		}
-		if len(heard) == len(group) {
-			break
-		}
-		select {
-		case <-nl.notify:
-		case now := <-poll:
-			for _, p := range group {
-				if heard[p] || nl.cfg.PeerStep(p) <= nl.Step {
-					continue
-				}
-				if at, ok := movedOn[p]; !ok {
-					movedOn[p] = now
-				} else if now.Sub(at) >= nl.cfg.MinDeadline {
-					nl.log.Info("partner is past this step; not waiting for it", "step", nl.Step, "peer", p)
-					heard[p] = true
-				}
-			}
-		case <-timer.C:
-			nl.log.Info("partners missing; updating with what arrived", "step", nl.Step, "heard", len(heard)-1, "group", len(group)-1)
-			break wait
-		case <-ctx.Done():
-			return st, ctx.Err()
-		}
-	}
-	inv := 1 / float32(count)
-	for i := range nl.phibar {
-		nl.phibar[i] *= inv
-		nl.dbar[i] *= inv
-	}
-	NoLoCoUpdate(nl.Phi, nl.Delta, nl.phibar, nl.dbar, float32(nl.cfg.OuterLR), float32(nl.cfg.Momentum), float32(nl.cfg.Gamma))
+	NoLoCoUpdate(nl.Phi, nl.Delta, r.res.PhiBar, r.res.DBar, float32(nl.cfg.OuterLR), float32(nl.cfg.Momentum), float32(nl.cfg.Gamma))
 	copy(theta, nl.Phi)
-	nl.mu.Lock()
-	nl.advance(nl.Step + 1)
-	nl.mu.Unlock()
-	st.Duration = time.Since(began)
+	nl.Step++
 	return st, nil
-}
-
-// The gossip body: 4-byte length of the phi frame, the phi frame, then the
-// outer-gradient frame.
-func (nl *NoLoCo) encodeBody() ([]byte, error) {
-	body := make([]byte, 4, 4+len(nl.Phi)*3)
-	body, err := nl.encPhi.Append(body, nl.Phi, nl.Step)
-	if err != nil {
-		return nil, err
-	}
-	binary.LittleEndian.PutUint32(body, uint32(len(body)-4))
-	return nl.encD.Append(body, nl.own, nl.Step)
-}
-
-// decodeGossip decodes a gossip body into phi and d, each the model's
-// size. dec refuses frames declaring more elements than that (NewNoLoCo
-// builds it with MaxElements the model's size), so a frame allocates
-// nothing whatever it declares. Every value must be within maxAbs.
-func decodeGossip(dec *compression.Decoder, body []byte, phi, d []float32, maxAbs float32) error {
-	if len(body) < 4 {
-		return fmt.Errorf("%w: gossip body of %d bytes", ErrBadMessage, len(body))
-	}
-	n := binary.LittleEndian.Uint32(body)
-	if uint64(n) > uint64(len(body)-4) {
-		return fmt.Errorf("%w: phi frame of %d bytes, %d present", ErrBadMessage, n, len(body)-4)
-	}
-	for _, f := range []struct {
-		name  string
-		frame []byte
-		dst   []float32
-	}{{"phi", body[4 : 4+n], phi}, {"outer gradient", body[4+n:], d}} {
-		got, err := dec.DecodeBytes(f.frame, f.dst)
-		if err != nil {
-			return fmt.Errorf("%w: %s: %w", ErrRejected, f.name, err)
-		}
-		if len(got) != len(f.dst) {
-			return fmt.Errorf("%w: %s of %d elements, want %d", ErrRejected, f.name, len(got), len(f.dst))
-		}
-		if err := checkFinite(f.dst, maxAbs); err != nil { // beyond maxAbs would overflow the mean
-			return fmt.Errorf("%s: %w", f.name, err)
-		}
-	}
-	return nil
 }

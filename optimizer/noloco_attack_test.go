@@ -206,14 +206,12 @@ func TestNoLoCoDecodeBounded(t *testing.T) {
 	if len(bomb) > 64<<10 {
 		t.Fatalf("bomb of %d bytes", len(bomb))
 	}
-	net := transport.NewMemNetwork()
-	defer net.Close()
-	nl, err := NewNoLoCo(context.Background(), DefaultNoLoCo(), net.Join("a"), make([]float32, n))
+	g, err := NewGossip(DefaultNoLoCo(), "a", n)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nl.Close()
-	dec := nl.dec
+	defer g.Close()
+	dec := g.dec
 	phi, d := make([]float32, n), make([]float32, n)
 	for _, tt := range []struct {
 		name string
@@ -251,23 +249,18 @@ func putUint32(b []byte, v uint32) {
 // of the budget, messages beyond the next two steps half of it.
 func TestNoLoCoKeepsOnlyPartners(t *testing.T) {
 	const n = 64
-	net := transport.NewMemNetwork()
-	defer net.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	var ids []transport.PeerID
 	for i := range 12 {
-		id := transport.PeerID(fmt.Sprintf("m%02d", i))
-		net.Join(id)
-		ids = append(ids, id)
+		ids = append(ids, transport.PeerID(fmt.Sprintf("m%02d", i)))
 	}
 	cfg := testNoLoCoConfig()
 	cfg.MaxStashBytes = 1 // raised to 8 messages of the model's size
-	a, err := NewNoLoCo(ctx, cfg, net.Join("a"), make([]float32, n))
+	a, err := NewGossip(cfg, "a", n)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
+	a.SetMembers(ids)
 	msg := func(step uint64, size int64) []byte {
 		return appendMessage(nil, header{kind: kindGossip, round: step}, make([]byte, size))
 	}
@@ -286,7 +279,6 @@ func TestNoLoCoKeepsOnlyPartners(t *testing.T) {
 			}
 		}
 	}
-	a.mu.Lock()
 	for step := range uint64(3) {
 		if got, want := len(a.arrived[step]), len(a.groupAt(step))-1; got != want {
 			t.Errorf("step %d: %d messages kept, want one from each of %d partners", step, got, want)
@@ -295,7 +287,6 @@ func TestNoLoCoKeepsOnlyPartners(t *testing.T) {
 	if got, want := len(a.ahead), len(a.groupAt(40))-1; got != want {
 		t.Errorf("%d messages kept ahead, want %d", got, want)
 	}
-	a.mu.Unlock()
 	// A partner at step 1 and 50 has a quarter of the budget; messages of
 	// the largest size beyond the next two steps fill half of it, then
 	// nothing more is kept for them.
@@ -313,8 +304,6 @@ func TestNoLoCoKeepsOnlyPartners(t *testing.T) {
 			}
 		}
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
 	var later int64
 	for _, e := range a.ahead {
 		later += int64(len(e.body))

@@ -45,11 +45,11 @@ import (
 // observeNorm records this step's own outer-gradient norm and returns the
 // lower median of the last normWindow. A norm of 0 (no inner steps ran)
 // says nothing of the run's scale and is not recorded.
-func (nl *NoLoCo) observeNorm(norm float64) float64 {
+func (g *Gossip) observeNorm(norm float64) float64 {
 	if norm > 0 {
-		nl.norms = pushWindow(nl.norms, norm)
+		g.norms = pushWindow(g.norms, norm)
 	}
-	return lowerMedian(nl.norms)
+	return lowerMedian(g.norms)
 }
 
 // pushWindow appends v to the last normWindow values in w.
@@ -79,21 +79,22 @@ func distance(a, b []float32) float64 {
 }
 
 // clipPartner bounds a partner's phi (in place) to within PhiClip times
-// max(ref, the median accepted partner distance) of this member's phi and
-// its outer gradient d to a norm of ClipFactor*ref, where ref is the median
-// own norm, records the distance accepted, and says whether it clipped.
-func (nl *NoLoCo) clipPartner(phi, d []float32, ref float64) bool {
+// max(ref, the median accepted partner distance) of this member's phi own
+// and its outer gradient d to a norm of ClipFactor*ref, where ref is the
+// median own norm, records the distance accepted, and says whether it
+// clipped.
+func (g *Gossip) clipPartner(own, phi, d []float32, ref float64) bool {
 	clipped := false
-	dist, bound := distance(phi, nl.Phi), nl.cfg.PhiClip*max(ref, lowerMedian(nl.dists))
+	dist, bound := distance(phi, own), g.cfg.PhiClip*max(ref, lowerMedian(g.dists))
 	if dist > bound {
 		s := float32(bound / dist)
-		for i, p := range nl.Phi {
+		for i, p := range own {
 			phi[i] = p + (phi[i]-p)*s
 		}
 		dist, clipped = bound, true
 	}
-	nl.dists = pushWindow(nl.dists, dist)
-	if norm, bound := l2(d), nl.cfg.ClipFactor*ref; norm > bound {
+	g.dists = pushWindow(g.dists, dist)
+	if norm, bound := l2(d), g.cfg.ClipFactor*ref; norm > bound {
 		s := float32(bound / norm)
 		for i := range d {
 			d[i] *= s
