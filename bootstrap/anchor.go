@@ -149,6 +149,18 @@ func (a *anchors) poll(ctx context.Context) {
 			continue
 		}
 		last, err := a.book.Adopt(chain)
+		if errors.Is(err, replica.ErrBrokenChain) && len(chain) > 0 {
+			// Churn and dissent left fewer than half of the trusted group
+			// among a later round's signers: start again from the latest
+			// certificate, as at the first, if the live majority signed it.
+			latest := chain[len(chain)-1]
+			if verr := a.book.Anchorless(latest); verr == nil {
+				if err = a.book.Reanchor(latest); err == nil {
+					a.log.Info("the chain no longer extends; re-anchored on the live majority's certificate", "round", latest.Round)
+					last = latest
+				}
+			}
+		}
 		if err != nil {
 			a.log.Warn("offender: a volunteer's certificates do not extend the bootstrap's chain", "peer", m.ID, "round", m.Meta.Round, "err", err)
 			continue

@@ -308,6 +308,22 @@ func (c *certs) follow(ctx context.Context, a announcement, boot *replica.Certif
 			return moved
 		}
 		last, err := c.book.AdoptFrom(boot, chain)
+		if errors.Is(err, replica.ErrBrokenChain) && len(chain) > 0 && len(t.Group) > 0 && c.book.Anchorless != nil {
+			// Churn and dissent can leave fewer than half of the trusted
+			// group among a later round's signers (a straggler left, a
+			// hostile member voted for another state): then this member
+			// is a newcomer again, and takes the latest certificate only if
+			// a strict majority of the volunteers it sees live signed it.
+			// (A newcomer, whose chain must extend the bootstrap's anchor,
+			// never gets here.)
+			latest := chain[len(chain)-1]
+			if verr := c.book.Anchorless(latest); verr == nil {
+				if err = c.book.Reanchor(latest); err == nil {
+					c.log.Info("the trusted chain no longer extends; re-anchored on the live majority's certificate", "round", latest.Round)
+					last = latest
+				}
+			}
+		}
 		if err != nil {
 			c.log.Warn("offender: a member's certificates do not extend the trusted chain", "peer", a.id, "round", a.round, "err", err)
 			return moved

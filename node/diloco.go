@@ -360,8 +360,8 @@ func (v *Volunteer) announce(ctx context.Context) {
 // it did. Without a certificate for the round (not yet formed, or a split
 // group) nothing changes: no plurality, no single member decides.
 func (v *Volunteer) resynced(ctx context.Context) bool {
-	if v.certs == nil {
-		return false
+	if v.certs == nil || v.cfg.Hostile == HostileLoneJump {
+		return false // a lone jumper knows it lies, and contributes honestly
 	}
 	cert, ok := v.certs.book.At(v.dl.Round)
 	if !ok || cert.Hash == v.stateHash {

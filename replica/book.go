@@ -166,11 +166,17 @@ func (b *Book) AddVote(v *Certificate, from transport.PeerID) (*Certificate, err
 	return b.formLocked(c), nil
 }
 
-// formLocked trusts c when a strict majority of its group signed it and it
-// extends the chain; it returns c then, else nil.
+// formLocked trusts c when a strict majority of its group signed it; it
+// returns c then, else nil.
+//
+// It need not extend the chain: this member voted in that group, so the
+// certificate names the state it computed with a majority of its round.
+// (A group that lost a straggler and holds a dissenting hostile member can
+// have fewer than half of the previous group among its signers; requiring
+// it here left every member's chain stuck there, and catching up with it.)
 func (b *Book) formLocked(c *Certificate) *Certificate {
 	last := b.trusted[len(b.trusted)-1]
-	if c.Round <= last.Round || 2*len(c.Signers()) <= len(c.Group) || c.Extends(last) != nil {
+	if c.Round <= last.Round || 2*len(c.Signers()) <= len(c.Group) {
 		return nil
 	}
 	b.trustLocked(c)
@@ -244,6 +250,26 @@ func (b *Book) adoptLocked(chain []*Certificate) (*Certificate, error) {
 
 // Reset restarts the trusted chain at anchor (a member whose state was
 // taken from elsewhere by a rule outside the chain).
+// Reanchor trusts c, which must verify, as the start of a new chain: for
+// a member whose chain no longer extends (the previous group lost its
+// majority to churn and dissent) when another rule vouches for c (node:
+// a strict majority of the volunteers it sees live signed it).
+func (b *Book) Reanchor(c *Certificate) error {
+	if err := c.Verify(b.run, b.signer); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if last := b.trusted[len(b.trusted)-1]; c.Round <= last.Round {
+		return fmt.Errorf("%w: round %d after round %d", ErrBrokenChain, c.Round, last.Round)
+	}
+	b.trusted = []*Certificate{c}
+	clear(b.pending)
+	clear(b.voted)
+	clear(b.mine)
+	return nil
+}
+
 func (b *Book) Reset(anchor *Certificate) {
 	b.mu.Lock()
 	defer b.mu.Unlock()

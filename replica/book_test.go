@@ -79,3 +79,27 @@ func TestBookVotes(t *testing.T) {
 		t.Fatalf("a minority's certificate was adopted: %v", err)
 	}
 }
+
+// A chain broken by churn and dissent (round 2's signers hold only half of
+// round 1's group) is not extended, but may be re-anchored on a verified
+// certificate of a later round; a forged or older one is refused.
+func TestBookReanchor(t *testing.T) {
+	k, ids := newKeys(6)
+	c1 := k.cert("run", 1, 11, ids[:4], ids[:4])
+	b := NewBook("run", k, c1)
+	c2 := k.cert("run", 2, 22, ids[:3], ids[:2]) // 2 of 3 signed; only 2 of round 1's 4
+	if _, err := b.Adopt([]*Certificate{c2}); !errors.Is(err, ErrBrokenChain) {
+		t.Fatalf("a broken chain was adopted: %v", err)
+	}
+	forged := k.cert("run", 2, 22, ids[:3], ids[:2])
+	forged.Hash = 23
+	if err := b.Reanchor(forged); !errors.Is(err, ErrBadSignature) {
+		t.Fatalf("forged: %v", err)
+	}
+	if err := b.Reanchor(c2); err != nil || b.Trusted() != c2 {
+		t.Fatalf("re-anchoring: %v", err)
+	}
+	if err := b.Reanchor(c1); !errors.Is(err, ErrBrokenChain) {
+		t.Fatalf("an older certificate: %v", err)
+	}
+}
