@@ -182,8 +182,8 @@ func TestConfigStagedRuns(t *testing.T) {
 	}
 	c.Manifest.Optimizer.Kind = manifest.KindNoLoCo
 	err := c.Validate()
-	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "skein demo --stages 3") {
-		t.Fatalf("staged NoLoCo: %v, want ErrConfig naming the demo", err)
+	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "skein bench staged") {
+		t.Fatalf("staged NoLoCo: %v, want ErrConfig naming where it runs", err)
 	}
 	c.Manifest.Optimizer.Kind, c.Manifest.Optimizer.Delayed = manifest.KindDiLoCo, true
 	if err := c.Validate(); !errors.Is(err, ErrConfig) {

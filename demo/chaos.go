@@ -126,7 +126,7 @@ func (m *chaosMonkey) straggle(ctx context.Context) {
 
 // checkInvariants judges the run's history (read from the status API
 // before the bootstrap stopped) and the children after they stopped.
-func checkInvariants(hist []status.RoundStats, err error, kids *children, honestLogs []string, hostile bool, rep *ChaosReport) []Invariant {
+func checkInvariants(hist []status.RoundStats, err error, kids *children, honestLogs []string, hostiles int, rep *ChaosReport) []Invariant {
 	var inv []Invariant
 	add := func(name string, ok bool, format string, args ...any) {
 		inv = append(inv, Invariant{Name: name, OK: ok, Detail: fmt.Sprintf(format, args...)})
@@ -137,10 +137,7 @@ func checkInvariants(hist []status.RoundStats, err error, kids *children, honest
 	}
 	// Honest state hashes agree after every round: the reports that carry
 	// another hash than the majority's are at most the hostile member's.
-	allowed := 0
-	if hostile {
-		allowed = 1
-	}
+	allowed := hostiles
 	var split []string
 	for _, r := range hist {
 		if r.HashVotes == 0 {
@@ -200,7 +197,7 @@ func checkInvariants(hist []status.RoundStats, err error, kids *children, honest
 		}
 	}
 	add("no leaked process", len(leaked) == 0, "%d processes started, all gone%s", len(all), listed(leaked))
-	if hostile {
+	if hostiles > 0 {
 		off := regexp.MustCompile(`offender`)
 		for _, l := range honestLogs {
 			b, _ := os.ReadFile(l)

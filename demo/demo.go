@@ -71,9 +71,11 @@ type Config struct {
 	ChaosPause time.Duration
 	ChaosShare float64
 	ChaosSeed  uint64
-	// Hostile adds one volunteer that misbehaves: scale, signflip, nan,
-	// forge, lonejump or telemetry (node join --hostile).
-	Hostile string
+	// Hostile adds volunteers that misbehave: scale, signflip, nan, forge,
+	// collude, lonejump or telemetry (node join --hostile); HostileCount of
+	// them (default 1), a minority of the volunteers.
+	Hostile      string
+	HostileCount int
 }
 
 // DefaultConfig returns the README's demo: 4 volunteers training the
@@ -115,67 +117,20 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if cfg.Binary == "" || cfg.Dir == "" {
 		return nil, fmt.Errorf("%w: binary %q and directory %q are required", ErrConfig, cfg.Binary, cfg.Dir)
 	}
-	// Every process of the demo is on loopback, behind one address prefix:
-	// an open run's caps must admit them all (the bootstrap counts).
-	if a := &cfg.Manifest.Admission; a.Mode == manifest.AdmissionOpen {
-		a.MaxMembers = max(a.MaxMembers, cfg.Volunteers+1)
-		a.MaxPerPrefix = max(a.MaxPerPrefix, cfg.Volunteers+1)
-	}
-	if err := cfg.Manifest.ValidateTemplate(); err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	if cfg.HostileCount < 0 || cfg.hostiles() >= cfg.Volunteers {
+		return nil, fmt.Errorf("%w: %d hostile volunteers with %d honest ones; the hostile ones must be fewer", ErrConfig, cfg.hostiles(), cfg.Volunteers)
 	}
 	out := cfg.Out
 	if out == nil {
 		out = io.Discard
 	}
-	if cfg.LogLevel == "" {
-		cfg.LogLevel = "warn"
-	}
-	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
-		return nil, fmt.Errorf("demo: %w", err)
-	}
-	runFile := filepath.Join(cfg.Dir, "run.toml")
-	if err := os.WriteFile(runFile, cfg.Manifest.Canonical(), 0o644); err != nil {
-		return nil, fmt.Errorf("demo: %w", err)
-	}
 	began := time.Now()
 	res := &Result{ValStart: math.NaN(), ValEnd: math.NaN(), BootstrapLog: filepath.Join(cfg.Dir, "bootstrap.log")}
 	var kids children
 	defer kids.stop(out)
-
-	// The bootstrap: its first stdout line is the address to join, and its
-	// log says where the status page is.
-	netFlags := []string{"--listen", "/ip4/127.0.0.1/udp/0/quic-v1", "--timing", "lan"}
-	if cfg.RateMbit > 0 {
-		netFlags = append(netFlags, "--emulate-rate", strconv.FormatFloat(cfg.RateMbit, 'g', -1, 64))
-	}
-	if cfg.Latency > 0 {
-		netFlags = append(netFlags, "--emulate-latency", cfg.Latency.String())
-	}
-	if busy, alt := portInUse(cfg.HTTPAddr); busy {
-		fmt.Fprintf(out, "%s is in use; the status page takes a free port instead\n", cfg.HTTPAddr)
-		cfg.HTTPAddr = alt
-	}
-	bsArgs := []string{"--log-level", cfg.LogLevel, "bootstrap", "--manifest", runFile,
-		"--data-dir", filepath.Join(cfg.Dir, "bootstrap"), "--http", cfg.HTTPAddr}
-	for _, c := range cfg.Corpus {
-		bsArgs = append(bsArgs, "--corpus", c)
-	}
-	bs, err := kids.start(cfg.Binary, res.BootstrapLog, true, append(bsArgs, netFlags...)...)
+	addr, netFlags, err := cfg.startBootstrap(ctx, &kids, out, cfg.Volunteers+cfg.hostiles(), &res.StatusURL)
 	if err != nil {
 		return nil, err
-	}
-	addr, err := firstLine(ctx, bs.stdout, 2*time.Minute)
-	if err != nil {
-		return nil, fmt.Errorf("demo: the bootstrap did not start (see %s): %w", res.BootstrapLog, err)
-	}
-	res.StatusURL, err = waitForLine(ctx, res.BootstrapLog, regexp.MustCompile(`status page: (\S+)`), 30*time.Second)
-	if err != nil {
-		return nil, fmt.Errorf("demo: the bootstrap printed no status page address (see %s): %w", res.BootstrapLog, err)
-	}
-	fmt.Fprintf(out, "status page: %s\n", res.StatusURL)
-	if cfg.Started != nil {
-		cfg.Started(res.StatusURL)
 	}
 	fmt.Fprintf(out, "starting %d volunteers (logs in %s); links emulated at %g Mbit/s, %v one way\n",
 		cfg.Volunteers, cfg.Dir, cfg.RateMbit, cfg.Latency)
@@ -183,20 +138,22 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	for i := 0; i < cfg.Volunteers; i++ {
 		log := filepath.Join(cfg.Dir, fmt.Sprintf("volunteer-%d.log", i+1))
 		res.VolunteerLogs = append(res.VolunteerLogs, log)
-		c, err := kids.start(cfg.Binary, log, false, append([]string{"--log-level", cfg.LogLevel, "node", "join",
-			"--run-id", cfg.Manifest.RunID, "--bootstrap", addr, "--data-dir", filepath.Join(cfg.Dir, fmt.Sprintf("volunteer-%d", i+1)),
-			"--threads", strconv.Itoa(max(cfg.Threads, 1)), "--min-peers", strconv.Itoa(cfg.Volunteers)}, netFlags...)...)
+		c, err := kids.start(cfg.Binary, log, false, cfg.joinArgs(addr, fmt.Sprintf("volunteer-%d", i+1), netFlags,
+			"--min-peers", strconv.Itoa(cfg.Volunteers))...)
 		if err != nil {
 			return nil, err
 		}
 		honest = append(honest, c)
 	}
-	if cfg.Hostile != "" {
-		log := filepath.Join(cfg.Dir, "volunteer-hostile.log")
+	for i := range cfg.hostiles() {
+		name := "volunteer-hostile"
+		if i > 0 {
+			name = fmt.Sprintf("volunteer-hostile-%d", i+1)
+		}
+		log := filepath.Join(cfg.Dir, name+".log")
 		fmt.Fprintf(out, "starting a hostile volunteer (%s; log %s)\n", cfg.Hostile, log)
-		if _, err := kids.start(cfg.Binary, log, false, append([]string{"--log-level", cfg.LogLevel, "node", "join",
-			"--run-id", cfg.Manifest.RunID, "--bootstrap", addr, "--data-dir", filepath.Join(cfg.Dir, "volunteer-hostile"),
-			"--threads", strconv.Itoa(max(cfg.Threads, 1)), "--min-peers", strconv.Itoa(cfg.Volunteers), "--hostile", cfg.Hostile}, netFlags...)...); err != nil {
+		if _, err := kids.start(cfg.Binary, log, false, cfg.joinArgs(addr, name, netFlags,
+			"--min-peers", strconv.Itoa(cfg.Volunteers), "--hostile", cfg.Hostile)...); err != nil {
 			return nil, err
 		}
 	}
@@ -294,7 +251,7 @@ watch:
 		}
 	}
 	if cfg.Chaos {
-		res.Invariants = checkInvariants(hist, histErr, &kids, res.VolunteerLogs, cfg.Hostile != "", res.Chaos)
+		res.Invariants = checkInvariants(hist, histErr, &kids, res.VolunteerLogs, cfg.hostiles(), res.Chaos)
 	}
 	first := regexp.MustCompile(`first training step ([0-9.]+)s after starting`)
 	compute := regexp.MustCompile(`computing ([0-9.]+)% of the time`)
@@ -315,6 +272,75 @@ watch:
 		}
 	}
 	return res, nil
+}
+
+// startBootstrap writes the run's manifest under cfg.Dir and starts the
+// bootstrap among kids, its open admission caps raised to admit members
+// volunteers on loopback. It sets *statusURL to the status page's address
+// once it is up (saying it on out), and returns the address to join and
+// the network flags (listen address, WAN emulator) every child takes.
+func (cfg *Config) startBootstrap(ctx context.Context, kids *children, out io.Writer, members int, statusURL *string) (addr string, netFlags []string, err error) {
+	// Every process of the demo is on loopback, behind one address prefix:
+	// an open run's caps must admit them all (the bootstrap counts).
+	if a := &cfg.Manifest.Admission; a.Mode == manifest.AdmissionOpen {
+		a.MaxMembers = max(a.MaxMembers, members+1)
+		a.MaxPerPrefix = max(a.MaxPerPrefix, members+1)
+	}
+	if err := cfg.Manifest.ValidateTemplate(); err != nil {
+		return "", nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if cfg.LogLevel == "" {
+		cfg.LogLevel = "warn"
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		return "", nil, fmt.Errorf("demo: %w", err)
+	}
+	runFile := filepath.Join(cfg.Dir, "run.toml")
+	if err := os.WriteFile(runFile, cfg.Manifest.Canonical(), 0o644); err != nil {
+		return "", nil, fmt.Errorf("demo: %w", err)
+	}
+	// The bootstrap: its first stdout line is the address to join, and its
+	// log says where the status page is.
+	netFlags = []string{"--listen", "/ip4/127.0.0.1/udp/0/quic-v1", "--timing", "lan"}
+	if cfg.RateMbit > 0 {
+		netFlags = append(netFlags, "--emulate-rate", strconv.FormatFloat(cfg.RateMbit, 'g', -1, 64))
+	}
+	if cfg.Latency > 0 {
+		netFlags = append(netFlags, "--emulate-latency", cfg.Latency.String())
+	}
+	if busy, alt := portInUse(cfg.HTTPAddr); busy {
+		fmt.Fprintf(out, "%s is in use; the status page takes a free port instead\n", cfg.HTTPAddr)
+		cfg.HTTPAddr = alt
+	}
+	bsArgs := []string{"--log-level", cfg.LogLevel, "bootstrap", "--manifest", runFile,
+		"--data-dir", filepath.Join(cfg.Dir, "bootstrap"), "--http", cfg.HTTPAddr}
+	for _, c := range cfg.Corpus {
+		bsArgs = append(bsArgs, "--corpus", c)
+	}
+	log := filepath.Join(cfg.Dir, "bootstrap.log")
+	bs, err := kids.start(cfg.Binary, log, true, append(bsArgs, netFlags...)...)
+	if err != nil {
+		return "", nil, err
+	}
+	if addr, err = firstLine(ctx, bs.stdout, 2*time.Minute); err != nil {
+		return "", nil, fmt.Errorf("demo: the bootstrap did not start (see %s): %w", log, err)
+	}
+	if *statusURL, err = waitForLine(ctx, log, regexp.MustCompile(`status page: (\S+)`), 30*time.Second); err != nil {
+		return "", nil, fmt.Errorf("demo: the bootstrap printed no status page address (see %s): %w", log, err)
+	}
+	fmt.Fprintf(out, "status page: %s\n", *statusURL)
+	if cfg.Started != nil {
+		cfg.Started(*statusURL)
+	}
+	return addr, netFlags, nil
+}
+
+// joinArgs is the command line of the volunteer called name (its data
+// directory under cfg.Dir), with extra flags.
+func (cfg *Config) joinArgs(addr, name string, netFlags []string, extra ...string) []string {
+	args := []string{"--log-level", cfg.LogLevel, "node", "join", "--run-id", cfg.Manifest.RunID, "--bootstrap", addr,
+		"--data-dir", filepath.Join(cfg.Dir, name), "--threads", strconv.Itoa(max(cfg.Threads, 1))}
+	return append(append(args, extra...), netFlags...)
 }
 
 // Summary is the demo's closing report.
@@ -543,4 +569,12 @@ func portInUse(addr string) (bool, string) {
 	}
 	ln.Close()
 	return false, addr
+}
+
+// hostiles is how many hostile volunteers the demo starts.
+func (c Config) hostiles() int {
+	if c.Hostile == "" {
+		return 0
+	}
+	return max(c.HostileCount, 1)
 }

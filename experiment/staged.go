@@ -7,14 +7,12 @@ import (
 	"io"
 	"log/slog"
 	"math"
-	"slices"
 	"sync"
 	"time"
 
 	"github.com/skein-ml/skein/compression"
 	"github.com/skein-ml/skein/data"
 	"github.com/skein-ml/skein/kernels"
-	"github.com/skein-ml/skein/manifest"
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/pipeline"
@@ -107,54 +105,12 @@ type StagedConfig struct {
 	// (pipeline.CheckFreePlus); without it only stages 2..S-2 can be lost.
 	CheckFreePlus bool `json:"checkfree_plus,omitempty"`
 
-	// Network, if set, carries the run over real libp2p on loopback through
-	// the WAN emulator (StagedNetwork); nil: the in-memory network.
-	Network *StagedNetwork `json:"network,omitempty"`
-
 	Corpus []string     // nil: the default corpus
 	Logger *slog.Logger `json:"-"`
 	// Progress, if set, receives a line per validation and per event.
 	Progress io.Writer `json:"-"`
 	// OnEval is called after each validation.
 	OnEval func(p StagedPoint) `json:"-"`
-	// OnStep, if set, is called after every step (and after a lost stage
-	// is rebuilt) with the run as a status page shows it.
-	OnStep func(v StagedView) `json:"-"`
-}
-
-// StagedView is a staged run between two steps (StagedConfig.OnStep).
-type StagedView struct {
-	Step      int     // steps done
-	TrainLoss float32 // the last step's mean microbatch loss
-	// ValLoss is the validation loss at this step, NaN if not validated.
-	ValLoss float32
-	Rounds  int // DiLoCo rounds done
-	// Tokens is what one step trains on: microbatches x batch x sequence.
-	Tokens int
-	Nodes  []StagedNode
-	Paths  []pipeline.Path // the last step's, over node indices
-	// Rebuilt says, by stage, how a stage was last rebuilt ("" never).
-	Rebuilt []string
-	// Events are the membership changes since the previous view.
-	Events []StagedEvent
-}
-
-// StagedNode is one stage replica of a StagedView.
-type StagedNode struct {
-	Peer           string // its libp2p peer ID (a name on the in-memory network)
-	Stage, Replica int
-	// BytesSent and BytesRecv are its traffic so far on the relay and its
-	// stage's collective (with a StagedNetwork; 0 in memory).
-	BytesSent, BytesRecv int64
-	// ComputeSeconds is its forward, head and backward time so far.
-	ComputeSeconds float64
-}
-
-// StagedEvent is a node joining (Joined) or killed.
-type StagedEvent struct {
-	Peer   string
-	Stage  int
-	Joined bool
 }
 
 // DefaultStagedConfig is a small run of the tiny preset: 3 stages of 2
@@ -228,11 +184,6 @@ func (c StagedConfig) Validate() error {
 			return fmt.Errorf("%w: staged run: failure of stage %d: %w", ErrConfig, f.Stage, err)
 		}
 	}
-	if c.Network != nil {
-		if err := c.Network.Link.Validate(); err != nil {
-			return fmt.Errorf("%w: staged run: network: %w", ErrConfig, err)
-		}
-	}
 	a := c.AdamW
 	a.TotalSteps = c.Steps
 	if err := a.Validate(); err != nil {
@@ -270,10 +221,6 @@ type StagedResult struct {
 	PreFailure  float32 `json:"pre_failure,omitempty"`
 	PostFailure float32 `json:"post_failure,omitempty"`
 	RecoveredAt int     `json:"recovered_at"`
-	// Over a StagedNetwork: the activations' and gradients' megabytes on
-	// the wire, and the simulator's prediction against the measured times.
-	ActivationMB float64       `json:"activation_mb,omitempty"`
-	Timing       *StagedTiming `json:"timing,omitempty"`
 }
 
 // RunStaged trains cfg.Steps steps and validates the whole model (replica
@@ -307,21 +254,6 @@ func RunStaged(ctx context.Context, cfg StagedConfig) (*StagedResult, error) {
 	if _, err := record(0); err != nil {
 		return nil, err
 	}
-	r.rebuiltNote = make([]string, cfg.Stages)
-	for v := range r.nodes {
-		r.events = append(r.events, StagedEvent{Peer: string(r.peerID(v)), Stage: v / cfg.Replicas, Joined: true})
-	}
-	observe := func(done int, loss float32) {
-		if cfg.OnStep == nil {
-			return
-		}
-		vl := float32(math.NaN())
-		if c := res.Curve[len(res.Curve)-1]; c.Step == done {
-			vl = c.ValLoss
-		}
-		cfg.OnStep(r.view(done, loss, vl))
-	}
-	observe(0, float32(math.NaN()))
 	failedAt := -1
 	for step := 0; step < cfg.Steps; step++ {
 		began := time.Now()
@@ -348,7 +280,7 @@ func RunStaged(ctx context.Context, cfg StagedConfig) (*StagedResult, error) {
 					return res, err
 				}
 			}
-			if err := r.fail(ctx, *f, done); err != nil {
+			if err := r.fail(*f, done); err != nil {
 				return res, err
 			}
 			if res.PostFailure, err = r.evaluate(); err != nil {
@@ -358,17 +290,10 @@ func RunStaged(ctx context.Context, cfg StagedConfig) (*StagedResult, error) {
 			r.log.Info("stage rebuilt", "stage", f.Stage, "recovery", f.Recovery, "before", res.PreFailure, "after", res.PostFailure)
 			say(cfg.Progress, "step %d: validation loss %.4f before the loss of stage %d, %.4f after its rebuild", done, res.PreFailure, f.Stage, res.PostFailure)
 		}
-		observe(done, loss)
 	}
 	res.Seconds = trainTime.Seconds()
 	res.StepSeconds = res.Seconds / float64(cfg.Steps)
 	res.FinalValLoss = res.Curve[len(res.Curve)-1].ValLoss
-	if res.Timing, err = r.timing(); err != nil {
-		return res, err
-	}
-	if r.sw != nil {
-		res.ActivationMB = float64(r.sw.activationBytes()) / 1e6
-	}
 	return res, nil
 }
 
@@ -385,8 +310,7 @@ type stagedRun struct {
 	corpus  *data.Corpus
 	nodes   []*trainer.StageReplica // node v = stage v/R, replica v%R
 	drivers []*pipeline.RelayDriver
-	relay   *transport.MemNetwork   // nil with a StagedNetwork
-	sw      *stagedSwarm            // nil without
+	relay   *transport.MemNetwork
 	outer   []*transport.MemNetwork // one per stage
 	colls   []optimizer.Collective  // per node (DiLoCo)
 	outers  []stageOuter            // per node
@@ -394,45 +318,9 @@ type stagedRun struct {
 	rctx    context.Context // the drivers' context
 	cancel  context.CancelFunc
 	closers []func()
-	// relayClosers and stageClosers stop the relay's transports and each
-	// stage's collective, which a failure replaces (with a StagedNetwork).
-	relayClosers []func()
+	// stageClosers stop each stage's collective.
 	stageClosers [][]func()
 	adamW        optimizer.AdamWConfig
-	// What the run measured for the simulator's comparison (timing): each
-	// step's relay phase, each DiLoCo round's all-reduce, and whether the
-	// relays were just (re)started.
-	iters     []stagedIter
-	last      []pipeline.Path // the last step's schedule
-	crossings int             // node boundaries the schedules crossed, all steps
-	reduces   []float64
-	cold      bool
-	// For StagedView: how each stage was last rebuilt, and the membership
-	// changes not yet reported.
-	rebuiltNote []string
-	events      []StagedEvent
-	handoffs    handoffs
-}
-
-// view is the run after done steps (StagedConfig.OnStep).
-func (r *stagedRun) view(done int, loss, val float32) StagedView {
-	v := StagedView{Step: done, TrainLoss: loss, ValLoss: val, Rounds: len(r.reduces),
-		Tokens:  r.cfg.Microbatches * r.cfg.Batch * r.T,
-		Rebuilt: slices.Clone(r.rebuiltNote), Events: r.events}
-	r.events = nil
-	v.Paths = r.last
-	for i, node := range r.nodes {
-		n := StagedNode{Peer: string(r.peerID(i)), Stage: node.Stage(), Replica: node.Replica()}
-		for k := range 3 {
-			b, _ := node.TaskTimes(k)
-			n.ComputeSeconds += b.Seconds()
-		}
-		if r.sw != nil {
-			n.BytesSent, n.BytesRecv = r.sw.traffic(i, r.cfg.Stages)
-		}
-		v.Nodes = append(v.Nodes, n)
-	}
-	return v
 }
 
 // relayTick is the relays' clock; a hop may take relayHopSeconds before
@@ -493,33 +381,15 @@ func newStagedRun(ctx context.Context, cfg StagedConfig) (_ *stagedRun, err erro
 			return nil, err
 		}
 		node := trainer.NewStageReplica(s, v%R, dev, runner)
-		node.SetTrace(func(iter uint64, mb int, sp trainer.TaskSpan) {
-			sp.Node = v
-			r.handoffs.add(iter, mb, sp)
-		})
 		r.nodes = append(r.nodes, node)
 	}
-	r.handoffs.spans = map[[2]uint64][]trainer.TaskSpan{}
-	if cfg.Network != nil {
-		relayMax := r.relayConfig(0).MaxMessage()
-		outerMax := int64(0)
-		for _, n := range r.nodes {
-			outerMax = max(outerMax, 8*int64(n.Len())+1<<20) // a butterfly part, fp32 at most, and headers
-		}
-		if r.sw, err = newStagedSwarm(r.rctx, *cfg.Network, S*R, relayMax, outerMax, r.log); err != nil {
-			return nil, err
-		}
-		r.closers = append(r.closers, r.sw.close)
-	} else {
-		r.relay = transport.NewMemNetwork()
-	}
+	r.relay = transport.NewMemNetwork()
 	if err := r.startRelays(); err != nil {
 		return nil, err
 	}
 	if err := r.startOuter(); err != nil {
 		return nil, err
 	}
-	r.publish()
 	ec := trainer.SetupConfig{Preset: cfg.Preset, Batch: cfg.Batch, SeqLen: cfg.SeqLen, Seed: cfg.Seed,
 		Dev: kernels.NewCPU(max(cfg.Threads, 1)), Corpus: r.corpus, Workers: 1, AdamW: r.adamW, ValBatches: cfg.EvalBatches}
 	if r.eval, err = trainer.NewSetup(ec); err != nil {
@@ -558,32 +428,17 @@ func (r *stagedRun) relayConfig(v int) pipeline.RelayConfig {
 
 // peerID is how the relay and the collectives name node v.
 func (r *stagedRun) peerID(v int) transport.PeerID {
-	if r.sw != nil {
-		return r.sw.id(v)
-	}
 	return transport.PeerID(fmt.Sprintf("stage%d-replica%d", v/r.cfg.Replicas, v%r.cfg.Replicas))
 }
 
 // startRelays starts every node's relay driver over the current nodes.
 func (r *stagedRun) startRelays() error {
-	r.cold = true
 	ids := make([]transport.PeerID, len(r.nodes))
 	for v := range ids {
 		ids[v] = r.peerID(v)
 	}
 	for v, node := range r.nodes {
-		var peers transport.Peers
-		if r.sw != nil {
-			p, closeP, err := r.sw.relayPeers(v)
-			if err != nil {
-				return err
-			}
-			peers = p
-			r.relayClosers = append(r.relayClosers, closeP)
-		} else {
-			peers = r.relay.Join(ids[v])
-		}
-		d, err := pipeline.NewRelayDriver(peers, ids, node.Recorder(), r.relayConfig(v), pipeline.RelayOptions{Tick: relayTick, Logger: r.log})
+		d, err := pipeline.NewRelayDriver(r.relay.Join(ids[v]), ids, node.Recorder(), r.relayConfig(v), pipeline.RelayOptions{Tick: relayTick, Logger: r.log})
 		if err != nil {
 			return err
 		}
@@ -598,15 +453,12 @@ func (r *stagedRun) stopRelays() {
 	for _, d := range r.drivers {
 		d.Close()
 	}
-	for _, c := range r.relayClosers {
-		c()
-	}
-	r.drivers, r.relayClosers = nil, nil
+	r.drivers = nil
 }
 
-// startOuter builds each stage's DiLoCo: its own network per stage (a
-// MemNetwork, or the stage's protocol on p2p), so that the butterfly's
-// members are that stage's replicas only, as in the swarm.
+// startOuter builds each stage's DiLoCo: its own MemNetwork per stage, so
+// that the butterfly's members are that stage's replicas only, as in the
+// swarm.
 func (r *stagedRun) startOuter() error {
 	r.colls, r.outers = make([]optimizer.Collective, len(r.nodes)), make([]stageOuter, len(r.nodes))
 	r.stageClosers = make([][]func(), r.cfg.Stages)
@@ -625,32 +477,17 @@ func (r *stagedRun) startOuter() error {
 // current weights, at round 0.
 func (r *stagedRun) startStageOuter(s int) error {
 	R := r.cfg.Replicas
-	var net *transport.MemNetwork
+	net := transport.NewMemNetwork()
+	r.outer = append(r.outer, net)
 	members := make([]transport.PeerID, R)
 	for k := range R {
 		members[k] = r.peerID(s*R + k)
 	}
-	if r.sw == nil {
-		net = transport.NewMemNetwork()
-		r.outer = append(r.outer, net)
-	}
 	for k := range R {
 		v := s*R + k
 		node := r.nodes[v]
-		var p transport.Peers
-		var signer transport.Signer
-		if r.sw != nil {
-			var closeP func()
-			var err error
-			if p, closeP, err = r.sw.outerPeers(v, s, members); err != nil {
-				return err
-			}
-			r.stageClosers[s] = append(r.stageClosers[s], closeP)
-			signer = r.sw.signer(v)
-		} else {
-			p = net.Join(members[k])
-			signer = swarmSigner{p.Self()}
-		}
+		p := net.Join(members[k])
+		signer := swarmSigner{p.Self()}
 		phi := make([]float32, node.Len())
 		node.Params(phi)
 		if r.cfg.StageOuter == NoLoCo {
@@ -741,19 +578,6 @@ func (r *stagedRun) stopStageOuter(s int) {
 	r.stageClosers[s] = nil
 }
 
-// publish makes every node's weights and last gradient norm what it serves
-// to a replacement of a neighbouring stage (with a StagedNetwork).
-func (r *stagedRun) publish() {
-	if r.sw == nil {
-		return
-	}
-	for v, node := range r.nodes {
-		w := make([]float32, node.Len())
-		node.Params(w)
-		r.sw.publish(v, node.LastNorm(), w)
-	}
-}
-
 func (r *stagedRun) close() {
 	if r.cancel != nil {
 		r.cancel()
@@ -804,18 +628,10 @@ func (r *stagedRun) step(ctx context.Context, step int) (float32, error) {
 	outs := make([][]pipeline.Outcome, len(r.drivers))
 	errs := make([]error, len(r.drivers))
 	var wg sync.WaitGroup
-	began := time.Now()
 	for v, d := range r.drivers {
 		wg.Go(func() { outs[v], errs[v] = d.Run(rctx, iter, paths) })
 	}
 	wg.Wait()
-	if len(r.iters) < maxTimedIters {
-		r.iters = append(r.iters, stagedIter{paths: paths, seconds: time.Since(began).Seconds(), cold: r.cold})
-	}
-	r.last, r.cold = paths, false
-	if r.sw != nil {
-		r.crossings += crossings(paths)
-	}
 	if err := errors.Join(errs...); err != nil {
 		return 0, fmt.Errorf("experiment: staged step %d: %w", step, err)
 	}
@@ -844,7 +660,6 @@ func (r *stagedRun) step(ctx context.Context, step int) (float32, error) {
 		if err := r.outerStep(ctx); err != nil {
 			return 0, fmt.Errorf("experiment: staged step %d: %w", step, err)
 		}
-		r.publish()
 	}
 	return float32(sum / float64(n)), nil
 }
@@ -855,8 +670,6 @@ func (r *stagedRun) outerStep(ctx context.Context) error {
 	if r.cfg.Replicas < 2 {
 		return nil
 	}
-	began := time.Now()
-	defer func() { r.reduces = append(r.reduces, time.Since(began).Seconds()) }()
 	errs := make([]error, len(r.nodes))
 	var wg sync.WaitGroup
 	for v, node := range r.nodes {
@@ -911,10 +724,8 @@ func (r *stagedRun) evaluate() (float32, error) {
 // rebuilt returns the weights that replace lost stage f.Stage: CheckFree's
 // weighted average of its neighbours (replica 0 of each: after a round all
 // replicas agree), each weighted by the mean over its replicas of their
-// last gradient norms; or a fresh random initialization. With a
-// StagedNetwork the neighbours' weights and norms are fetched over the
-// network by the stage's replacement node.
-func (r *stagedRun) rebuilt(ctx context.Context, f StageFailure) ([]float32, error) {
+// last gradient norms; or a fresh random initialization.
+func (r *stagedRun) rebuilt(f StageFailure) ([]float32, error) {
 	R := r.cfg.Replicas
 	lost := r.nodes[f.Stage*R]
 	dst := make([]float32, lost.Len())
@@ -929,7 +740,7 @@ func (r *stagedRun) rebuilt(ctx context.Context, f StageFailure) ([]float32, err
 			return nil, err
 		}
 		if rec.Copy() { // CheckFree+: an edge stage is its swap partner's copy
-			w, _, err := r.neighbour(ctx, f.Stage*R, rec.From[0])
+			w, _, err := r.neighbour(rec.From[0])
 			if err != nil {
 				return nil, err
 			}
@@ -940,11 +751,11 @@ func (r *stagedRun) rebuilt(ctx context.Context, f StageFailure) ([]float32, err
 			return nil, fmt.Errorf("%w: stage %d (%d parameters) cannot be rebuilt from stages %d and %d (%d and %d)",
 				ErrConfig, f.Stage, lost.Len(), rec.From[0], rec.From[1], prev.Len(), next.Len())
 		}
-		pw, pn, err := r.neighbour(ctx, f.Stage*R, rec.From[0])
+		pw, pn, err := r.neighbour(rec.From[0])
 		if err != nil {
 			return nil, err
 		}
-		nw, nn, err := r.neighbour(ctx, f.Stage*R, rec.From[1])
+		nw, nn, err := r.neighbour(rec.From[1])
 		if err != nil {
 			return nil, err
 		}
@@ -957,109 +768,45 @@ func (r *stagedRun) rebuilt(ctx context.Context, f StageFailure) ([]float32, err
 }
 
 // neighbour is stage s's weights (replica 0's) and the mean of its
-// replicas' last gradient norms, as node self (the replacement) gets them.
-func (r *stagedRun) neighbour(ctx context.Context, self, s int) ([]float32, float64, error) {
+// replicas' last gradient norms.
+func (r *stagedRun) neighbour(s int) ([]float32, float64, error) {
 	R := r.cfg.Replicas
 	w := make([]float32, r.nodes[s*R].Len())
 	var sum float64
 	for k := range R {
-		if r.sw == nil {
-			sum += r.nodes[s*R+k].LastNorm()
-			continue
-		}
-		norm, got, err := r.sw.fetchWeights(ctx, self, s*R+k, len(w))
-		if err != nil {
-			return nil, 0, err
-		}
-		if k == 0 {
-			w = got
-		}
-		sum += norm
+		sum += r.nodes[s*R+k].LastNorm()
 	}
-	if r.sw == nil {
-		r.nodes[s*R].Params(w)
-	}
+	r.nodes[s*R].Params(w)
 	return w, sum / float64(R), nil
 }
 
 // fail wipes every replica of stage f.Stage after step done and installs
 // the rebuilt weights with a fresh optimizer; the stage's DiLoCo members
 // restart from the rebuilt weights (zero momentum) at the current round,
-// as a replacement node would after taking the run's state. With a
-// StagedNetwork the stage's nodes are killed and new nodes (new
-// identities) join in their place: the relay is re-routed to them and the
-// stage's collective restarts among them.
-func (r *stagedRun) fail(ctx context.Context, f StageFailure, done int) error {
+// as a replacement node would after taking the run's state.
+func (r *stagedRun) fail(f StageFailure, done int) error {
 	R := r.cfg.Replicas
 	round := uint64(0)
 	if o := r.outers[f.Stage*R]; o != nil {
 		round = o.round()
 	}
-	if r.sw != nil {
-		began := time.Now()
-		r.stopRelays()
-		r.stopStageOuter(f.Stage)
-		// The stage loses its last node; then replacements join, new
-		// identities that know nothing of the stage.
-		for k := range R {
-			r.events = append(r.events, StagedEvent{Peer: string(r.peerID(f.Stage*R + k)), Stage: f.Stage})
-			r.sw.kill(f.Stage*R + k)
-		}
-		say(r.cfg.Progress, "step %d: stage %d lost: its %d node(s) killed", done, f.Stage, R)
-		for k := range R {
-			if err := r.sw.start(ctx, f.Stage*R+k); err != nil {
-				return err
-			}
-		}
-		if err := r.sw.waitMembers(ctx); err != nil {
-			return err
-		}
-		for k := range R {
-			r.events = append(r.events, StagedEvent{Peer: string(r.peerID(f.Stage*R + k)), Stage: f.Stage, Joined: true})
-		}
-		say(r.cfg.Progress, "step %d: %d new node(s) joined for stage %d in %.1fs", done, R, f.Stage, time.Since(began).Seconds())
-	}
 	began := time.Now()
-	w, err := r.rebuilt(ctx, f)
+	w, err := r.rebuilt(f)
 	if err != nil {
 		return err
 	}
-	if r.rebuiltNote != nil {
-		r.rebuiltNote[f.Stage] = fmt.Sprintf("%s after step %d", f.Recovery, done)
-	}
 	if f.Recovery == CheckFree {
 		rec, _ := pipeline.Recover(f.Stage, r.cfg.Stages, r.cfg.CheckFreePlus)
-		if r.rebuiltNote != nil {
-			if rec.Copy() {
-				r.rebuiltNote[f.Stage] = fmt.Sprintf("CheckFree+: copy of stage %d, after step %d", rec.From[0], done)
-			} else {
-				r.rebuiltNote[f.Stage] = fmt.Sprintf("CheckFree: from stages %d and %d, after step %d", rec.From[0], rec.From[1], done)
-			}
-		}
-		how := "in process"
-		if r.sw != nil {
-			how = "weights fetched over the network"
-		}
 		if rec.Copy() {
-			say(r.cfg.Progress, "step %d: stage %d rebuilt by CheckFree+ as a copy of its swap partner, stage %d (%s), in %.2fs", done, f.Stage, rec.From[0], how, time.Since(began).Seconds())
+			say(r.cfg.Progress, "step %d: stage %d rebuilt by CheckFree+ as a copy of its swap partner, stage %d, in %.2fs", done, f.Stage, rec.From[0], time.Since(began).Seconds())
 		} else {
-			say(r.cfg.Progress, "step %d: stage %d rebuilt by CheckFree from stages %d and %d (%s) in %.2fs", done, f.Stage, rec.From[0], rec.From[1], how, time.Since(began).Seconds())
+			say(r.cfg.Progress, "step %d: stage %d rebuilt by CheckFree from stages %d and %d in %.2fs", done, f.Stage, rec.From[0], rec.From[1], time.Since(began).Seconds())
 		}
 	}
 	for k := range R {
 		node := r.nodes[f.Stage*R+k]
 		node.SetParams(w)
 		node.FreshOptimizer(done, pipeline.RebuildLRFactor)
-	}
-	if r.sw != nil {
-		if err := r.startRelays(); err != nil {
-			return err
-		}
-		if R > 1 {
-			if err := r.startStageOuter(f.Stage); err != nil {
-				return err
-			}
-		}
 	}
 	for k := range R {
 		if o := r.outers[f.Stage*R+k]; o != nil {
@@ -1068,42 +815,5 @@ func (r *stagedRun) fail(ctx context.Context, f StageFailure, done int) error {
 			}
 		}
 	}
-	r.publish()
 	return nil
-}
-
-// StagedConfigOf is the staged run a manifest describes ([pipeline] with
-// stages of 2 or more; DiLoCo among each stage's replicas, or NoLoCo with
-// its random routing between them): the model,
-// batch and sequence length, AdamW, the outer step, the wire codec of the
-// collective and the pipeline's stages, skip ratio, microbatches and
-// CheckFree+. What a manifest leaves to the volunteers (replicas per
-// stage, steps, threads, the network) keeps DefaultStagedConfig's values
-// for the caller to set.
-func StagedConfigOf(m manifest.Manifest) (StagedConfig, error) {
-	if err := m.ValidateTemplate(); err != nil {
-		return StagedConfig{}, err
-	}
-	p, o := m.Pipeline, m.Optimizer
-	switch {
-	case !p.Staged():
-		return StagedConfig{}, fmt.Errorf("%w: manifest %s is not staged (pipeline.stages = %d)", ErrConfig, m.ShortHash(), p.Stages)
-	case o.Kind == manifest.KindDiLoCo && (!o.Nesterov || o.Delayed):
-		return StagedConfig{}, fmt.Errorf("%w: a staged run's DiLoCo is Nesterov and not delayed (optimizer.nesterov = %v, delayed = %v)",
-			ErrConfig, o.Nesterov, o.Delayed)
-	}
-	c := DefaultStagedConfig()
-	c.Preset, c.Seed, c.Batch, c.SeqLen = m.Model.Preset, m.Model.Seed, m.Model.Batch, m.SeqLen()
-	c.Stages, c.SkipRatio, c.Microbatches, c.CheckFreePlus = p.Stages, p.SkipRatio, p.Microbatches, p.CheckFreePlus
-	c.InnerSteps = o.InnerSteps
-	c.AdamW.LR, c.AdamW.Warmup, c.AdamW.WeightDecay, c.AdamW.Clip = o.InnerLR, o.Warmup, o.WeightDecay, o.GradClip
-	c.DiLoCo.OuterLR, c.DiLoCo.Momentum = o.OuterLR, o.OuterMomentum
-	if o.Kind == manifest.KindNoLoCo {
-		// NoLoCo within each stage, and its random routing between the
-		// replicas of the next stage.
-		c.StageOuter, c.RandomRouting = NoLoCo, true
-		c.NoLoCo.OuterLR, c.NoLoCo.Momentum, c.NoLoCo.Gamma, c.NoLoCo.GroupSize = o.OuterLR, o.OuterMomentum, o.Gamma, o.GroupSize
-	}
-	c.Outer = m.Codec()
-	return c, nil
 }

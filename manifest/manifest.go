@@ -363,16 +363,16 @@ func (m Manifest) Schedule() pipeline.RotatingSchedule {
 
 // CheckStaged says whether volunteers can run m's pipeline: a staged
 // run averages each stage's replicas with Nesterov DiLoCo, not delayed
-// (NoLoCo between a stage's replicas runs in `skein demo --stages`, not
-// yet over `skein node join`). nil for a data-parallel run.
+// (NoLoCo between a stage's replicas runs in process, `skein bench
+// staged`, not yet over `skein node join`). nil for a data-parallel run.
 func (m Manifest) CheckStaged() error {
 	p, o := m.Pipeline, m.Optimizer
 	switch {
 	case !p.Staged():
 		return nil
 	case o.Kind != KindDiLoCo:
-		return fmt.Errorf("a staged run's volunteers average each stage's replicas with DiLoCo; optimizer.kind = %q runs staged only in `skein demo --stages %d`",
-			o.Kind, p.Stages)
+		return fmt.Errorf("a staged run's volunteers average each stage's replicas with DiLoCo; optimizer.kind = %q runs staged only in process (skein bench staged), not over skein node join",
+			o.Kind)
 	case !o.Nesterov || o.Delayed:
 		return fmt.Errorf("a staged run's DiLoCo is Nesterov and not delayed (optimizer.nesterov = %v, delayed = %v)", o.Nesterov, o.Delayed)
 	}

@@ -403,8 +403,13 @@ type Store struct {
 	nEvents int
 	totals  totals
 	refused uint64
-	gen     uint64
-	changed chan struct{}
+	// attempts is each peer's latest reported round, refused or not, and
+	// when (in memory, at most MaxPeers): a run whose members all jump
+	// ahead together (a staged run skipping iterations after a re-plan)
+	// moves its reference round with them, a lone liar does not.
+	attempts map[string]attempt
+	gen      uint64
+	changed  chan struct{}
 }
 
 // Open opens (or creates) the history file at path and loads its mirror. If
@@ -583,6 +588,9 @@ func (s *Store) record(peer string, rep telemetry.Report, at time.Time) error {
 	ref, ok := s.certifiedRound(at)
 	if !ok && len(others) > 0 {
 		ref, ok = majorityRound(others), true
+	}
+	if ok {
+		ref = max(ref, s.attempted(peer, r.Round, at))
 	}
 	if ok && r.Round > ref && r.Round-ref > s.cfg.MaxRoundLead {
 		return fmt.Errorf("%w: round %d from %s, run at %d (lead at most %d)", ErrRoundAhead, r.Round, ShortID(peer), ref, s.cfg.MaxRoundLead)
@@ -1009,3 +1017,40 @@ func msTime(ms int64) time.Time { return time.UnixMilli(ms).UTC() }
 func hashHex(h uint64) string { return fmt.Sprintf("%016x", h) }
 
 func ptr[T any](v T) *T { return &v }
+
+type attempt struct {
+	round uint64
+	at    int64 // unix ms
+}
+
+// attempted records peer's report of round and returns the round that a
+// strict majority (at least two) of the peers with a recent report, this
+// one included, have reported at least: refused reports count, so members
+// that all moved ahead are followed; 0 when no such majority is ahead.
+func (s *Store) attempted(peer string, round uint64, at time.Time) uint64 {
+	now := at.UnixMilli()
+	if s.attempts == nil {
+		s.attempts = map[string]attempt{}
+	}
+	if _, ok := s.attempts[peer]; !ok && len(s.attempts) >= s.cfg.MaxPeers {
+		for id, a := range s.attempts { // forget the oldest
+			if now-a.at > s.cfg.Fresh.Milliseconds() {
+				delete(s.attempts, id)
+			}
+		}
+		if len(s.attempts) >= s.cfg.MaxPeers {
+			return 0
+		}
+	}
+	s.attempts[peer] = attempt{round, now}
+	var rounds []uint64
+	for _, a := range s.attempts {
+		if now-a.at <= s.cfg.Fresh.Milliseconds() {
+			rounds = append(rounds, a.round)
+		}
+	}
+	if len(rounds) < 2 {
+		return 0
+	}
+	return majorityRound(rounds)
+}

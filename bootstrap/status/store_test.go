@@ -581,3 +581,30 @@ func TestStoreDepartedDoNotCount(t *testing.T) {
 		t.Fatalf("the lone survivor's round 3 is not certified: %+v", hist)
 	}
 }
+
+// Members that all move ahead together (a staged run skipping iterations
+// after a re-plan) are followed: the first report past the lead is refused,
+// the others' move the reference; a lone reporter far ahead still is not.
+func TestStoreFollowsMembersThatJumpTogether(t *testing.T) {
+	s, _ := openStore(t, testConfig())
+	feedRun(t, s, 3, 1, 3)
+	at := t0.Add(40 * time.Second)
+	if err := s.Record(peerID(0), fakeReport(12, 2, 2, 3), at); !errors.Is(err, ErrRoundAhead) {
+		t.Fatalf("a lone jump of 9 rounds: %v", err)
+	}
+	for i := 1; i < 3; i++ {
+		if err := s.Record(peerID(i), fakeReport(12, 2, 2, 3), at.Add(time.Duration(i)*time.Second)); err != nil {
+			t.Fatalf("member %d jumping with the others: %v", i, err)
+		}
+	}
+	if err := s.Record(peerID(0), fakeReport(12, 2, 2, 3), at.Add(3*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	hist, err := s.History(12, 1)
+	if err != nil || len(hist) != 1 || !hist[0].Certified {
+		t.Fatalf("round 12 not certified: %+v, %v", hist, err)
+	}
+	if err := s.Record(peerID(1), fakeReport(1012, 2, 2, 3), at.Add(4*time.Second)); !errors.Is(err, ErrRoundAhead) {
+		t.Fatalf("a lone jump past the others: %v", err)
+	}
+}

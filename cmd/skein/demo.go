@@ -9,7 +9,6 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/skein-ml/skein/demo"
-	"github.com/skein-ml/skein/experiment"
 	"github.com/skein-ml/skein/manifest"
 	"github.com/skein-ml/skein/node"
 )
@@ -30,14 +29,15 @@ func demoCommand() *cli.Command {
 			"killed -9 and restarted, a straggler paused, and with --hostile a volunteer that misbehaves. At the\n" +
 			"end it prints the invariants it checked (honest state hashes agree after every round, no round lost,\n" +
 			"validation loss still falling, no survivor crashed, no leaked process) and fails if one broke.\n\n" +
-			"--stages S runs a staged model instead: the tiny GPT split into S pipeline stages of --replicas nodes\n" +
-			"each, every node a libp2p host on loopback (QUIC through the WAN emulator). Each microbatch takes a\n" +
-			"SkipPipe path that skips --skip-ratio of the stages; activations go forward and gradients back over\n" +
-			"the network in bf16; each stage's replicas average with DiLoCo. Halfway through, every node of\n" +
-			"--fail-stage is killed; new nodes join, take their neighbours' weights over the network and rebuild\n" +
-			"the stage with CheckFree, and training goes on. Ends with the loss, the bytes sent and the network\n" +
-			"simulator's prediction of the iteration and round times against the measured ones. With\n" +
-			"--optimizer noloco each stage's replicas use NoLoCo, and microbatches go to random replicas.",
+			"--stages S runs a staged model instead: the same bootstrap and `skein node join` processes with a\n" +
+			"manifest that splits the tiny GPT into S pipeline stages; the bootstrap places S x --replicas\n" +
+			"volunteers in them. Each microbatch takes a SkipPipe path that skips --skip-ratio of the stages;\n" +
+			"activations go forward and gradients back over the network in bf16; each stage's replicas average\n" +
+			"with DiLoCo. Halfway through, every volunteer of --fail-stage is killed -9 and as many new ones join;\n" +
+			"the bootstrap re-plans, and the volunteers it puts in the lost stage rebuild it with CheckFree from\n" +
+			"its neighbours' weights. Runs for --steps iterations, and until the lost stage has trained a round\n" +
+			"again (or for --duration). Ends with the training loss, the bytes sent, the stages and how long the\n" +
+			"lost stage took to train again.",
 		Flags: []cli.Flag{
 			&cli.IntFlag{Name: "volunteers", Value: d.Volunteers, Usage: "volunteer processes"},
 			&cli.StringFlag{Name: "optimizer", Value: d.Manifest.Optimizer.Kind, Usage: "outer optimizer: diloco or noloco"},
@@ -55,18 +55,15 @@ func demoCommand() *cli.Command {
 			&cli.BoolFlag{Name: "chaos", Usage: "chaos soak: kill -9 and restart a third of the volunteers every --chaos-every, pause one (SIGSTOP) between waves, then check the run's invariants (exit status 1 if one broke)"},
 			&cli.DurationFlag{Name: "chaos-every", Value: time.Minute, Usage: "period of the chaos soak's kill waves"},
 			&cli.DurationFlag{Name: "chaos-pause", Value: 20 * time.Second, Usage: "how long the chaos soak pauses a straggler"},
-			&cli.StringFlag{Name: "hostile", Usage: "add a hostile volunteer: scale (x1000 contributions), signflip, nan (values past every bound), forge (tampered aggregates), lonejump (announces the next round with weights of its own, certified by itself) or telemetry (lies to the status page)"},
+			&cli.StringFlag{Name: "hostile", Usage: "add a hostile volunteer: scale (x1000 contributions), signflip, nan (values past every bound), forge (tampered aggregates), collude (the norm budget in a few coordinates; with --hostile-count 2 or more, the same ones), lonejump (announces the next round with weights of its own, certified by itself) or telemetry (lies to the status page)"},
+			&cli.IntFlag{Name: "hostile-count", Value: 1, Usage: "with --hostile: how many hostile volunteers (fewer than --volunteers; colluders for collude)"},
 			&cli.IntFlag{Name: "stages", Usage: "split the model into this many pipeline stages (SkipPipe, with CheckFree); 0: data-parallel volunteers"},
-			&cli.IntFlag{Name: "replicas", Value: 2, Usage: "with --stages: nodes per stage (they average with DiLoCo every --inner-steps)"},
+			&cli.IntFlag{Name: "replicas", Value: 2, Usage: "with --stages: volunteers per stage (they average with DiLoCo every --inner-steps)"},
 			&cli.Float64Flag{Name: "skip-ratio", Value: 1.0 / 3, Usage: "with --stages: k, the share of the S stages each microbatch skips (it visits S(1-k), stage 0 always; rounded to whole stages)"},
-			&cli.IntFlag{Name: "steps", Value: 60, Usage: "with --stages: training steps"},
-			&cli.IntFlag{Name: "fail-stage", Value: -1, Usage: "with --stages: the stage whose nodes are all killed halfway (-1: the last; 0: none)"},
-			&cli.StringFlag{Name: "recovery", Value: string(experiment.CheckFree), Usage: "with --stages: how the lost stage is rebuilt: checkfree (from its neighbours; CheckFree+ for edge stages) or random"},
+			&cli.IntFlag{Name: "steps", Value: 60, Usage: "with --stages: stop after this many iterations (0: at --duration, if set, or Ctrl-C)"},
+			&cli.IntFlag{Name: "fail-stage", Value: -1, Usage: "with --stages: the stage whose volunteers are all killed halfway (-1: the last; 0: none)"},
 		},
 		Action: func(c *cli.Context) error {
-			if c.Int("stages") > 0 {
-				return stagedDemo(c)
-			}
 			log, err := logger(c)
 			if err != nil {
 				return err
@@ -86,9 +83,9 @@ func demoCommand() *cli.Command {
 			cfg.ChaosSeed = uint64(time.Now().UnixNano())
 			if h := c.String("hostile"); h != "" {
 				if node.HostileMode(h) == "" {
-					return fmt.Errorf("--hostile %q: want scale, signflip, nan, forge, lonejump or telemetry", h)
+					return fmt.Errorf("--hostile %q: want scale, signflip, nan, forge, collude, lonejump or telemetry", h)
 				}
-				cfg.Hostile = h
+				cfg.Hostile, cfg.HostileCount = h, c.Int("hostile-count")
 			}
 			if cfg.ChaosEvery <= 0 || cfg.ChaosPause <= 0 {
 				return fmt.Errorf("--chaos-every %v and --chaos-pause %v must be positive", cfg.ChaosEvery, cfg.ChaosPause)
@@ -102,17 +99,13 @@ func demoCommand() *cli.Command {
 				}
 				cfg.Corpus = append(cfg.Corpus, abs)
 			}
+			if c.Int("stages") > 0 {
+				return stagedDemo(c, cfg)
+			}
 			if cfg.Duration == 0 && cfg.TargetLoss == 0 {
 				fmt.Fprintln(os.Stderr, "skein demo: no --duration or --target-loss: running until Ctrl-C")
 			}
-			if cfg.Binary, err = os.Executable(); err != nil {
-				return err
-			}
-			if cfg.Dir = c.Path("dir"); cfg.Dir == "" {
-				if cfg.Dir, err = os.MkdirTemp("", "skein-demo-"); err != nil {
-					return err
-				}
-			} else if cfg.Dir, err = filepath.Abs(cfg.Dir); err != nil {
+			if err := demoPlace(c, &cfg); err != nil {
 				return err
 			}
 			began := time.Now()
@@ -127,4 +120,18 @@ func demoCommand() *cli.Command {
 			return nil
 		},
 	}
+}
+
+// demoPlace sets the demo's binary (this one) and directory (--dir, or a
+// new temporary one).
+func demoPlace(c *cli.Context, cfg *demo.Config) (err error) {
+	if cfg.Binary, err = os.Executable(); err != nil {
+		return err
+	}
+	if cfg.Dir = c.Path("dir"); cfg.Dir == "" {
+		cfg.Dir, err = os.MkdirTemp("", "skein-demo-")
+		return err
+	}
+	cfg.Dir, err = filepath.Abs(cfg.Dir)
+	return err
 }
