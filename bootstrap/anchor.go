@@ -152,9 +152,10 @@ func (a *anchors) poll(ctx context.Context) {
 		if errors.Is(err, replica.ErrBrokenChain) && len(chain) > 0 {
 			// Churn and dissent left fewer than half of the trusted group
 			// among a later round's signers: start again from the latest
-			// certificate, as at the first, if the live majority signed it.
+			// certificate if the live majority signed it, half of the
+			// trusted group among them (sybils hold none of it).
 			latest := chain[len(chain)-1]
-			if verr := a.book.Anchorless(latest); verr == nil {
+			if verr := a.book.Anchorless(latest); verr == nil && latest.Rejoins(t) {
 				if err = a.book.Reanchor(latest); err == nil {
 					a.log.Info("the chain no longer extends; re-anchored on the live majority's certificate", "round", latest.Round)
 					last = latest

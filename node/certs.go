@@ -313,11 +313,13 @@ func (c *certs) follow(ctx context.Context, a announcement, boot *replica.Certif
 			// group among a later round's signers (a straggler left, a
 			// hostile member voted for another state): then this member
 			// is a newcomer again, and takes the latest certificate only if
-			// a strict majority of the volunteers it sees live signed it.
+			// a strict majority of the volunteers it sees live signed it,
+			// half of its trusted group among them (Rejoins: sybils who
+			// outnumber the live honest volunteers still hold none of it).
 			// (A newcomer, whose chain must extend the bootstrap's anchor,
 			// never gets here.)
 			latest := chain[len(chain)-1]
-			if verr := c.book.Anchorless(latest); verr == nil {
+			if verr := c.book.Anchorless(latest); verr == nil && latest.Rejoins(t) {
 				if err = c.book.Reanchor(latest); err == nil {
 					c.log.Info("the trusted chain no longer extends; re-anchored on the live majority's certificate", "round", latest.Round)
 					last = latest

@@ -356,14 +356,19 @@ func (v *Volunteer) announce(ctx context.Context) {
 
 // resynced takes the run's state when this member ended its round with
 // another state than the one the round's certificate names (a strict
-// majority of the round's group; DESIGN.md, consistency) and says whether
-// it did. Without a certificate for the round (not yet formed, or a split
-// group) nothing changes: no plurality, no single member decides.
+// majority of the round's group; DESIGN.md, consistency), or the state its
+// own vote would certify (replica.Book.Swing), and says whether it did.
+// Otherwise nothing changes: no plurality, no single member decides.
 func (v *Volunteer) resynced(ctx context.Context) bool {
 	if v.certs == nil || v.cfg.Hostile == HostileLoneJump {
 		return false // a lone jumper knows it lies, and contributes honestly
 	}
 	cert, ok := v.certs.book.At(v.dl.Round)
+	if !ok {
+		// No certificate: this member's own vote may be what splits the
+		// group (it ended the round apart, and a hostile member dissents).
+		cert, ok = v.certs.book.Swing(v.dl.Round, v.stateHash)
+	}
 	if !ok || cert.Hash == v.stateHash {
 		return false
 	}

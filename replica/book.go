@@ -166,6 +166,30 @@ func (b *Book) AddVote(v *Certificate, from transport.PeerID) (*Certificate, err
 	return b.formLocked(c), nil
 }
 
+// Swing returns, for round, a state this member's vote would certify:
+// held by at least two other members of the group it voted in, and by a
+// strict majority of that group once this member's vote is added. A member
+// that ended a round apart from the others (a straggler, a member excluded
+// behind its back) takes that state when its round has no certificate
+// because its own vote and a hostile one split the group; no lone member,
+// and no pair in a group where they plus this member are not a majority,
+// moves it.
+func (b *Book) Swing(round, mine uint64) (*Certificate, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	d, ok := b.mine[round]
+	if !ok {
+		return nil, false
+	}
+	for k, c := range b.pending {
+		n := len(c.Signers())
+		if k.round == round && k.group == d && k.hash != mine && n >= 2 && 2*(n+1) > len(c.Group) {
+			return c, true
+		}
+	}
+	return nil, false
+}
+
 // formLocked trusts c when a strict majority of its group signed it; it
 // returns c then, else nil.
 //

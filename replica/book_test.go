@@ -103,3 +103,28 @@ func TestBookReanchor(t *testing.T) {
 		t.Fatalf("an older certificate: %v", err)
 	}
 }
+
+// Swing: a member that ended the round apart takes the state two others of
+// its group hold when its vote would certify it; not one member's state.
+func TestBookSwing(t *testing.T) {
+	k, ids := newKeys(4)
+	g := ids[:4]
+	b := NewBook("run", k, &Certificate{Run: "run", Hash: 1})
+	if _, err := b.Vote(1, 0xbb, g, ids[0], k.signAs(ids[0])); err != nil {
+		t.Fatal(err)
+	}
+	// A hostile member votes for its own state: one vote is not enough.
+	b.AddVote(k.cert("run", 1, 0xee, g, ids[3:4]), ids[3])
+	if _, ok := b.Swing(1, 0xbb); ok {
+		t.Fatal("swung to one member's state")
+	}
+	b.AddVote(k.cert("run", 1, 0xaa, g, ids[1:2]), ids[1])
+	if _, ok := b.Swing(1, 0xbb); ok {
+		t.Fatal("swung to one member's state")
+	}
+	b.AddVote(k.cert("run", 1, 0xaa, g, ids[2:3]), ids[2])
+	c, ok := b.Swing(1, 0xbb)
+	if !ok || c.Hash != 0xaa {
+		t.Fatalf("two of the other three hold 0xaa: swing %v", ok)
+	}
+}

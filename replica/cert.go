@@ -164,6 +164,21 @@ func (c *Certificate) Extends(prev *Certificate) error {
 	return nil
 }
 
+// Rejoins reports whether at least half of prev's group signed c: the
+// relaxed link by which a member whose chain broke under churn and dissent
+// (Extends wants more than half) may start again from c, together with a
+// rule outside the chain (node and the bootstrap: a strict majority of the
+// live volunteers signed c). Sybils new to the run never hold half of it.
+func (c *Certificate) Rejoins(prev *Certificate) bool {
+	n := 0
+	for _, id := range c.Signers() {
+		if _, ok := slices.BinarySearch(prev.Group, id); ok {
+			n++
+		}
+	}
+	return len(prev.Group) > 0 && 2*n >= len(prev.Group)
+}
+
 // VerifyChain checks chain (in round order) against the trusted anchor and
 // returns the last certificate, or anchor when chain is empty. Every
 // certificate must verify and extend the one before it.

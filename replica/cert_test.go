@@ -175,3 +175,27 @@ func FuzzCertificate(f *testing.F) {
 		_ = c.Verify("run", k)
 	})
 }
+
+// Rejoins: half of the previous group among the signers (a straggler gone,
+// a dissenting vote), not a group of newcomers however large.
+func TestRejoins(t *testing.T) {
+	k, ids := newKeys(10)
+	prev := k.cert("run", 6, 1, ids[:4], ids[:4])
+	for _, tt := range []struct {
+		name string
+		c    *Certificate
+		want bool
+	}{
+		{"two of four stayed and signed", k.cert("run", 7, 2, ids[:3], ids[:2]), true},
+		{"one of four", k.cert("run", 7, 2, ids[:3], ids[:1]), false},
+		{"six newcomers", k.cert("run", 7, 2, ids[4:], ids[4:]), false},
+		{"one old member among newcomers", k.cert("run", 7, 2, ids[3:], ids[3:]), false},
+	} {
+		if got := tt.c.Rejoins(prev); got != tt.want {
+			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
+		}
+	}
+	if (&Certificate{}).Rejoins(&Certificate{}) {
+		t.Error("an anchor without a group is rejoined by anything")
+	}
+}
