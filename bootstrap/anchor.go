@@ -3,10 +3,8 @@ package bootstrap
 import (
 	"cmp"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"slices"
 	"sync"
@@ -40,7 +38,6 @@ type anchors struct {
 const (
 	anchorInterval = 10 * time.Second
 	anchorAsked    = 3                // volunteers asked per poll, latest round first
-	certsPage      = 16               // certificates a volunteer serves per answer
 	certTimeout    = 10 * time.Second // one request for a chain
 )
 
@@ -195,35 +192,9 @@ func (a *anchors) countersign(c *replica.Certificate) {
 func (a *anchors) fetch(ctx context.Context, id peer.ID, from uint64) ([]*replica.Certificate, error) {
 	ctx, cancel := context.WithTimeout(ctx, certTimeout)
 	defer cancel()
-	s, err := a.node.Open(ctx, id, p2p.ProtoCerts, p2p.MessageFrameConfig(replica.MaxCertBytes))
+	frames, err := a.node.Ask(ctx, id, p2p.ProtoCerts, p2p.MessageFrameConfig(replica.MaxCertBytes), replica.ChainRequest(from), replica.ChainPage)
 	if err != nil {
 		return nil, err
 	}
-	defer s.Close()
-	if err := s.WriteFrame(1, binary.LittleEndian.AppendUint64(nil, from)); err != nil {
-		s.Reset()
-		return nil, err
-	}
-	if err := s.CloseWrite(); err != nil {
-		s.Reset()
-		return nil, err
-	}
-	var chain []*replica.Certificate
-	for len(chain) < certsPage {
-		_, b, err := s.ReadFrame()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			s.Reset()
-			return nil, err
-		}
-		c := new(replica.Certificate)
-		if err := c.UnmarshalBinary(b); err != nil {
-			s.Reset()
-			return nil, err
-		}
-		chain = append(chain, c)
-	}
-	return chain, nil
+	return replica.DecodeChain(frames)
 }

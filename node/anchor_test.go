@@ -66,7 +66,7 @@ func TestNewcomerFollowsBootstrapAnchor(t *testing.T) {
 			return bytes.NewReader(blob), int64(len(blob)), nil
 		}, 0)
 		p.Unhandle(p2p.ProtoCerts)
-		err := p.Handle(p2p.ProtoCerts, (&certs{}).frames(), func(_ context.Context, s *p2p.Stream) error {
+		err := p.Handle(p2p.ProtoCerts, certFrames(), func(_ context.Context, s *p2p.Stream) error {
 			_, req, err := s.ReadFrame()
 			if err != nil || len(req) != 8 {
 				return err

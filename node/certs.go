@@ -3,10 +3,8 @@ package node
 import (
 	"cmp"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"slices"
@@ -40,13 +38,8 @@ type certs struct {
 	done   chan struct{}
 }
 
-// Bounds of the certificate protocols: the largest certificate, and how
-// many one answer carries.
-const (
-	maxCertBytes = replica.MaxCertBytes
-	certsServed  = 16
-	certTimeout  = 10 * time.Second
-)
+// certTimeout bounds a vote's delivery and a request for a chain.
+const certTimeout = 10 * time.Second
 
 // newCerts starts the certificate protocols of pn with the trusted chain
 // starting at anchor (or at the certificate saved at path, when it is the
@@ -60,12 +53,12 @@ func newCerts(pn *p2p.Node, log *slog.Logger, anchor *replica.Certificate, path 
 	}
 	book := replica.NewBook(pn.RunID(), pn.Signer(), anchor)
 	book.Anchorless = vouch
-	votes, err := p2p.NewPeers(pn, p2p.ProtoVote, maxCertBytes, certTimeout)
+	votes, err := p2p.NewPeers(pn, p2p.ProtoVote, replica.MaxCertBytes, certTimeout)
 	if err != nil {
 		return nil, err
 	}
 	c := &certs{book: book, pn: pn, log: log, votes: votes, out: transport.NewOutbox(votes, 8, log), path: path, done: make(chan struct{})}
-	if err := pn.Handle(p2p.ProtoCerts, c.frames(), c.serve); err != nil {
+	if err := pn.Handle(p2p.ProtoCerts, certFrames(), c.serve); err != nil {
 		votes.Close()
 		return nil, err
 	}
@@ -74,11 +67,8 @@ func newCerts(pn *p2p.Node, log *slog.Logger, anchor *replica.Certificate, path 
 	return c, nil
 }
 
-func (c *certs) frames() p2p.FrameConfig {
-	cfg := p2p.DefaultFrameConfig()
-	cfg.MaxSize, cfg.ReadTimeout, cfg.WriteTimeout = maxCertBytes, certTimeout, certTimeout
-	return cfg
-}
+// certFrames bounds the certificate protocols' frames.
+func certFrames() p2p.FrameConfig { return p2p.MessageFrameConfig(replica.MaxCertBytes) }
 
 // close stops the protocols.
 func (c *certs) close() {
@@ -148,11 +138,12 @@ func (c *certs) serve(_ context.Context, s *p2p.Stream) error {
 	if err != nil {
 		return err
 	}
-	if len(req) != 8 {
-		return fmt.Errorf("node: a certificate request of %d bytes", len(req))
+	from, err := replica.ParseChainRequest(req)
+	if err != nil {
+		return err
 	}
-	chain := c.book.Chain(binary.LittleEndian.Uint64(req), certsServed)
-	if f := c.forged.Load(); f != nil && len(chain) < certsServed {
+	chain := c.book.Chain(from, replica.ChainPage)
+	if f := c.forged.Load(); f != nil && len(chain) < replica.ChainPage {
 		chain = append(chain, f)
 	}
 	for _, cert := range chain {
@@ -175,37 +166,11 @@ func (c *certs) fetch(ctx context.Context, id transport.PeerID, from uint64) ([]
 	}
 	ctx, cancel := context.WithTimeout(ctx, certTimeout)
 	defer cancel()
-	s, err := c.pn.Open(ctx, pid, p2p.ProtoCerts, c.frames())
+	frames, err := c.pn.Ask(ctx, pid, p2p.ProtoCerts, certFrames(), replica.ChainRequest(from), replica.ChainPage)
 	if err != nil {
 		return nil, err
 	}
-	defer s.Close()
-	if err := s.WriteFrame(1, binary.LittleEndian.AppendUint64(nil, from)); err != nil {
-		s.Reset()
-		return nil, err
-	}
-	if err := s.CloseWrite(); err != nil {
-		s.Reset()
-		return nil, err
-	}
-	var chain []*replica.Certificate
-	for len(chain) < certsServed {
-		_, b, err := s.ReadFrame()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			s.Reset()
-			return nil, err
-		}
-		cert := new(replica.Certificate)
-		if err := cert.UnmarshalBinary(b); err != nil {
-			s.Reset()
-			return nil, err
-		}
-		chain = append(chain, cert)
-	}
-	return chain, nil
+	return replica.DecodeChain(frames)
 }
 
 // save keeps cert next to the checkpoint (best effort: a lost file only
@@ -232,7 +197,7 @@ func loadCert(path string, pn *p2p.Node) (*replica.Certificate, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(b) > maxCertBytes {
+	if len(b) > replica.MaxCertBytes {
 		return nil, fmt.Errorf("%w: %d bytes", replica.ErrBadCert, len(b))
 	}
 	c := new(replica.Certificate)
@@ -335,7 +300,7 @@ func (c *certs) follow(ctx context.Context, a announcement, boot *replica.Certif
 		}
 		moved = true
 		c.save(last)
-		if len(chain) < certsServed {
+		if len(chain) < replica.ChainPage {
 			return true
 		}
 	}

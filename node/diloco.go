@@ -154,16 +154,11 @@ func (d dilocoLoop) contribute(ctx context.Context, ph phase) error {
 
 func (d dilocoLoop) rollback(ctx context.Context) error { return d.v.rollbackDiLoCo(ctx) }
 
-func (d dilocoLoop) save() bool {
-	v := d.v
-	if v.ckPath == "" || v.su == nil || v.dl == nil {
-		return false
+func (d dilocoLoop) state() outerState {
+	if d.v.dl == nil {
+		return nil
 	}
-	if err := saveState(v.ckPath, v.su.Stage, v.innerStep, v.dl); err != nil {
-		v.log.Error("saving checkpoint", "err", err)
-		return false
-	}
-	return true
+	return d.v.dl
 }
 
 func (d dilocoLoop) close() {

@@ -271,16 +271,11 @@ func nolocoCatchUp(ctx context.Context, pn *p2p.Node, log *slog.Logger, st outer
 	return true, nil
 }
 
-func (s *nolocoState) save() bool {
-	v := s.v
-	if v.ckPath == "" || v.su == nil || s.opt == nil {
-		return false
+func (s *nolocoState) state() outerState {
+	if s.opt == nil {
+		return nil
 	}
-	if err := saveState(v.ckPath, v.su.Stage, v.innerStep, s.opt); err != nil {
-		v.log.Error("saving checkpoint", "err", err)
-		return false
-	}
-	return true
+	return s.opt
 }
 
 func (s *nolocoState) close() {

@@ -22,8 +22,9 @@ type outerLoop interface {
 	// rollback drops a phase that went non-finite and reinstalls the last
 	// good state (the run's, when this member's own is poisoned).
 	rollback(ctx context.Context) error
-	// save writes the local checkpoint, if there is one.
-	save() bool
+	// state is the outer state the local checkpoint saves (nil before
+	// there is one).
+	state() outerState
 	// close stops what the loop started.
 	close()
 }

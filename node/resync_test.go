@@ -155,7 +155,7 @@ func TestCatchUpFollowsOnlyCertificates(t *testing.T) {
 		}, 0)
 		// The chain as the member serves it, whatever it holds.
 		p.Unhandle(p2p.ProtoCerts)
-		err := p.Handle(p2p.ProtoCerts, (&certs{}).frames(), func(_ context.Context, s *p2p.Stream) error {
+		err := p.Handle(p2p.ProtoCerts, certFrames(), func(_ context.Context, s *p2p.Stream) error {
 			if _, _, err := s.ReadFrame(); err != nil {
 				return err
 			}

@@ -948,7 +948,15 @@ func (v *Volunteer) save() bool {
 	if v.outer == nil {
 		return false // a staged volunteer saves its stage itself
 	}
-	return v.outer.save()
+	st := v.outer.state()
+	if v.ckPath == "" || v.su == nil || st == nil {
+		return false
+	}
+	if err := saveState(v.ckPath, v.su.Stage, v.innerStep, st); err != nil {
+		v.log.Error("saving checkpoint", "err", err)
+		return false
+	}
+	return true
 }
 
 func say(w io.Writer, format string, args ...any) {

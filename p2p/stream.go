@@ -1,8 +1,11 @@
 package p2p
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 
 	"github.com/libp2p/go-libp2p/core/network"
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -84,4 +87,36 @@ func (n *Node) Open(ctx context.Context, p peer.ID, proto Protocol, cfg FrameCon
 	}
 	s := n.limit(raw)
 	return &Stream{FrameStream: NewFrameStream(s, cfg), s: s}, nil
+}
+
+// Ask is one request and its answer on proto: it sends req to p as one
+// frame, half-closes, and reads the answer's frames (at most max, each a
+// copy) until p closes the stream.
+func (n *Node) Ask(ctx context.Context, p peer.ID, proto Protocol, cfg FrameConfig, req []byte, max int) ([][]byte, error) {
+	s, err := n.Open(ctx, p, proto, cfg)
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close()
+	if err := s.WriteFrame(1, req); err != nil {
+		s.Reset()
+		return nil, err
+	}
+	if err := s.CloseWrite(); err != nil {
+		s.Reset()
+		return nil, err
+	}
+	var out [][]byte
+	for len(out) < max {
+		_, b, err := s.ReadFrame()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			s.Reset()
+			return nil, err
+		}
+		out = append(out, bytes.Clone(b))
+	}
+	return out, nil
 }

@@ -152,12 +152,7 @@ func (c *Certificate) Extends(prev *Certificate) error {
 	if len(prev.Group) == 0 {
 		return nil
 	}
-	n := 0
-	for _, id := range c.Signers() {
-		if _, ok := slices.BinarySearch(prev.Group, id); ok {
-			n++
-		}
-	}
+	n := c.signedOf(prev)
 	if 2*n <= len(prev.Group) {
 		return fmt.Errorf("%w: %d of round %d's %d members signed round %d", ErrBrokenChain, n, prev.Round, len(prev.Group), c.Round)
 	}
@@ -170,13 +165,48 @@ func (c *Certificate) Extends(prev *Certificate) error {
 // rule outside the chain (node and the bootstrap: a strict majority of the
 // live volunteers signed c). Sybils new to the run never hold half of it.
 func (c *Certificate) Rejoins(prev *Certificate) bool {
+	return len(prev.Group) > 0 && 2*c.signedOf(prev) >= len(prev.Group)
+}
+
+// signedOf counts the members of prev's group among c's signers.
+func (c *Certificate) signedOf(prev *Certificate) int {
 	n := 0
 	for _, id := range c.Signers() {
 		if _, ok := slices.BinarySearch(prev.Group, id); ok {
 			n++
 		}
 	}
-	return len(prev.Group) > 0 && 2*n >= len(prev.Group)
+	return n
+}
+
+// ChainPage is how many certificates one answer on the chain protocol
+// (p2p.ProtoCerts) carries at most.
+const ChainPage = 16
+
+// ChainRequest is the chain protocol's request: the round the asker
+// trusts (8 bytes, little-endian); the answer is one frame per trusted
+// certificate after it, oldest first, at most ChainPage.
+func ChainRequest(from uint64) []byte { return binary.LittleEndian.AppendUint64(nil, from) }
+
+// ParseChainRequest reads ChainRequest's bytes.
+func ParseChainRequest(b []byte) (uint64, error) {
+	if len(b) != 8 {
+		return 0, fmt.Errorf("%w: a chain request of %d bytes", ErrBadCert, len(b))
+	}
+	return binary.LittleEndian.Uint64(b), nil
+}
+
+// DecodeChain decodes an answer's frames (at most ChainPage are read).
+func DecodeChain(frames [][]byte) ([]*Certificate, error) {
+	var chain []*Certificate
+	for _, b := range frames[:min(len(frames), ChainPage)] {
+		c := new(Certificate)
+		if err := c.UnmarshalBinary(b); err != nil {
+			return nil, err
+		}
+		chain = append(chain, c)
+	}
+	return chain, nil
 }
 
 // VerifyChain checks chain (in round order) against the trusted anchor and
