@@ -37,9 +37,7 @@ func (v *Volunteer) initDiLoCo() (err error) {
 	bc := optimizer.DefaultButterflyConfig(v.n, v.pn.Signer(), butterflyTick.Seconds())
 	bc.Codec.Codec = m.Codec()
 	bc.MaxAbs = rc.MaxAbs
-	if v.cfg.Hostile != HostileLoneJump && v.cfg.Hostile != HostileTelemetry {
-		bc.Hostile = v.cfg.Hostile
-	}
+	bc.Hostile = butterflyHostile(v.cfg.Hostile)
 	ticks := func(d time.Duration) int64 { return max(1, int64(d/butterflyTick)) }
 	bc.PhaseWait, bc.MinPhase, bc.MaxPhase = ticks(rc.InitialDeadline), ticks(rc.MinDeadline), ticks(rc.MaxDeadline)
 	// Room for a few rounds of every member's messages (about 2 bytes per
@@ -83,40 +81,6 @@ func (v *Volunteer) initDiLoCo() (err error) {
 		return vouchedByLive(announcements(v.pn), c)
 	})
 	return err
-}
-
-// HostileLoneJump, as VolunteerConfig.Hostile, makes a volunteer that
-// trains and contributes honestly but announces each round one ahead of
-// the run with the true hash of weights of its own (phi + 1), serves them,
-// and certifies them itself: the lone jump of issue [1/4], which honest
-// members followed within two rounds before round certificates.
-const HostileLoneJump = "lonejump"
-
-// HostileTelemetry, as VolunteerConfig.Hostile, makes a volunteer that
-// trains honestly but lies in its reports to the status page
-// (lyingReport).
-const HostileTelemetry = "telemetry"
-
-// HostileMode maps a chaos test's name for a hostile behaviour (scale,
-// signflip, nan, forge, collude, lonejump, telemetry) to
-// VolunteerConfig.Hostile;
-// "" if unknown.
-func HostileMode(name string) string {
-	switch name {
-	case HostileLoneJump, HostileTelemetry:
-		return name
-	case "scale":
-		return optimizer.HostileScale
-	case "signflip":
-		return optimizer.HostileSignFlip
-	case "nan":
-		return optimizer.HostilePoison
-	case "forge":
-		return optimizer.HostileForge
-	case "collude":
-		return optimizer.HostileCollude
-	}
-	return ""
 }
 
 // butterflyTick is the collective's clock.

@@ -55,8 +55,8 @@ func demoCommand() *cli.Command {
 			&cli.BoolFlag{Name: "chaos", Usage: "chaos soak: kill -9 and restart a third of the volunteers every --chaos-every, pause one (SIGSTOP) between waves, then check the run's invariants (exit status 1 if one broke)"},
 			&cli.DurationFlag{Name: "chaos-every", Value: time.Minute, Usage: "period of the chaos soak's kill waves"},
 			&cli.DurationFlag{Name: "chaos-pause", Value: 20 * time.Second, Usage: "how long the chaos soak pauses a straggler"},
-			&cli.StringFlag{Name: "hostile", Usage: "add a hostile volunteer: scale (x1000 contributions), signflip, nan (values past every bound), forge (tampered aggregates), collude (the norm budget in a few coordinates; with --hostile-count 2 or more, the same ones), lonejump (announces the next round with weights of its own, certified by itself) or telemetry (lies to the status page)"},
-			&cli.IntFlag{Name: "hostile-count", Value: 1, Usage: "with --hostile: how many hostile volunteers (fewer than --volunteers; colluders for collude)"},
+			&cli.StringFlag{Name: "hostile", Usage: "with --chaos: add hostile volunteers playing one attack (a mode brings the run it needs: noloco-* a NoLoCo run, staged-* and checkfree-* a staged one): " + node.HostileUsage()},
+			&cli.IntFlag{Name: "hostile-count", Value: 1, Usage: "with --hostile: how many hostile volunteers (fewer than --volunteers; 2 by default for collude and sybils, which act together)"},
 			&cli.IntFlag{Name: "stages", Usage: "split the model into this many pipeline stages (SkipPipe, with CheckFree); 0: data-parallel volunteers"},
 			&cli.IntFlag{Name: "replicas", Value: 2, Usage: "with --stages: volunteers per stage (they average with DiLoCo every --inner-steps)"},
 			&cli.Float64Flag{Name: "skip-ratio", Value: 1.0 / 3, Usage: "with --stages: k, the share of the S stages each microbatch skips (it visits S(1-k), stage 0 always; rounded to whole stages)"},
@@ -82,10 +82,22 @@ func demoCommand() *cli.Command {
 			cfg.Chaos, cfg.ChaosEvery, cfg.ChaosPause = c.Bool("chaos"), c.Duration("chaos-every"), c.Duration("chaos-pause")
 			cfg.ChaosSeed = uint64(time.Now().UnixNano())
 			if h := c.String("hostile"); h != "" {
-				if node.HostileMode(h) == "" {
-					return fmt.Errorf("--hostile %q: want scale, signflip, nan, forge, collude, lonejump or telemetry", h)
+				info, ok := node.Hostile(h)
+				if !ok {
+					return fmt.Errorf("--hostile %q: want one of %s", h, node.HostileNames())
 				}
 				cfg.Hostile, cfg.HostileCount = h, c.Int("hostile-count")
+				if !c.IsSet("hostile-count") {
+					cfg.HostileCount = info.MinCount
+				} else if cfg.HostileCount < info.MinCount {
+					return fmt.Errorf("--hostile %s needs --hostile-count %d or more", h, info.MinCount)
+				}
+				if info.Run == node.HostileRunNoLoCo {
+					if c.IsSet("optimizer") && c.String("optimizer") != manifest.KindNoLoCo {
+						return fmt.Errorf("--hostile %s attacks a NoLoCo run; --optimizer %s contradicts it", h, c.String("optimizer"))
+					}
+					cfg.Manifest.UseNoLoCo()
+				}
 			}
 			if cfg.ChaosEvery <= 0 || cfg.ChaosPause <= 0 {
 				return fmt.Errorf("--chaos-every %v and --chaos-pause %v must be positive", cfg.ChaosEvery, cfg.ChaosPause)

@@ -36,7 +36,7 @@ func nodeCommand() *cli.Command {
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "min-peers", Value: 1, EnvVars: envVars("min-peers"), Usage: "volunteers (self included) to wait for before the first round"}),
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "val-batches", Value: d.ValBatches, EnvVars: envVars("val-batches"), Usage: "held-out batches evaluated after each round for the validation loss (0: none)"}),
 		altsrc.NewStringFlag(&cli.StringFlag{Name: "metrics", EnvVars: envVars("metrics"), Usage: "serve Prometheus metrics on http://ADDR/metrics (e.g. 127.0.0.1:9101)"}),
-		&cli.StringFlag{Name: "hostile", Hidden: true, Usage: "chaos tests only (skein demo --chaos --hostile): misbehave as scale, signflip, nan, forge, collude, lonejump or telemetry"},
+		&cli.StringFlag{Name: "hostile", Hidden: true, Usage: "chaos tests only (skein demo --chaos --hostile): misbehave as one of " + node.HostileNames()},
 		altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "corpus", EnvVars: envVars("corpus"), Usage: "training files or directories, for a run whose manifest says data source \"local\" (default: the Go standard library sources); a \"shards\" run brings its own"}),
 		altsrc.NewPathFlag(&cli.PathFlag{Name: "manifest", EnvVars: envVars("manifest"), Usage: "pin the run: refuse to join unless it serves exactly this manifest file"}),
 		altsrc.NewStringFlag(&cli.StringFlag{Name: "token", EnvVars: envVars("token"), Usage: "join token of a closed run, or @FILE holding it; the run's operator makes it for this node's peer ID (`skein token issue`); a closed run refuses a volunteer without one and says which peer ID to ask for"}),
@@ -82,7 +82,7 @@ func nodeCommand() *cli.Command {
 			cfg.ValBatches, cfg.MetricsAddr, cfg.Corpus = c.Int("val-batches"), c.String("metrics"), c.StringSlice("corpus")
 			if h := c.String("hostile"); h != "" {
 				if cfg.Hostile = node.HostileMode(h); cfg.Hostile == "" {
-					return fmt.Errorf("--hostile %q: want scale, signflip, nan, forge, collude, lonejump or telemetry", h)
+					return fmt.Errorf("--hostile %q: want one of %s", h, node.HostileNames())
 				}
 				fmt.Fprintf(c.App.ErrWriter, "warning: this volunteer is hostile (%s), for chaos tests\n", h)
 			}
