@@ -35,7 +35,11 @@ type certs struct {
 	cancel context.CancelFunc
 	// forged is served after the chain (HostileLoneJump, chaos tests only).
 	forged atomic.Pointer[replica.Certificate]
+	// sybils collects fellow sybils' votes for sybilRound (HostileSybils).
+	sybils sybilVotes
 	done   chan struct{}
+	// sybil: this volunteer plays HostileSybils (chaos tests only).
+	sybil atomic.Bool
 }
 
 // certTimeout bounds a vote's delivery and a request for a chain.
@@ -90,6 +94,10 @@ func (c *certs) receive(ctx context.Context) {
 		var v replica.Certificate
 		if err := v.UnmarshalBinary(m.Payload); err != nil {
 			c.log.Warn("malformed vote", "from", m.From, "err", err)
+			continue
+		}
+		if c.sybil.Load() && v.Round == sybilRound {
+			c.sybils.take(&v, m.From) // a fellow sybil's signature
 			continue
 		}
 		formed, err := c.book.AddVote(&v, m.From)

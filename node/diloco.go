@@ -80,7 +80,11 @@ func (v *Volunteer) initDiLoCo() (err error) {
 	v.certs, err = newCerts(v.pn, v.log, anchor, certPath, func(c *replica.Certificate) error {
 		return vouchedByLive(announcements(v.pn), c)
 	})
-	return err
+	if err != nil {
+		return err
+	}
+	v.certs.sybil.Store(v.cfg.Hostile == HostileSybils)
+	return nil
 }
 
 // butterflyTick is the collective's clock.
@@ -282,29 +286,15 @@ func (v *Volunteer) install(ctx context.Context) {
 // what it announces.
 func (v *Volunteer) publish(ctx context.Context) {
 	v.stateHash = v.serve(v.dl.State())
-	if v.cfg.Hostile == HostileLoneJump {
+	switch v.cfg.Hostile {
+	case HostileLoneJump:
 		v.loneJump(ctx)
+		return
+	case HostileSybils:
+		v.sybilJump(ctx)
 		return
 	}
 	v.gossipRound(ctx, v.dl.Round, v.stateHash)
-}
-
-// loneJump is HostileLoneJump's lie: the next round, with weights of this
-// member's choosing under their true hash, served and certified by itself.
-func (v *Volunteer) loneJump(ctx context.Context) {
-	round, phi, mom := v.dl.State()
-	forged := make([]float32, len(phi))
-	for i, x := range phi {
-		forged[i] = x + 1
-	}
-	v.stateHash = v.serve(round+1, forged, mom)
-	self := transport.PeerID(v.pn.ID().String())
-	group := []transport.PeerID{self}
-	sig, err := v.pn.Sign(replica.VoteBytes(v.pn.RunID(), round+1, v.stateHash, group))
-	if err == nil {
-		v.certs.forged.Store(&replica.Certificate{Run: v.pn.RunID(), Round: round + 1, Hash: v.stateHash, Group: group, Sigs: [][]byte{sig}})
-	}
-	v.gossipRound(ctx, round+1, v.stateHash)
 }
 
 // announce gossips this member's round and state hash in its metadata.
@@ -319,8 +309,8 @@ func (v *Volunteer) announce(ctx context.Context) {
 // own vote would certify (replica.Book.Swing), and says whether it did.
 // Otherwise nothing changes: no plurality, no single member decides.
 func (v *Volunteer) resynced(ctx context.Context) bool {
-	if v.certs == nil || v.cfg.Hostile == HostileLoneJump {
-		return false // a lone jumper knows it lies, and contributes honestly
+	if v.certs == nil || v.cfg.Hostile == HostileLoneJump || v.cfg.Hostile == HostileSybils {
+		return false // a jumper knows it lies, and contributes honestly
 	}
 	cert, ok := v.certs.book.At(v.dl.Round)
 	if !ok {
@@ -417,40 +407,6 @@ func runAhead(pn *p2p.Node) uint64 {
 		r = max(r, a.round)
 	}
 	return r
-}
-
-// divergedFrom returns the members whose state this member should take:
-// among the volunteers announcing this member's round (itself included),
-// the state hash held by the most wins, a tie going to the smallest hash so
-// that every member picks the same one (two members that ended a round
-// differently must not each keep their own). nil when this member holds the
-// winning hash or nobody else has announced this round yet.
-func divergedFrom(pn *p2p.Node, round, mine uint64) ([]transport.PeerID, uint64) {
-	byHash := map[uint64][]transport.PeerID{}
-	for _, m := range pn.Members() {
-		if m.Meta.Role != p2p.RoleVolunteer || m.ID == pn.ID() || m.Meta.Round != round || m.Meta.StateHash == 0 {
-			continue
-		}
-		byHash[m.Meta.StateHash] = append(byHash[m.Meta.StateHash], transport.PeerID(m.ID.String()))
-	}
-	hash, ids := winningState(mine, byHash)
-	return ids, hash
-}
-
-// winningState applies divergedFrom's rule to the holders of each hash
-// (self not included in byHash) and returns the winning hash and its
-// holders; none when this member holds it.
-func winningState(mine uint64, byHash map[uint64][]transport.PeerID) (uint64, []transport.PeerID) {
-	best, bestN := mine, len(byHash[mine])+1
-	for h, ids := range byHash {
-		if h != mine && (len(ids) > bestN || (len(ids) == bestN && h < best)) {
-			best, bestN = h, len(ids)
-		}
-	}
-	if best == mine {
-		return 0, nil
-	}
-	return best, byHash[best]
 }
 
 // adoptFrom downloads the shared state with hash want from the first of ids

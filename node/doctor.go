@@ -136,10 +136,11 @@ func Doctor(ctx context.Context, cfg DoctorConfig) ([]Check, error) {
 	return checks, nil
 }
 
-// bootstrapOf is a bootstrap of the run, if one is a member.
+// bootstrapOf is a bootstrap of the run the doctor dialled, if one is a
+// member (not a member that only claims the role).
 func bootstrapOf(pn *p2p.Node) (peer.ID, bool) {
 	for _, m := range pn.Members() {
-		if m.Meta.Role == p2p.RoleBootstrap {
+		if m.Meta.Role == p2p.RoleBootstrap && pn.IsSeed(m.ID) {
 			return m.ID, true
 		}
 	}

@@ -23,6 +23,7 @@ import (
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/p2p/p2ptest"
+	"github.com/skein-ml/skein/replica"
 	"github.com/skein-ml/skein/trainer"
 )
 
@@ -347,8 +348,9 @@ func TestNewVolunteerChecksBeforeJoining(t *testing.T) {
 	}
 }
 
-// A poisoned phi is not trained from: the volunteer takes the state most
-// of the other volunteers announce at its round and installs it.
+// A poisoned phi is not trained from: the volunteer takes the state the
+// certificate of its round names and installs it; without a certificate
+// it takes nothing (what most announce is no proof: sybils can be most).
 func TestRollbackRetakesPoisonedPhi(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a libp2p swarm")
@@ -382,10 +384,20 @@ func TestRollbackRetakesPoisonedPhi(t *testing.T) {
 	v := &Volunteer{cfg: VolunteerConfig{Progress: &out}, log: testLogger("v"), pn: me, dl: mine, n: n,
 		theta: make([]float32, n), su: &trainer.Setup{Stage: st, Dev: st.Device()}}
 	v.outer = dilocoLoop{v}
+	// Without a certificate of round 3, nothing is taken.
+	if err := v.rollbackDiLoCo(ctx); err == nil || !strings.Contains(err.Error(), "no certificate") {
+		t.Fatalf("rolled back without a certificate: %v", err)
+	}
+	cert := &replica.Certificate{Run: me.RunID(), Round: 3, Hash: theirs.StateHash()}
+	var err error
+	if v.certs, err = newCerts(me, v.log, cert, "", nil); err != nil {
+		t.Fatal(err)
+	}
+	defer v.certs.close()
 	deadline := time.Now().Add(p2ptest.Slowdown * 10 * time.Second)
-	for ids, _ := divergedFrom(me, 3, math.MaxUint64); len(ids) < len(others); ids, _ = divergedFrom(me, 3, math.MaxUint64) {
+	for len(holders(cert, announcements(me))) < len(others) {
 		if time.Now().After(deadline) {
-			t.Fatalf("the others' announcements did not arrive: %v", ids)
+			t.Fatalf("the others' announcements did not arrive: %v", holders(cert, announcements(me)))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

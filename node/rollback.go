@@ -4,10 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/skein-ml/skein/kernels"
+	"github.com/skein-ml/skein/replica"
 	"github.com/skein-ml/skein/trainer"
 )
 
@@ -53,8 +53,8 @@ func (v *Volunteer) rollback(ctx context.Context, cause error) {
 // rollbackDiLoCo gives up the phase's progress (and a delayed round in
 // flight, which the others finish without this member) and installs phi;
 // a poisoned phi is first replaced by the run's state: a later one if a
-// quorum announces it (catchUp), else the one most volunteers announce at
-// this round.
+// certificate names it (catchUp), else the one the certificate of this
+// round names.
 func (v *Volunteer) rollbackDiLoCo(ctx context.Context) error {
 	v.dl.Abandon()
 	if finiteState(v.dl) {
@@ -63,13 +63,19 @@ func (v *Volunteer) rollbackDiLoCo(ctx context.Context) error {
 	}
 	before := v.dl.Round
 	if err := v.catchUp(ctx); err != nil || v.dl.Round == before {
-		// This member's own state counts for nothing (hash MaxUint64 is
-		// held by nobody): take the one most others hold at this round.
-		ids, hash := divergedFrom(v.pn, v.dl.Round, math.MaxUint64)
-		if len(ids) == 0 {
-			return fmt.Errorf("node: phi is not finite and no other volunteer announces round %d", v.dl.Round)
+		// This member's own state counts for nothing: take the state the
+		// certificate of its round names (never what most announce: sybils
+		// can be most), from its holders. Without one yet (its votes are
+		// on their way), the caller tries again after a pause.
+		var cert *replica.Certificate
+		ok := v.certs != nil
+		if ok {
+			cert, ok = v.certs.book.At(v.dl.Round)
 		}
-		if err := adoptFrom(ctx, v.pn, v.log, v.dl, v.n, ids, hash, v.cfg.Progress); err != nil {
+		if !ok {
+			return fmt.Errorf("node: phi is not finite and round %d has no certificate (yet) naming the run's state", v.dl.Round)
+		}
+		if err := adoptFrom(ctx, v.pn, v.log, v.dl, v.n, holders(cert, announcements(v.pn)), cert.Hash, v.cfg.Progress); err != nil {
 			return err
 		}
 	}

@@ -189,9 +189,11 @@ type stateDownload struct {
 // members ids, in order of preference, and returns its round, phi and
 // momentum and who served the index.
 //
-// With an announced hash (want != 0, DiLoCo: every member at a round holds
+// With a certified hash (want != 0, DiLoCo: every member at a round holds
 // the same state) the index comes from the first member that serves one at
-// round minRound or later whose root is want, then the body is spread over
+// round minRound exactly whose root is want (a root commits to its round,
+// so a vote for round r naming a state of another round, a sybil's, names
+// nothing anyone may take for round r), then the body is spread over
 // up to maxStateSources members, every chunk checked against the index and
 // a bad one taken again from the next member. A member whose chunk does not
 // match the index it serves is logged as the offender.
@@ -298,6 +300,9 @@ func (d *stateDownload) index(ctx context.Context, peers []peer.ID, minRound, wa
 		round, chunks, err := parseServedIndex(buf, d.n)
 		if err == nil && round < minRound {
 			err = fmt.Errorf("node: %s serves round %d, want %d or later", shortPeer(id), round, minRound)
+		}
+		if err == nil && want != 0 && round != minRound {
+			err = fmt.Errorf("%w: %s serves round %d for a certificate of round %d", ErrBadState, shortPeer(id), round, minRound)
 		}
 		if err == nil && want != 0 {
 			if got := optimizer.StateRoot(round, d.n, chunks); got != want {

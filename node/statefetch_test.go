@@ -188,6 +188,13 @@ func TestFetchStateChunks(t *testing.T) {
 	if !errors.Is(err, ErrBadState) || !strings.Contains(err.Error(), "the run announces") {
 		t.Fatalf("err %v, want the announced hash refused", err)
 	}
+	// A hash names a state of one round: a vote for round 5 naming the
+	// true hash of a round-6 state (a sybil's) takes nothing.
+	_, laterHash := encodeServed(6, phi, mom)
+	_, _, _, _, err = fetchVerifiedState(context.Background(), me, nil, n, 5, laterHash, []transport.PeerID{id(movedOn)}, nil)
+	if !errors.Is(err, ErrBadState) || !strings.Contains(err.Error(), "for a certificate of round 5") {
+		t.Fatalf("err %v, want a round-6 state refused for round 5", err)
+	}
 	// Without an announced hash (NoLoCo) the first index is followed.
 	round, _, _, from, err = fetchVerifiedState(context.Background(), me, nil, n, 6, 0, ids, nil)
 	if err != nil || round != 6 || from != id(movedOn) {

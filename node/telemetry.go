@@ -58,8 +58,8 @@ func (r *reporter) run() {
 			continue
 		}
 		for _, m := range r.n.Members() {
-			if m.Meta.Role != p2p.RoleBootstrap {
-				continue
+			if m.Meta.Role != p2p.RoleBootstrap || !r.n.IsSeed(m.ID) {
+				continue // only to the bootstraps this member dialled, not to whoever claims the role
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			s, err := r.n.Open(ctx, m.ID, p2p.ProtoTelemetry, p2p.MessageFrameConfig(telemetry.MaxReportSize))

@@ -418,6 +418,9 @@ func NewVolunteer(ctx context.Context, cfg VolunteerConfig) (_ *Volunteer, err e
 		v.device = "cuda " + g.GPU() // the gossiped name is short (p2p.MaxDeviceLen)
 	}
 	ncfg.Meta.Role, ncfg.Meta.Device, ncfg.Meta.Version = p2p.RoleVolunteer, clip(v.device, p2p.MaxDeviceLen), clip(cfg.Version, p2p.MaxVersionLen)
+	if cfg.Hostile == HostileFakeBoot {
+		ncfg.Meta.Role = p2p.RoleBootstrap // its own word: nobody checks it in an open run
+	}
 	if v.pn, err = p2p.NewNode(ctx, ncfg); err != nil {
 		return nil, err
 	}
@@ -717,6 +720,9 @@ func (v *Volunteer) close() error {
 // first it waits for enough volunteers, then runs the manifest's optimizer
 // round after round.
 func (v *Volunteer) Run(ctx context.Context) error {
+	if v.cfg.Hostile == HostileFakeBoot {
+		return v.fakeBoot(ctx)
+	}
 	if v.st != nil {
 		return v.runStaged(ctx) // the bootstrap's plan waits for the volunteers
 	}

@@ -38,14 +38,6 @@ func unhex(t testing.TB, s string) []byte {
 	return b
 }
 
-// mpStr encodes s as go-msgpack's MsgpackHandle does: legacy raw.
-func mpStr(s string) []byte {
-	if len(s) < 32 {
-		return append([]byte{0xa0 | byte(len(s))}, s...)
-	}
-	return append(binary.BigEndian.AppendUint16([]byte{0xda}, uint16(len(s))), s...)
-}
-
 // encodeAccusation is a suspect or dead message as memberlist encodes it.
 func encodeAccusation(dead bool, node, from string, inc uint32) []byte {
 	typ := byte(msgSuspect)

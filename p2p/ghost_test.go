@@ -112,3 +112,34 @@ func TestPrefixMeasuredOnTheConnection(t *testing.T) {
 		t.Fatalf("a third node on 127.0.0.0/24 announcing 198.18.7.1: %v, want ErrPrefixFull", err)
 	}
 }
+
+// A member that claims the bootstrap's role (anyone can, in an open run;
+// the chaos soak's fakeboot) is not the run's bootstrap to the others: it
+// is not a seed, and their peer books, whose bootstraps become relays at
+// the next start, do not record it as one. The bootstrap they dialled is.
+func TestClaimedBootstrapIsNotASeed(t *testing.T) {
+	s := p2ptest.NewSwarm(t, 3, p2ptest.Options{Node: func(i int, c *p2p.NodeConfig) {
+		if i == 2 {
+			c.Meta.Role = p2p.RoleBootstrap
+		}
+	}})
+	me, seed, fake := s.Nodes[1], s.Nodes[0], s.Nodes[2]
+	if !me.IsSeed(seed.ID()) || me.IsSeed(fake.ID()) {
+		t.Fatalf("IsSeed: seed %v, claimer %v", me.IsSeed(seed.ID()), me.IsSeed(fake.ID()))
+	}
+	deadline := time.Now().Add(p2ptest.Slowdown * 10 * time.Second)
+	for {
+		fr, fok := p2p.BookRole(me, fake.ID())
+		sr, sok := p2p.BookRole(me, seed.ID())
+		if fok && sok {
+			if fr == p2p.RoleBootstrap || sr != p2p.RoleBootstrap {
+				t.Fatalf("peer book: the claimer is a %s, the seed a %s", fr, sr)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the peer book did not record both: claimer %v, seed %v", fok, sok)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

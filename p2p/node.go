@@ -709,7 +709,14 @@ func (n *Node) onEvent(kind EventKind, m Member) {
 				addrs = append(addrs, a)
 			}
 		}
-		n.book.put(PeerRecord{ID: m.ID, Addrs: addrs, Role: m.Meta.Role, LastSeen: time.Now()})
+		// The book's bootstraps become relays at the next start: only a
+		// bootstrap this node dialled is recorded as one, never a member
+		// that claims the role.
+		role := m.Meta.Role
+		if role == RoleBootstrap && !n.IsSeed(m.ID) {
+			role = RoleObserver
+		}
+		n.book.put(PeerRecord{ID: m.ID, Addrs: addrs, Role: role, LastSeen: time.Now()})
 	case EventLeave, EventFail:
 		n.h.ConnManager().Unprotect(m.ID, "members")
 		n.tr.forget(m.ID)
@@ -812,6 +819,12 @@ func (n *Node) Seeds() []peer.ID {
 	}
 	return out
 }
+
+// IsSeed reports whether id is one of the bootstraps this node was told
+// to dial (Config.Bootstrap): the only members it takes for the run's
+// bootstrap. A member's role in its metadata is its own word; in an open
+// run anyone can claim RoleBootstrap.
+func (n *Node) IsSeed(id peer.ID) bool { return containsPeer(n.seeds, id) }
 
 // NumMembers counts the current members, this node included.
 func (n *Node) NumMembers() int { return n.ev.count() }

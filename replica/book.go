@@ -167,13 +167,14 @@ func (b *Book) AddVote(v *Certificate, from transport.PeerID) (*Certificate, err
 }
 
 // Swing returns, for round, a state this member's vote would certify:
-// held by at least two other members of the group it voted in, and by a
-// strict majority of that group once this member's vote is added. A member
-// that ended a round apart from the others (a straggler, a member excluded
-// behind its back) takes that state when its round has no certificate
-// because its own vote and a hostile one split the group; no lone member,
-// and no pair in a group where they plus this member are not a majority,
-// moves it.
+// signed by at least two other members of the group it voted in, who are at
+// least half of that group, so that this member's vote makes a strict
+// majority. A member that ended a round apart from the others (a straggler,
+// a member excluded behind its back) takes that state when its round has no
+// certificate because its own vote and a hostile one split the group.
+// Breakdown: hostile members pull a swing only when they are half of the
+// group or more (two sybils in a group of five are not: a state two members
+// vote for is not a tie there); no lone member ever does.
 func (b *Book) Swing(round, mine uint64) (*Certificate, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -183,7 +184,7 @@ func (b *Book) Swing(round, mine uint64) (*Certificate, bool) {
 	}
 	for k, c := range b.pending {
 		n := len(c.Signers())
-		if k.round == round && k.group == d && k.hash != mine && n >= 2 && 2*(n+1) > len(c.Group) {
+		if k.round == round && k.group == d && k.hash != mine && n >= 2 && 2*n >= len(c.Group) {
 			return c, true
 		}
 	}

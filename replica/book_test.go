@@ -127,4 +127,17 @@ func TestBookSwing(t *testing.T) {
 	if !ok || c.Hash != 0xaa {
 		t.Fatalf("two of the other three hold 0xaa: swing %v", ok)
 	}
+	// Two sybils in a group of five are not a tie: with this member's vote
+	// they would be 3 of 5, but 2 of 5 signatures is not half the group.
+	k5, ids5 := newKeys(5)
+	b5 := NewBook("run", k5, &Certificate{Run: "run", Hash: 1})
+	if _, err := b5.Vote(1, 0xbb, ids5, ids5[0], k5.signAs(ids5[0])); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range ids5[3:5] {
+		b5.AddVote(k5.cert("run", 1, 0xee, ids5, []transport.PeerID{s}), s)
+	}
+	if c, ok := b5.Swing(1, 0xbb); ok {
+		t.Fatalf("swung to two sybils' state %x in a group of five", c.Hash)
+	}
 }

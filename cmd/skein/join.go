@@ -109,6 +109,9 @@ func nodeCommand() *cli.Command {
 			}
 			cfg.WAN = emulatedLink(c)
 			cfg.Version, cfg.Logger, cfg.Progress = version, log, os.Stderr
+			if cfg.Hostile == node.HostileGhosts {
+				return node.RunGhosts(c.Context, cfg) // an outsider: it never joins
+			}
 			dev, _, release, err := openDevice(c, cfg.Threads, false)
 			if err != nil {
 				return err
