@@ -104,6 +104,9 @@ type Result struct {
 	// The chaos soak's report and the invariants it checked (Chaos only).
 	Chaos      *ChaosReport
 	Invariants []Invariant
+	// FirstRound: from each honest start (restarts included) to its first
+	// computed round.
+	FirstRound Restarts
 }
 
 // Run starts the bootstrap and the volunteers, shows the run's progress
@@ -253,6 +256,7 @@ watch:
 	if cfg.Chaos {
 		res.Invariants = checkInvariants(hist, histErr, &kids, res.VolunteerLogs, cfg.hostiles(), res.Chaos)
 	}
+	res.FirstRound = readRestarts(res.VolunteerLogs)
 	first := regexp.MustCompile(`first training step ([0-9.]+)s after starting`)
 	compute := regexp.MustCompile(`computing ([0-9.]+)% of the time`)
 	for _, l := range res.VolunteerLogs {
@@ -365,6 +369,7 @@ func (r *Result) Summary() string {
 		cf = append(cf, fmt.Sprintf("%.0f%%", 100*f))
 	}
 	fmt.Fprintf(&b, "  computing        %s of each volunteer's time\n", strings.Join(cf, ", "))
+	fmt.Fprintf(&b, "  first round      %s\n", r.FirstRound)
 	if c := r.Chaos; c != nil {
 		fmt.Fprintf(&b, "chaos: %d kill -9 (%d restarted), %d pauses", c.Kills, c.Restarts, c.Pauses)
 		if c.Offenders > 0 {

@@ -1,6 +1,11 @@
 package node
 
-import "context"
+import (
+	"context"
+	"slices"
+
+	"github.com/skein-ml/skein/p2p"
+)
 
 // outerLoop is the outer optimiser of a whole-model volunteer's replica
 // group, as runReplica drives it round after round: DiLoCo over the
@@ -33,6 +38,7 @@ type outerLoop interface {
 // contribution to the replica group's outer round.
 func (v *Volunteer) runReplica(ctx context.Context) error {
 	o := v.outer
+	v.runAtStart = max(o.round(), medianRound(v.pn))
 	o.start(ctx)
 	v.lastReported = o.round()
 	// --rounds counts rounds the run completes while this volunteer is in
@@ -52,4 +58,18 @@ func (v *Volunteer) runReplica(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// medianRound is the median of the rounds the other volunteers announce
+// (a few sybils announcing far rounds do not move it); 0 with none.
+func medianRound(pn *p2p.Node) uint64 {
+	var rs []uint64
+	for _, a := range announcements(pn) {
+		rs = append(rs, a.round)
+	}
+	if len(rs) == 0 {
+		return 0
+	}
+	slices.Sort(rs)
+	return rs[len(rs)/2]
 }

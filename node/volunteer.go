@@ -321,6 +321,11 @@ type Volunteer struct {
 	joinedAt   time.Time
 	// firstStepAt is when the first inner step finished (join time).
 	firstStepAt time.Time
+	// runAtStart is the latest round the others announced when this
+	// volunteer started its rounds; computed, whether it has computed a
+	// round of its own yet (restart-to-first-round, issue [1/4]).
+	runAtStart uint64
+	computed   bool
 	// stats of the last round, for telemetry and metrics
 	last roundMeasure
 
@@ -909,6 +914,11 @@ func (v *Volunteer) report(rep RoundReport, ph phase, group int) {
 	if rep.Adopted {
 		say(v.cfg.Progress, "round %d: adopted the run's state%s", rep.Round, state)
 	} else {
+		if !v.computed {
+			v.computed = true
+			say(v.cfg.Progress, "first round computed %.1fs after starting: round %d, %d after the run's round when this volunteer began",
+				time.Since(v.joinedAt).Seconds(), rep.Round, int64(rep.Round)-int64(v.runAtStart))
+		}
 		say(v.cfg.Progress, "round %d: loss %.4f%s, %s tok/s, %d in group, %.1f kB sent, %.1fs%s", rep.Round,
 			rep.Loss, val, trainer.HumanRate(tps), group, float64(rep.Stats.BytesSent)/1e3, wall, state)
 	}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -280,11 +281,31 @@ func NewNode(ctx context.Context, cfg NodeConfig) (*Node, error) {
 			return nil, fmt.Errorf("p2p: peerstore: %w", err)
 		}
 	}
-	n.h, err = newHost(hostParams{key: key, listen: cfg.ListenAddrs, limits: cfg.Limits, reachability: cfg.Reachability,
+	listen := cfg.ListenAddrs
+	if cfg.DataDir != "" {
+		saved, err := loadPorts(cfg.DataDir)
+		if err != nil {
+			log.Warn("the ports of the last run are not readable; listening on new ones", "err", err)
+		}
+		listen = stickyListen(listen, saved)
+	}
+	params := hostParams{key: key, listen: listen, limits: cfg.Limits, reachability: cfg.Reachability,
 		relayService: cfg.RelayService, relays: relays, holePunching: cfg.HolePunching, listenUDP: cfg.ListenUDP, bw: n.bw,
-		peerstore: ps, relayACL: n.acl})
+		peerstore: ps, relayACL: n.acl}
+	n.h, err = newHost(params)
+	if err != nil && ps == nil && !slices.Equal(listen, cfg.ListenAddrs) {
+		// The last run's port was taken between the check and the bind.
+		log.Info("the ports of the last run are taken; listening on new ones", "err", err)
+		params.listen = cfg.ListenAddrs
+		n.h, err = newHost(params)
+	}
 	if err != nil {
 		return nil, err
+	}
+	if cfg.DataDir != "" {
+		if err := savePorts(cfg.DataDir, cfg.ListenAddrs, n.h.Network().ListenAddresses()); err != nil {
+			log.Warn("could not save the listen ports", "err", err)
+		}
 	}
 	n.keeper = newPeerKeeper(n.h.Peerstore(), n.h.ID())
 	n.log = log.With("peer", shortID(n.h.ID()))
