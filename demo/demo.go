@@ -107,6 +107,8 @@ type Result struct {
 	// FirstRound: from each honest start (restarts included) to its first
 	// computed round.
 	FirstRound Restarts
+	// Stopped: each child's exit after Ctrl-C (SIGINT) at the end.
+	Stopped []Stopped
 }
 
 // Run starts the bootstrap and the volunteers, shows the run's progress
@@ -242,7 +244,7 @@ watch:
 	if cfg.Chaos {
 		hist, histErr = status.FetchHistory(context.Background(), res.StatusURL, 0, 100000)
 	}
-	kids.stop(out)
+	res.Stopped = kids.stop(out)
 	res.Wall = time.Since(began)
 	res.Rounds, res.TokensTrained, res.BytesSent, res.FP32DPBytes = last.Round, last.TokensTrained, last.BytesSent, last.FP32DPBytes
 	for _, p := range last.Curve {
@@ -255,6 +257,7 @@ watch:
 	}
 	if cfg.Chaos {
 		res.Invariants = checkInvariants(hist, histErr, &kids, res.VolunteerLogs, cfg.hostiles(), res.Chaos)
+		res.Invariants = append(res.Invariants, stopInvariant(res.Stopped))
 	}
 	res.FirstRound = readRestarts(res.VolunteerLogs)
 	first := regexp.MustCompile(`first training step ([0-9.]+)s after starting`)
@@ -370,6 +373,13 @@ func (r *Result) Summary() string {
 	}
 	fmt.Fprintf(&b, "  computing        %s of each volunteer's time\n", strings.Join(cf, ", "))
 	fmt.Fprintf(&b, "  first round      %s\n", r.FirstRound)
+	if w, ok := slowestStop(r.Stopped); ok {
+		how := fmt.Sprintf("every volunteer left within %v of Ctrl-C (slowest: %s)", w.After.Round(100*time.Millisecond), w.Name)
+		if w.Killed {
+			how = fmt.Sprintf("%s did not leave within 15 s of Ctrl-C and was killed", w.Name)
+		}
+		fmt.Fprintf(&b, "  stop             %s\n", how)
+	}
 	if c := r.Chaos; c != nil {
 		fmt.Fprintf(&b, "chaos: %d kill -9 (%d restarted), %d pauses", c.Kills, c.Restarts, c.Pauses)
 		if c.Offenders > 0 {
@@ -482,19 +492,31 @@ func (k *children) launch(bin, logPath string, wantStdout bool, mode int, args .
 
 // stop interrupts every child (they save and leave gracefully), waits up
 // to 15 s, then kills what is left. Volunteers go first, the bootstrap last.
-func (k *children) stop(out io.Writer) {
+func (k *children) stop(out io.Writer) []Stopped {
 	k.mu.Lock()
 	procs := k.procs
 	k.procs, k.stopped = nil, true
 	k.mu.Unlock()
 	if len(procs) == 0 {
-		return
+		return nil
 	}
+	stopped := make([]Stopped, len(procs))
+	var wg sync.WaitGroup
 	for i := len(procs) - 1; i >= 0; i-- {
 		if i == 0 && len(procs) > 1 {
 			waitAll(procs[1:], 15*time.Second) // the volunteers' last reports reach the bootstrap
 		}
-		procs[i].cmd.Process.Signal(syscall.SIGINT)
+		c := procs[i]
+		sent := time.Now()
+		c.cmd.Process.Signal(syscall.SIGINT)
+		wg.Go(func() {
+			select {
+			case <-c.done:
+				stopped[i] = Stopped{Name: c.name, After: time.Since(sent)}
+			case <-time.After(20 * time.Second):
+				stopped[i] = Stopped{Name: c.name, After: time.Since(sent), Killed: true}
+			}
+		})
 	}
 	if !waitAll(procs, 15*time.Second) {
 		fmt.Fprintln(out, "some children did not stop in 15 s; killing them")
@@ -503,6 +525,49 @@ func (k *children) stop(out io.Writer) {
 		}
 		waitAll(procs, 5*time.Second)
 	}
+	wg.Wait()
+	return stopped
+}
+
+// maxStop is how soon after Ctrl-C a volunteer must have left (issue
+// [1/4]): it saves its checkpoint and says goodbye, nothing more.
+const maxStop = 5 * time.Second
+
+// stopInvariant: every volunteer left within maxStop of Ctrl-C.
+func stopInvariant(st []Stopped) Invariant {
+	var slow []string
+	for _, s := range st {
+		if !strings.HasPrefix(s.Name, "bootstrap") && (s.Killed || s.After > maxStop) {
+			slow = append(slow, fmt.Sprintf("%s after %v", s.Name, s.After.Round(100*time.Millisecond)))
+		}
+	}
+	w, _ := slowestStop(st)
+	return Invariant{Name: fmt.Sprintf("every volunteer left within %v of Ctrl-C", maxStop), OK: len(slow) == 0,
+		Detail: fmt.Sprintf("slowest %v%s", w.After.Round(100*time.Millisecond), listed(slow))}
+}
+
+// Stopped is how long a child took to exit after SIGINT (Ctrl-C), and
+// whether it had to be killed.
+type Stopped struct {
+	Name   string
+	After  time.Duration
+	Killed bool
+}
+
+// slowestStop is the volunteer slowest to stop (the bootstrap, stopped
+// last and on purpose after the volunteers, is left out).
+func slowestStop(st []Stopped) (Stopped, bool) {
+	var worst Stopped
+	found := false
+	for _, s := range st {
+		if strings.HasPrefix(s.Name, "bootstrap") {
+			continue
+		}
+		if !found || s.Killed || (!worst.Killed && s.After > worst.After) {
+			worst, found = s, true
+		}
+	}
+	return worst, found
 }
 
 func waitAll(procs []*child, d time.Duration) bool {
