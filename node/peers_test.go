@@ -156,17 +156,25 @@ func newP2PTrainers(t testing.TB, m, P int, opts p2ptest.Options, configure func
 
 // round runs one outer round on every trainer; the first honest ones must
 // succeed and agree.
-func (tr *p2pTrainers) round(t testing.TB, round, honest int) {
+func (tr *p2pTrainers) round(t testing.TB, round, honest int) { tr.roundGroups(t, round, honest) }
+
+// roundGroups is round, and returns each trainer's group for the round.
+func (tr *p2pTrainers) roundGroups(t testing.TB, round, honest int) [][]transport.PeerID {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), p2ptest.Slowdown*time.Minute)
 	defer cancel()
 	var wg sync.WaitGroup
 	errs := make([]error, len(tr.ds))
+	groups := make([][]transport.PeerID, len(tr.ds))
 	for i := range tr.ds {
 		for j := range tr.thetas[i] {
 			tr.thetas[i][j] -= 0.01 * float32(i+1) * float32(j%5)
 		}
-		wg.Go(func() { _, errs[i] = tr.ds[i].OuterStep(ctx, tr.thetas[i]) })
+		wg.Go(func() {
+			var st optimizer.RoundStats
+			st, errs[i] = tr.ds[i].OuterStep(ctx, tr.thetas[i])
+			groups[i] = st.Group
+		})
 	}
 	wg.Wait()
 	for i, err := range errs[:honest] {
@@ -177,6 +185,7 @@ func (tr *p2pTrainers) round(t testing.TB, round, honest int) {
 			t.Fatalf("round %d: trainer %d disagrees", round, i)
 		}
 	}
+	return groups
 }
 
 // volunteerIDs are the members n sees whose role is volunteer.
