@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -28,9 +31,12 @@ var ErrInvariant = errors.New("demo: an invariant of the run did not hold")
 
 // Invariant is one property the chaos soak checked.
 type Invariant struct {
-	Name   string
-	OK     bool
-	Detail string
+	Name string
+	OK   bool
+	// NotApplicable: the run has nothing to check for it (OK is true);
+	// Detail says why.
+	NotApplicable bool
+	Detail        string
 }
 
 // ChaosReport is what the chaos monkey did.
@@ -126,7 +132,8 @@ func (m *chaosMonkey) straggle(ctx context.Context) {
 
 // checkInvariants judges the run's history (read from the status API
 // before the bootstrap stopped) and the children after they stopped.
-func checkInvariants(hist []status.RoundStats, err error, kids *children, honestLogs []string, hostiles int, rep *ChaosReport) []Invariant {
+// noloco: the run is NoLoCo's, whose members hold different weights.
+func checkInvariants(hist []status.RoundStats, err error, kids *children, honestLogs []string, hostiles int, noloco bool, rep *ChaosReport) []Invariant {
 	var inv []Invariant
 	add := func(name string, ok bool, format string, args ...any) {
 		inv = append(inv, Invariant{Name: name, OK: ok, Detail: fmt.Sprintf(format, args...)})
@@ -135,28 +142,23 @@ func checkInvariants(hist []status.RoundStats, err error, kids *children, honest
 		add("the run's history is readable", false, "%v (%d rounds)", err, len(hist))
 		return inv
 	}
-	// Honest state hashes agree after every round: the reports that carry
-	// another hash than the majority's are at most the hostile member's.
-	allowed := hostiles
-	var split []string
-	for _, r := range hist {
-		if r.HashVotes == 0 {
-			continue
-		}
-		// Some hash must have all the votes but the hostile member's. The
-		// history says which hash has a strict majority, if any: without
-		// one, that holds only for at most 2*allowed votes (one honest
-		// report, one hostile).
-		agree := (r.MajorityHash != "" && r.HashVotes-r.MajorityVotes <= allowed) ||
-			(r.MajorityHash == "" && r.HashVotes <= 2*allowed)
-		if !agree {
-			split = append(split, fmt.Sprintf("round %d: %d of %d reports agree", r.Round, r.MajorityVotes, r.HashVotes))
-		}
+	// slack widens the honest range of a round's validation loss that the
+	// page must show (pageWithinHonest).
+	var slack float64
+	if noloco {
+		// NoLoCo members report state hash 0: there is no common state
+		// to agree on, and statesAgree would pass on no votes. What must
+		// hold instead is that the honest members' weights stay close,
+		// which their validation losses show.
+		inv = append(inv, Invariant{Name: "honest state hashes agree after every round", OK: true, NotApplicable: true,
+			Detail: "NoLoCo members hold different weights by design; their losses are compared instead"})
+		slack = honestLossesAgree(honestLogs, add)
+	} else {
+		statesAgree(hist, hostiles, add)
 	}
-	add("honest state hashes agree after every round", len(split) == 0, "%d rounds checked%s", len(hist), listed(split))
 	// No round lost: every round from the first reported to the last has
-	// reports. (A round applied twice by a member would give it another
-	// state hash than the others: the check above.)
+	// reports. (In a DiLoCo run a round applied twice by a member would
+	// give it another state hash than the others: statesAgree.)
 	var gaps []string
 	for i := 1; i < len(hist); i++ {
 		if hist[i].Round != hist[i-1].Round+1 {
@@ -178,7 +180,7 @@ func checkInvariants(hist []status.RoundStats, err error, kids *children, honest
 	} else {
 		add("validation loss still falling", false, "only %d rounds measured", len(vals))
 	}
-	pageWithinHonest(hist, honestLogs, add)
+	pageWithinHonest(hist, honestLogs, slack, add)
 	add("no survivor crashed", len(rep.Crashes) == 0, "%d unexpected exits%s", len(rep.Crashes), listed(rep.Crashes))
 	// No leaked process: every child ever started has exited and is gone.
 	kids.mu.Lock()
@@ -207,6 +209,94 @@ func checkInvariants(hist []status.RoundStats, err error, kids *children, honest
 	return inv
 }
 
+// statesAgree checks that the honest state hashes agree after every round
+// of the history: the reports that carry another hash than the majority's
+// are at most the hostile members'.
+func statesAgree(hist []status.RoundStats, hostiles int, add func(string, bool, string, ...any)) {
+	allowed := hostiles
+	var split []string
+	checked := 0
+	for _, r := range hist {
+		if r.HashVotes == 0 {
+			continue
+		}
+		checked++
+		// Some hash must have all the votes but the hostile member's. The
+		// history says which hash has a strict majority, if any: without
+		// one, that holds only for at most 2*allowed votes (one honest
+		// report, one hostile).
+		agree := (r.MajorityHash != "" && r.HashVotes-r.MajorityVotes <= allowed) ||
+			(r.MajorityHash == "" && r.HashVotes <= 2*allowed)
+		if !agree {
+			split = append(split, fmt.Sprintf("round %d: %d of %d reports agree", r.Round, r.MajorityVotes, r.HashVotes))
+		}
+	}
+	add("honest state hashes agree after every round", len(split) == 0, "%d of %d rounds carried hashes%s", checked, len(hist), listed(split))
+}
+
+// nolocoSpread bounds the spread (max - min) of the honest NoLoCo members'
+// validation losses in a round, in nats. Their weights differ by a few
+// outer steps (noloco_clip.go): in 100-second soaks of 3 honest volunteers
+// (H = 5, kills, pauses and each NoLoCo hostile mode) the widest spread
+// was 0.19, while a rollback partner that also sent no outer gradient
+// dragged one member 0.52 behind the others while the loss fell fastest.
+const nolocoSpread = 0.5
+
+// honestLoss is an honest volunteer's line for a round it trained in, any
+// loss it printed (NaN and Inf included); val is absent when not measured.
+var honestLoss = regexp.MustCompile(`(?m)^round (\d+): loss ([^,\s]+)(?:, val ([^,\s]+))?,`)
+
+// honestLossesAgree checks, from the honest volunteers' logs, that every
+// loss they logged is finite and that in every round their validation
+// losses lie within nolocoSpread of each other, and returns the widest
+// spread of a round.
+func honestLossesAgree(honestLogs []string, add func(string, bool, string, ...any)) float64 {
+	vals := map[uint64][]float64{}
+	var bad []string
+	lines := 0
+	for _, l := range honestLogs {
+		b, _ := os.ReadFile(l)
+		for _, m := range honestLoss.FindAllSubmatch(b, -1) {
+			lines++
+			r, _ := strconv.ParseUint(string(m[1]), 10, 64)
+			loss, err := strconv.ParseFloat(string(m[2]), 64)
+			if err != nil || math.IsNaN(loss) || math.IsInf(loss, 0) {
+				bad = append(bad, fmt.Sprintf("%s round %d: loss %s", filepath.Base(l), r, m[2]))
+			}
+			if m[3] == nil {
+				continue
+			}
+			v, err := strconv.ParseFloat(string(m[3]), 64)
+			if err != nil || math.IsNaN(v) || math.IsInf(v, 0) {
+				bad = append(bad, fmt.Sprintf("%s round %d: val %s", filepath.Base(l), r, m[3]))
+				continue
+			}
+			vals[r] = append(vals[r], v)
+		}
+	}
+	checked := 0
+	var widest float64
+	var widestRound uint64
+	for _, r := range slices.Sorted(maps.Keys(vals)) {
+		vs := vals[r]
+		if len(vs) < 2 {
+			continue
+		}
+		checked++
+		spread := slices.Max(vs) - slices.Min(vs)
+		if spread > widest {
+			widest, widestRound = spread, r
+		}
+		if spread > nolocoSpread {
+			bad = append(bad, fmt.Sprintf("round %d: %.4f to %.4f", r, slices.Min(vs), slices.Max(vs)))
+		}
+	}
+	add(fmt.Sprintf("honest losses finite, validation losses within %g nats of each other every round", nolocoSpread),
+		len(bad) == 0 && checked > 0, "%d lines of %d honest logs, %d rounds compared, widest spread %.4f (round %d)%s",
+		lines, len(honestLogs), checked, widest, widestRound, listed(bad))
+	return widest
+}
+
 func listed(xs []string) string {
 	if len(xs) == 0 {
 		return ""
@@ -230,10 +320,20 @@ var honestRound = regexp.MustCompile(`(?m)^round (\d+): loss [0-9.]+, val ([0-9.
 
 // pageWithinHonest checks what the status page shows against what the
 // honest volunteers logged: every round's validation loss on the page lies
-// within the range of the honest values for that round, and no round on
-// the page lies more than 2 past the last an honest volunteer reached (a
-// hostile reporter must not draw the curve; issue [1/4]).
-func pageWithinHonest(hist []status.RoundStats, honestLogs []string, add func(string, bool, string, ...any)) {
+// within the range of the honest values for that round, widened by slack
+// on both sides, and no round on the page lies more than 2 past the last
+// an honest volunteer reached (a hostile reporter must not draw the curve;
+// issue [1/4]).
+//
+// The slack is for NoLoCo, whose members' losses differ by design: the
+// page shows the median of every reporter's, and the members that adopted
+// a state that round (their lines name no loss) and the hostile ones,
+// which train honestly in the NoLoCo modes, report values of their own; in
+// a round that only one honest member logged (one killed, one paused) the
+// page's median of two lies outside that member's value. A value within
+// the widest spread between honest members of any round is one an honest
+// member could have reported.
+func pageWithinHonest(hist []status.RoundStats, honestLogs []string, slack float64, add func(string, bool, string, ...any)) {
 	lo, hi := map[uint64]float64{}, map[uint64]float64{}
 	var last uint64
 	for _, l := range honestLogs {
@@ -260,9 +360,13 @@ func pageWithinHonest(hist []status.RoundStats, honestLogs []string, add func(st
 		}
 		checked++
 		// The logs print 4 decimals.
-		if v := *r.ValLoss; v < l-1e-4 || v > hi[r.Round]+1e-4 {
-			bad = append(bad, fmt.Sprintf("round %d: %.4f outside [%.4f, %.4f]", r.Round, v, l, hi[r.Round]))
+		if v := *r.ValLoss; v < l-slack-1e-4 || v > hi[r.Round]+slack+1e-4 {
+			bad = append(bad, fmt.Sprintf("round %d: %.4f outside [%.4f, %.4f]", r.Round, v, l-slack, hi[r.Round]+slack))
 		}
 	}
-	add("the page's loss within the honest range", len(bad) == 0, "%d rounds checked against %d honest logs%s", checked, len(honestLogs), listed(bad))
+	name := "the page's loss within the honest range"
+	if slack > 0 {
+		name += fmt.Sprintf(" widened by the widest honest spread, %.4f", slack)
+	}
+	add(name, len(bad) == 0, "%d rounds checked against %d honest logs%s", checked, len(honestLogs), listed(bad))
 }

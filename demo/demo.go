@@ -256,7 +256,7 @@ watch:
 		}
 	}
 	if cfg.Chaos {
-		res.Invariants = checkInvariants(hist, histErr, &kids, res.VolunteerLogs, cfg.hostiles(), res.Chaos)
+		res.Invariants = checkInvariants(hist, histErr, &kids, res.VolunteerLogs, cfg.hostiles(), cfg.Manifest.Optimizer.Kind == manifest.KindNoLoCo, res.Chaos)
 		res.Invariants = append(res.Invariants, stopInvariant(res.Stopped))
 	}
 	res.FirstRound = readRestarts(res.VolunteerLogs)
@@ -389,8 +389,11 @@ func (r *Result) Summary() string {
 		fmt.Fprintln(&b, "invariants:")
 		for _, v := range r.Invariants {
 			mark := "ok  "
-			if !v.OK {
+			switch {
+			case !v.OK:
 				mark = "FAIL"
+			case v.NotApplicable:
+				mark = "n/a "
 			}
 			fmt.Fprintf(&b, "  %s %s (%s)\n", mark, v.Name, v.Detail)
 		}

@@ -52,6 +52,7 @@ func (v *Volunteer) initNoLoCo() (err error) {
 		cfg.Logger = v.log
 	}
 	cfg.PeerStep = func(p transport.PeerID) uint64 { return announcedStep(v.pn, p) }
+	cfg.Hostile = nolocoHostile(v.cfg.Hostile)
 	// The receiver outlives Run's ctx; Close stops it.
 	opt, err := optimizer.NewNoLoCo(context.Background(), cfg, v.peers, v.theta)
 	if err != nil {
@@ -155,8 +156,37 @@ func (s *nolocoState) setWeights() {
 func (s *nolocoState) install(ctx context.Context) {
 	v := s.v
 	s.setWeights()
-	v.serve(s.opt.State())
-	v.gossipRound(ctx, s.opt.Step, 0)
+	step, phi, mom := s.opt.State()
+	if v.cfg.Hostile == HostileNoLoCoJump {
+		step, phi, mom = nolocoJump(step, phi, mom)
+	}
+	v.serve(step, phi, mom)
+	v.gossipRound(ctx, step, 0)
+}
+
+// nolocoJumpAhead is how far ahead of its step HostileNoLoCoJump announces.
+const nolocoJumpAhead = 1000
+
+// nolocoJump is HostileNoLoCoJump's lie about its state (step, phi,
+// momentum), which it announces and serves instead: nolocoJumpAhead steps
+// ahead, with phi + 1 per element (phi changed in place; the momentum its
+// own). It trains and gossips with its partners at its true step: only
+// joiners and members catching up (nolocoCatchUp) would follow the lie.
+func nolocoJump(step uint64, phi, mom []float32) (uint64, []float32, []float32) {
+	for i := range phi {
+		phi[i]++
+	}
+	return step + nolocoJumpAhead, phi, mom
+}
+
+// nolocoHostile is the hostile mode that the NoLoCo optimizer plays itself
+// (optimizer.NoLoCoConfig.Hostile): the lies in what a member sends its
+// partners; "" for the volunteer's own modes.
+func nolocoHostile(mode string) string {
+	if slices.Contains(optimizer.NoLoCoHostileModes, mode) {
+		return mode
+	}
+	return ""
 }
 
 // adopted installs a member's state just taken and reports it; the inner
@@ -183,9 +213,14 @@ func (s *nolocoState) catchUp(ctx context.Context, slack uint64) (bool, error) {
 //   - it jumps only when a strict majority of the other volunteers that
 //     announce a step, and at least nolocoQuorum of them, announce a later
 //     step than its own plus slack, and only to the latest step that such a
-//     majority has reached (catchUpTarget). A minority announcing far
-//     steps moves nobody: the target is never beyond the step of an honest
-//     member while the hostile ones are fewer than the quorum.
+//     majority has reached and at least nolocoQuorum members announce
+//     (up to nolocoLead steps more: the states it could take;
+//     catchUpTarget). A minority announcing far steps moves nobody: the
+//     target is never beyond the step of an honest member while the
+//     hostile ones are fewer than the quorum, and a far step counts
+//     towards no target that only one member could serve (one honest
+//     member two steps ahead and one announcing a far step made every
+//     member behind the first fetch a state each step and drop it).
 //   - it adopts the coordinate-wise median (optimizer.TrimmedMean, trimming
 //     (k-1)/2) of the states of up to nolocoSources members that announce
 //     the target or at most nolocoLead steps more (members move on while one
@@ -203,15 +238,29 @@ const (
 
 // catchUpTarget returns the latest step that a strict majority (and at
 // least nolocoQuorum) of steps, the steps the other volunteers announce,
-// has reached, and whether it lies beyond own+slack.
+// has reached and that at least nolocoQuorum of them announce (or at most
+// nolocoLead steps more), and whether it lies beyond own+slack.
 func catchUpTarget(own, slack uint64, steps []uint64) (uint64, bool) {
 	q := max(nolocoQuorum, len(steps)/2+1)
 	if len(steps) < q {
 		return 0, false
 	}
 	sorted := slices.Sorted(slices.Values(steps))
-	target := sorted[len(sorted)-q]
-	return target, target > own+slack
+	// Each candidate is reached by at least q of steps, the first by
+	// exactly q.
+	for i := len(sorted) - q; i >= 0; i-- {
+		target := sorted[i]
+		served := 0
+		for _, s := range sorted[i:] {
+			if s <= target+nolocoLead {
+				served++
+			}
+		}
+		if served >= nolocoQuorum {
+			return target, target > own+slack
+		}
+	}
+	return 0, false
 }
 
 // nolocoCatchUp moves st, at step own, to the run's step with the median of

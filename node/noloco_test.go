@@ -540,10 +540,14 @@ func TestCatchUpTarget(t *testing.T) {
 		{0, 0, nil, 0, false},
 		{0, 0, []uint64{9}, 0, false},                        // one other: no majority to follow
 		{0, 0, []uint64{9, 9}, 9, true},                      // both ahead
-		{0, 0, []uint64{9, 1 << 62}, 9, true},                // the far one is not followed
+		{0, 0, []uint64{9, 1 << 62}, 0, false},               // the far one is not followed, and 9 is one member's
 		{5, 0, []uint64{5, 5, 1 << 62}, 5, false},            // a lone far announcer
 		{5, 0, []uint64{5, 1 << 62, 1 << 62}, 1 << 62, true}, // a majority is followed
-		{5, 1, []uint64{6, 7, 1 << 62}, 7, true},             // the latest step a majority reached
+		{5, 1, []uint64{7, 7, 1 << 62}, 7, true},             // the latest step a majority reached
+		{5, 1, []uint64{6, 7, 1 << 62}, 6, false},            // and two members announce (6 and 7 for 6)
+		{5, 0, []uint64{6, 9, 1 << 62}, 0, false},            // 9 is one member's, 6 too
+		{5, 0, []uint64{6, 8, 9, 1 << 62}, 8, true},          // 8 and 9 serve 8
+		{5, 0, []uint64{6, 6, 9, 1 << 62}, 6, true},          // 9 is one member's: 6
 		{5, 2, []uint64{6, 7, 1 << 62}, 7, false},            // within slack
 		{3, 0, []uint64{0, 0, 9, 9, 9}, 9, true},             // 3 of 5
 		{3, 0, []uint64{0, 0, 0, 9, 9}, 0, false},            // 2 of 5

@@ -55,6 +55,8 @@ type Gossip struct {
 	est          tickEstimator
 
 	cur *gossipStep
+	// lie is a hostile member's (NoLoCoConfig.Hostile; nil when honest).
+	lie *gossipLie
 	// What the machine produced since the driver last drained it.
 	out      []Envelope
 	rejected []rejection
@@ -103,11 +105,15 @@ func NewGossip(cfg NoLoCoConfig, self transport.PeerID, n int) (*Gossip, error) 
 	}
 	tick := cfg.tick()
 	ticks := func(d time.Duration) int64 { return int64((d + tick - 1) / tick) }
-	return &Gossip{cfg: cfg, self: self, view: []transport.PeerID{self},
+	g := &Gossip{cfg: cfg, self: self, view: []transport.PeerID{self},
 		waits:  [3]int64{ticks(cfg.InitialDeadline), ticks(cfg.MinDeadline), ticks(cfg.MaxDeadline)},
 		encPhi: encPhi, encD: encD, dec: dec, phibar: make([]float32, n), dbar: make([]float32, n), tmp: make([]float32, n),
 		arrived: map[uint64][]envelope{}, ahead: map[transport.PeerID]envelope{},
-		maxBody: maxGossipBody(n), budget: max(cfg.MaxStashBytes, 8*int64(maxGossipBody(n)))}, nil
+		maxBody: maxGossipBody(n), budget: max(cfg.MaxStashBytes, 8*int64(maxGossipBody(n)))}
+	if cfg.Hostile != "" {
+		g.lie = &gossipLie{mode: cfg.Hostile}
+	}
+	return g, nil
 }
 
 // tick is the gossip's clock: an eighth of MinDeadline, within [1 ms, 250 ms].
@@ -182,7 +188,11 @@ func (g *Gossip) Start(step uint64, phi, d []float32) error {
 		return fmt.Errorf("own outer gradient: %w", err)
 	}
 	g.Advance(step)
-	body, err := g.encode(phi, d, step)
+	sendPhi, sendD := phi, d
+	if g.lie != nil {
+		sendPhi, sendD = g.lie.lie(phi, d)
+	}
+	body, err := g.encode(sendPhi, sendD, step)
 	if err != nil {
 		return err
 	}
@@ -190,11 +200,21 @@ func (g *Gossip) Start(step uint64, phi, d []float32) error {
 		settled: map[transport.PeerID]bool{g.self: true}, movedOn: map[transport.PeerID]int64{}, began: g.now,
 		wait: g.est.deadline(g.waits[0], g.waits[1], g.waits[2])}
 	msg := appendMessage(nil, header{kind: kindGossip, round: step}, body)
-	for _, p := range c.res.Group {
-		if p != g.self {
-			g.out = append(g.out, Envelope{To: p, Payload: msg})
-			c.res.BytesSent += int64(len(msg))
+	var out []Envelope
+	if g.lie != nil && g.lie.mode == HostileNoLoCoBomb {
+		if out, err = g.flood(step); err != nil {
+			return err
 		}
+	} else {
+		for _, p := range c.res.Group {
+			if p != g.self {
+				out = append(out, Envelope{To: p, Payload: msg})
+			}
+		}
+	}
+	for _, e := range out {
+		g.out = append(g.out, e)
+		c.res.BytesSent += int64(len(e.Payload))
 	}
 	copy(g.phibar, phi)
 	copy(g.dbar, d)
@@ -352,8 +372,11 @@ func (g *Gossip) take() {
 			g.rejected = append(g.rejected, rejection{e.from, err})
 			continue
 		}
-		if g.clipPartner(c.phi, g.tmp, c.d, c.ref) {
+		if clipped, outlier := g.clipPartner(c.phi, g.tmp, c.d, c.ref); clipped {
 			c.res.Clipped = append(c.res.Clipped, e.from)
+			if outlier {
+				c.res.Outliers = append(c.res.Outliers, e.from)
+			}
 		}
 		for i := range g.phibar {
 			g.phibar[i] += g.tmp[i]

@@ -43,6 +43,10 @@ type NoLoCoConfig struct {
 	// a whole deadline, which for a newcomer is the long InitialDeadline.
 	// (Members' views of the group differ for a moment when one joins.)
 	PeerStep func(transport.PeerID) uint64
+	// Hostile makes this member lie to its partners, for chaos tests only
+	// (skein demo --chaos --hostile): one of NoLoCoHostileModes
+	// (noloco_hostile.go), "" for an honest member.
+	Hostile string
 }
 
 // DefaultNoLoCo returns the paper's defaults: g = 2, eta = gamma = 0.7,
@@ -77,6 +81,8 @@ func (c NoLoCoConfig) Validate() error {
 		return fmt.Errorf("%w: clip factors %g and %g must be in [1, 1e6]", ErrConfig, c.ClipFactor, c.PhiClip)
 	case c.MaxStashBytes <= 0:
 		return fmt.Errorf("%w: max stash bytes %d must be positive", ErrConfig, c.MaxStashBytes)
+	case c.Hostile != "" && !slices.Contains(NoLoCoHostileModes, c.Hostile):
+		return fmt.Errorf("%w: hostile %q (want one of %v)", ErrConfig, c.Hostile, NoLoCoHostileModes)
 	}
 	if err := c.PhiCodec.Validate(); err != nil {
 		return err
@@ -124,6 +130,7 @@ type GossipStats struct {
 	Group     []transport.PeerID // the planned group
 	Heard     []transport.PeerID // partners whose contribution was used
 	Clipped   []transport.PeerID // those of them clipped (clipPartner)
+	Outliers  []transport.PeerID // those clipped from past outlierFactor times a bound: offenders
 	BytesSent int64
 	BytesRecv int64
 	Duration  time.Duration
@@ -148,6 +155,12 @@ func NewNoLoCo(ctx context.Context, cfg NoLoCoConfig, peers transport.Peers, phi
 	g, err := NewGossip(cfg, peers.Self(), len(phi))
 	if err != nil {
 		return nil, err
+	}
+	if cfg.Hostile == HostileNoLoCoRollback {
+		// The weights this member starts from, before any resumed or
+		// adopted state: the run's initial weights (every member builds the
+		// same from the manifest's seed).
+		g.lie.initial = slices.Clone(phi)
 	}
 	sync := func() {
 		g.SetMembers(peers.Members())
@@ -218,7 +231,9 @@ func (nl *NoLoCo) OuterStep(ctx context.Context, theta []float32) (GossipStats, 
 	if r.err != nil {
 		return st, r.err
 	}
-	if log := nl.d.log; len(st.Clipped) > 0 {
+	if log := nl.d.log; len(st.Outliers) > 0 {
+		log.Warn("offender: a partner's phi or outer gradient lies far past the bounds; clipped", "step", st.Step, "peers", st.Outliers)
+	} else if len(st.Clipped) > 0 {
 		log.Info("clipped partners' contributions", "step", st.Step, "peers", st.Clipped)
 	}
 	if len(st.Heard) < len(st.Group)-1 {

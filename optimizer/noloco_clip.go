@@ -78,15 +78,25 @@ func distance(a, b []float32) float64 {
 	return math.Sqrt(s)
 }
 
+// outlierFactor: a partner whose phi or outer gradient lies more than that
+// many times past its bound is named an offender (GossipStats.Outliers),
+// though clipped like any other. Honest partners came within 1.4 times the
+// bounds (2.1 times the median own norm, above); one restarted from a
+// checkpoint a round old lies a few outer steps away. Clipping bounds the
+// damage either way: the name is for the operator.
+const outlierFactor = 100
+
 // clipPartner bounds a partner's phi (in place) to within PhiClip times
 // max(ref, the median accepted partner distance) of this member's phi own
 // and its outer gradient d to a norm of ClipFactor*ref, where ref is the
 // median own norm, records the distance accepted, and says whether it
-// clipped.
-func (g *Gossip) clipPartner(own, phi, d []float32, ref float64) bool {
-	clipped := false
+// clipped and whether the partner lay more than outlierFactor times past
+// either bound.
+func (g *Gossip) clipPartner(own, phi, d []float32, ref float64) (clipped, outlier bool) {
+	past := func(x, bound float64) bool { return bound > 0 && x > outlierFactor*bound }
 	dist, bound := distance(phi, own), g.cfg.PhiClip*max(ref, lowerMedian(g.dists))
 	if dist > bound {
+		outlier = past(dist, bound)
 		s := float32(bound / dist)
 		for i, p := range own {
 			phi[i] = p + (phi[i]-p)*s
@@ -95,11 +105,12 @@ func (g *Gossip) clipPartner(own, phi, d []float32, ref float64) bool {
 	}
 	g.dists = pushWindow(g.dists, dist)
 	if norm, bound := l2(d), g.cfg.ClipFactor*ref; norm > bound {
+		outlier = outlier || past(norm, bound)
 		s := float32(bound / norm)
 		for i := range d {
 			d[i] *= s
 		}
 		clipped = true
 	}
-	return clipped
+	return clipped, outlier
 }
