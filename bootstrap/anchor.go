@@ -5,13 +5,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"os"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/skein-ml/skein/internal/atomicfile"
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/replica"
 	"github.com/skein-ml/skein/transport"
@@ -30,6 +33,10 @@ type anchors struct {
 	book *replica.Book
 	log  *slog.Logger
 	node *p2p.Node // set by start
+	// path keeps the certificate last countersigned (AnchorFile in the
+	// data directory; "" = nowhere), so that a restarted bootstrap goes on
+	// from it instead of waiting for a live majority to vouch for one.
+	path string
 
 	mu  sync.Mutex
 	enc []byte // the latest anchor, encoded; nil while there is none
@@ -41,12 +48,54 @@ const (
 	certTimeout    = 10 * time.Second // one request for a chain
 )
 
-// newAnchors returns the anchors of run, its book at the run's start (a
-// certificate without a group: the bootstrap holds no state).
-func newAnchors(run string, log *slog.Logger) *anchors {
-	a := &anchors{book: replica.NewBook(run, verifier{}, &replica.Certificate{Run: run}), log: log}
+// AnchorFile, in the bootstrap's data directory, is the round certificate
+// it last countersigned.
+const AnchorFile = "anchor.cert"
+
+// newAnchors returns the anchors of run: its book at the certificate saved
+// at path, when there is one that verifies for run, else at the run's start
+// (a certificate without a group: the bootstrap holds no state).
+func newAnchors(run, path string, log *slog.Logger) *anchors {
+	start := &replica.Certificate{Run: run}
+	if c, err := loadAnchorCert(run, path); err == nil {
+		start = c
+		log.Info("resuming the chain of round certificates at the one last countersigned", "round", c.Round, "path", path)
+	} else if !errors.Is(err, os.ErrNotExist) {
+		log.Warn("the saved round certificate is not usable; waiting for the volunteers' chain", "path", path, "err", err)
+	}
+	a := &anchors{book: replica.NewBook(run, verifier{}, start), log: log, path: path}
 	a.book.Anchorless = func(c *replica.Certificate) error { return replica.VouchedBy(a.volunteers(), c) }
 	return a
+}
+
+// loadAnchorCert reads and verifies the certificate saved at path.
+func loadAnchorCert(run, path string) (*replica.Certificate, error) {
+	if path == "" {
+		return nil, os.ErrNotExist
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, replica.MaxCertBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > replica.MaxCertBytes {
+		return nil, fmt.Errorf("%w: more than %d bytes", replica.ErrBadCert, replica.MaxCertBytes)
+	}
+	c := new(replica.Certificate)
+	if err := c.UnmarshalBinary(b); err != nil {
+		return nil, err
+	}
+	if err := c.Verify(run, verifier{}); err != nil {
+		return nil, err
+	}
+	if len(c.Group) == 0 {
+		return nil, fmt.Errorf("%w: a certificate without a group", replica.ErrBadCert)
+	}
+	return c, nil
 }
 
 // verifier checks members' signatures against their peer IDs; the
@@ -65,6 +114,9 @@ func (verifier) Verify(id transport.PeerID, msg, sig []byte) bool {
 // ctx ends.
 func (a *anchors) start(ctx context.Context, node *p2p.Node) error {
 	a.node = node
+	if t := a.book.Trusted(); len(t.Group) > 0 {
+		a.countersign(t) // resumed: newcomers get it at once
+	}
 	if err := node.Handle(p2p.ProtoAnchor, p2p.MessageFrameConfig(replica.MaxAnchorBytes), func(_ context.Context, st *p2p.Stream) error {
 		a.mu.Lock()
 		enc := a.enc
@@ -184,6 +236,13 @@ func (a *anchors) countersign(c *replica.Certificate) {
 	a.mu.Lock()
 	a.enc = b
 	a.mu.Unlock()
+	if a.path != "" {
+		if cb, err := c.MarshalBinary(); err != nil {
+			a.log.Warn("could not save the round certificate", "err", err)
+		} else if err := atomicfile.WriteFile(a.path, cb, 0o644); err != nil {
+			a.log.Warn("could not save the round certificate", "path", a.path, "err", err)
+		}
+	}
 	a.log.Info("countersigned the round certificate", "round", c.Round, "state", fmt.Sprintf("%016x", c.Hash), "signers", len(c.Signers()))
 }
 

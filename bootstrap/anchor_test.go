@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -28,7 +30,8 @@ func TestBootstrapCountersignsChain(t *testing.T) {
 	vols, honest, sybil := sw.Nodes[1:], sw.Nodes[1:4], sw.Nodes[4]
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	a := newAnchors(sw.Opts.RunID, slog.New(slog.DiscardHandler))
+	path := filepath.Join(t.TempDir(), AnchorFile)
+	a := newAnchors(sw.Opts.RunID, path, slog.New(slog.DiscardHandler))
 	if err := a.start(ctx, sw.Seed.Node); err != nil {
 		t.Fatal(err)
 	}
@@ -150,5 +153,26 @@ func TestBootstrapCountersignsChain(t *testing.T) {
 		if h, ok := a.certified(tt.round); h != tt.hash || ok != tt.ok {
 			t.Errorf("certified(%d) = %d, %v; want %d, %v", tt.round, h, ok, tt.hash, tt.ok)
 		}
+	}
+
+	// A restarted bootstrap goes on from the certificate it countersigned
+	// last; not from a damaged file or another run's certificate.
+	log := slog.New(slog.DiscardHandler)
+	if r := newAnchors(sw.Opts.RunID, path, log).book.Trusted(); r.Round != 6 || r.Hash != 66 {
+		t.Fatalf("restarted at round %d, want the countersigned round 6", r.Round)
+	}
+	if r := newAnchors("another run", path, log).book.Trusted(); r.Round != 0 || len(r.Group) != 0 {
+		t.Fatalf("another run's bootstrap took this run's certificate (round %d)", r.Round)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)-1] ^= 1 // the last signature
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := newAnchors(sw.Opts.RunID, path, log).book.Trusted(); r.Round != 0 {
+		t.Fatalf("restarted at round %d from a damaged certificate", r.Round)
 	}
 }

@@ -195,7 +195,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	storeCfg := storeConfig(s.run)
 	if s.run.Optimizer.Kind == manifest.KindDiLoCo && !s.run.Pipeline.Staged() {
-		s.anchors = newAnchors(s.run.RunID, s.log)
+		s.anchors = newAnchors(s.run.RunID, filepath.Join(cfg.DataDir, AnchorFile), s.log)
 		storeCfg.Certified = s.anchors.certified
 	}
 	if s.store, err = status.Open(filepath.Join(cfg.DataDir, "history.db"), storeCfg); err != nil {

@@ -273,8 +273,6 @@ func (b *Book) adoptLocked(chain []*Certificate) (*Certificate, error) {
 	return b.trusted[len(b.trusted)-1], nil
 }
 
-// Reset restarts the trusted chain at anchor (a member whose state was
-// taken from elsewhere by a rule outside the chain).
 // Reanchor trusts c, which must verify, as the start of a new chain: for
 // a member whose chain no longer extends (the previous group lost its
 // majority to churn and dissent) when another rule vouches for c (node:
@@ -295,6 +293,8 @@ func (b *Book) Reanchor(c *Certificate) error {
 	return nil
 }
 
+// Reset restarts the trusted chain at anchor (a member whose state was
+// taken from elsewhere by a rule outside the chain).
 func (b *Book) Reset(anchor *Certificate) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
