@@ -223,13 +223,22 @@ func (p *stagePlanner) plan(cur *pipeline.Assignment, vols []volunteer, ahead ui
 		a.Epoch, a.Start = cur.Epoch+1, max(cur.Start, ahead+1+p.pace.lead(p.timing.Lead))
 	}
 	p.at = ahead
+	serves := map[string]int16{} // the stage each volunteer announces it runs
+	for _, v := range vols {
+		serves[v.id] = v.meta.Stage
+	}
 	for v, s := range pl.StageOf {
 		if s == pipeline.Unassigned {
 			continue
 		}
 		id := net.Node(v).ID
 		since := a.Epoch
-		if cur != nil {
+		// A member keeps its Since only while it announces the stage: one
+		// an earlier plan placed there that never took it (the stage's
+		// state could not be fetched, or the plan was replaced before it
+		// began) holds nothing a newcomer could take, and two of them
+		// kept as survivors would each wait for the other's state for good.
+		if cur != nil && serves[id] == int16(s) {
 			if i := cur.Index(id); i >= 0 && cur.StageOf[i] == s {
 				since = cur.Since[i]
 			}

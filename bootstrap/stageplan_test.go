@@ -26,7 +26,9 @@ func testVolunteers(names ...string) []volunteer {
 // every other member in its stage (and its Since), starts after the run's
 // iteration and never before the previous plan's start, hands the lost
 // stage to the newcomer and notes on the status page how it is rebuilt;
-// too few volunteers is a wait, not a plan.
+// a newcomer that never took its stage (it still announces none) is new
+// to it in the next plan too, so that it rebuilds the stage instead of
+// being waited on as a survivor; too few volunteers is a wait, not a plan.
 func TestStagePlannerPlans(t *testing.T) {
 	m := manifest.Default()
 	m.Pipeline = manifest.Pipeline{Stages: 4, Microbatches: 2}
@@ -56,12 +58,19 @@ func TestStagePlannerPlans(t *testing.T) {
 	for i, id := range first.Peers {
 		stage[id] = first.StageOf[i]
 	}
-	// The member of stage 2 leaves; e joins.
+	// The member of stage 2 leaves; e joins. The others announce their
+	// stages, e none.
 	var vols []volunteer
 	for _, v := range testVolunteers("a", "b", "c", "d", "e") {
-		if s, ok := stage[v.id]; !ok || s != 2 {
-			vols = append(vols, v)
+		s, ok := stage[v.id]
+		if ok && s == 2 {
+			continue
 		}
+		v.meta.Stage = -1
+		if ok {
+			v.meta.Stage = int16(s)
+		}
+		vols = append(vols, v)
 	}
 	second, err := p.plan(&first, vols, 40)
 	if err != nil {
@@ -94,6 +103,18 @@ func TestStagePlannerPlans(t *testing.T) {
 	}
 	if _, err := pipeline.ParseAssignment(must(third.MarshalBinary())); err != nil {
 		t.Fatal(err)
+	}
+	e := vols[len(vols)-1]
+	if i := third.Index(e.id); i < 0 || third.StageOf[i] != 2 || third.Since[i] != 3 || len(third.Survivors(2)) != 0 {
+		t.Fatalf("plan 3: e, which never took stage 2, at %d; stage 2's survivors %v", i, third.Survivors(2))
+	}
+	vols[len(vols)-1].meta.Stage = 2 // e took it
+	fourth, err := p.plan(&third, vols, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := fourth.Index(e.id); i < 0 || fourth.Since[i] != 3 {
+		t.Fatalf("plan 4: e, which announces stage 2, is not its survivor since plan 3: %+v", fourth)
 	}
 }
 

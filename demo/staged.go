@@ -25,17 +25,23 @@ import (
 // re-plans, and the volunteers it puts in the lost stage rebuild it with
 // CheckFree from its neighbours (node/staged.go). The demo reads the run
 // back from the status API and from the volunteers' logs (stage 0's loss:
-// a staged run has no validation loss yet).
+// a staged run has no validation loss yet). With Config.Hostile (a staged
+// mode) hostile volunteers join too, and the demo ends by checking the
+// run's invariants (staged_hostile.go).
 
 // StagedConfig configures RunStaged. Config.Manifest must be staged
-// (pipeline.stages > 1); Config.Volunteers is not used.
+// (pipeline.stages > 1); Config.Volunteers is not used, nor the chaos
+// monkey's settings; Config.Hostile, when set, names a staged hostile
+// mode (staged-grad or checkfree-norm), played by HostileCount volunteers
+// beside the honest ones.
 type StagedConfig struct {
 	Config
 	// Replicas is the volunteers started per stage: Stages x Replicas in
 	// all (the bootstrap decides where each goes).
 	Replicas int
 	// FailStage is the stage whose volunteers are all killed halfway
-	// (through Iterations, else Duration); -1: none.
+	// (through Iterations, else Duration); -1: none. With hostile
+	// volunteers the demo may kill another stage (failStage).
 	FailStage int
 	// Iterations ends the run once the volunteers are past this many
 	// iterations and the lost stage has trained a round again (0: at
@@ -56,23 +62,34 @@ type StagedResult struct {
 	// volunteers killed, the iteration then and the loss just before, how
 	// the new volunteers rebuilt it (in their words), and how long after
 	// the kill one of them finished its first round (0: not within the run).
+	LostStage  int
 	Killed     []string
 	KilledAt   uint64
 	LossBefore float64
 	Rebuild    string
 	Recovered  time.Duration
 
-	VolunteerLogs []string
+	VolunteerLogs []string // the honest volunteers'
+	HostileLogs   []string
 	BootstrapLog  string
+
+	// With hostile volunteers (Config.Hostile): what they did and the
+	// invariants checked.
+	Hostile    *StagedHostile
+	Invariants []Invariant
 }
 
 // Lines of a staged volunteer's log (node/staged.go) the demo reads.
 var (
 	stageLine   = regexp.MustCompile(`stage plan \d+: stage (\d+) of`)
 	rebuildLine = regexp.MustCompile(`stage \d+ was lost[^\n]*`)
-	roundLine   = regexp.MustCompile(`iteration \d+ \(round \d+\): stage`)
+	roundLine   = regexp.MustCompile(`iteration \d+ \(round \d+\): stage (\d+)`)
 	lossLine    = regexp.MustCompile(`iteration (\d+) \(round \d+\): stage 0, loss ([0-9.]+)`)
 )
+
+// recoverWait is how long past the kill RunStaged waits, once the run is
+// past Iterations, for the lost stage to train a round again.
+const recoverWait = 3 * time.Minute
 
 // RunStaged starts the bootstrap and Stages x Replicas volunteers, kills
 // the fail stage's volunteers halfway and starts new ones, shows the run's
@@ -91,6 +108,8 @@ func RunStaged(ctx context.Context, cfg StagedConfig) (*StagedResult, error) {
 		return nil, fmt.Errorf("%w: binary %q and directory %q are required", ErrConfig, cfg.Binary, cfg.Dir)
 	case cfg.Iterations < 0:
 		return nil, fmt.Errorf("%w: %d iterations", ErrConfig, cfg.Iterations)
+	case cfg.HostileCount < 0 || cfg.hostiles() >= S*cfg.Replicas:
+		return nil, fmt.Errorf("%w: %d hostile volunteers with %d honest ones; the hostile ones must be fewer", ErrConfig, cfg.hostiles(), S*cfg.Replicas)
 	}
 	if err := cfg.Manifest.CheckStaged(); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
@@ -100,10 +119,11 @@ func RunStaged(ctx context.Context, cfg StagedConfig) (*StagedResult, error) {
 		out = io.Discard
 	}
 	began := time.Now()
-	res := &StagedResult{LossStart: math.NaN(), LossEnd: math.NaN(), LossBefore: math.NaN(), BootstrapLog: filepath.Join(cfg.Dir, "bootstrap.log")}
+	res := &StagedResult{LossStart: math.NaN(), LossEnd: math.NaN(), LossBefore: math.NaN(), LostStage: cfg.FailStage,
+		BootstrapLog: filepath.Join(cfg.Dir, "bootstrap.log")}
 	var kids children
 	defer kids.stop(out)
-	addr, netFlags, err := cfg.startBootstrap(ctx, &kids, out, (S+1)*cfg.Replicas, &res.StatusURL)
+	addr, netFlags, err := cfg.startBootstrap(ctx, &kids, out, (S+1)*cfg.Replicas+cfg.hostiles(), &res.StatusURL)
 	if err != nil {
 		return nil, err
 	}
@@ -129,14 +149,60 @@ func RunStaged(ctx context.Context, cfg StagedConfig) (*StagedResult, error) {
 			return nil, err
 		}
 	}
-	// fresh are the volunteers started after the kill, killedAt its time.
+	var hostile []hostileVolunteer
+	for i := range cfg.hostiles() {
+		name := "volunteer-hostile"
+		if i > 0 {
+			name = fmt.Sprintf("volunteer-hostile-%d", i+1)
+		}
+		log := filepath.Join(cfg.Dir, name+".log")
+		fmt.Fprintf(out, "starting a hostile volunteer (%s; log %s)\n", cfg.Hostile, log)
+		if _, err := kids.start(cfg.Binary, log, false, cfg.joinArgs(addr, name, netFlags, "--hostile", cfg.Hostile)...); err != nil {
+			return nil, err
+		}
+		hostile, res.HostileLogs = append(hostile, hostileVolunteer{name: name, log: log}), append(res.HostileLogs, log)
+	}
+	if cfg.Hostile != "" {
+		res.Hostile = &StagedHostile{Mode: cfg.Hostile}
+	}
+	// fresh are the volunteers started after the kill, killedAt its time;
+	// trained is how many rounds of the lost stage each volunteer's log
+	// showed then (a round more is the lost stage training again, whoever
+	// the bootstrap put in it).
 	var fresh []volunteer
 	var killedAt time.Time
+	trained := map[string]int{}
+	lostRounds := func(b []byte) int {
+		n := 0
+		for _, m := range roundLine.FindAllSubmatch(b, -1) {
+			if string(m[1]) == strconv.Itoa(res.LostStage) {
+				n++
+			}
+		}
+		return n
+	}
 	kill := func(snap status.Snapshot) error {
+		if res.Hostile != nil {
+			// Not a stage with a hostile member; for checkfree-norm, one
+			// rebuilt from a hostile member's stage.
+			var held []int
+			for _, h := range hostile {
+				if s := readHostile(h.name, h.log).stage; s >= 0 {
+					held = append(held, s)
+				}
+			}
+			res.LostStage, res.Hostile.Note = failStage(cfg.FailStage, S, cfg.Manifest.Pipeline.CheckFreePlus, cfg.Hostile, held)
+			if res.LostStage != cfg.FailStage {
+				fmt.Fprintf(out, "hostile volunteers in stages %v: stage %d is the one lost instead of %d\n", held, res.LostStage, cfg.FailStage)
+			}
+			if res.Hostile.Note != "" {
+				fmt.Fprintf(out, "hostile volunteers in stages %v: %s\n", held, res.Hostile.Note)
+			}
+		}
 		for _, v := range vols {
 			b, _ := os.ReadFile(v.log)
-			m := stageLine.FindAllSubmatch(b, -1)
-			if len(m) == 0 || string(m[len(m)-1][1]) != strconv.Itoa(cfg.FailStage) {
+			trained[v.log] = lostRounds(b)
+			if lastStage(b) != res.LostStage {
 				continue
 			}
 			v.c.killed.Store(true)
@@ -147,11 +213,11 @@ func RunStaged(ctx context.Context, cfg StagedConfig) (*StagedResult, error) {
 		_, res.LossBefore = losses(res.VolunteerLogs)
 		killedAt, res.KilledAt = time.Now(), snap.Pipeline.Iteration
 		if len(res.Killed) == 0 {
-			fmt.Fprintf(out, "iteration %d: no volunteer holds stage %d; nothing killed\n", res.KilledAt, cfg.FailStage)
+			fmt.Fprintf(out, "iteration %d: no volunteer holds stage %d; nothing killed\n", res.KilledAt, res.LostStage)
 			return nil
 		}
 		fmt.Fprintf(out, "iteration %d: stage %d lost: kill -9 %s; starting %d new volunteers\n",
-			res.KilledAt, cfg.FailStage, strings.Join(res.Killed, ", "), len(res.Killed))
+			res.KilledAt, res.LostStage, strings.Join(res.Killed, ", "), len(res.Killed))
 		for range res.Killed {
 			if err := join(); err != nil {
 				return err
@@ -183,7 +249,17 @@ watch:
 			fmt.Fprintf(out, "%v elapsed: stopping the volunteers\n", cfg.Duration)
 			break watch
 		case err := <-kids.exited:
-			return res, err
+			// With hostile volunteers an exit is judged at the end (a
+			// volunteer's): the run goes on without it.
+			if res.Hostile == nil || strings.Contains(err.Error(), filepath.Base(res.BootstrapLog)) {
+				return res, err
+			}
+			if strings.Contains(err.Error(), "volunteer-hostile") {
+				res.Hostile.HostileExits = append(res.Hostile.HostileExits, err.Error())
+			} else {
+				res.Hostile.Crashes = append(res.Hostile.Crashes, err.Error())
+			}
+			fmt.Fprintf(out, "%v\n", err)
 		case <-halfway:
 			half = true
 		case <-tick.C:
@@ -219,19 +295,32 @@ watch:
 				return res, err
 			}
 		}
-		for _, v := range fresh {
+		for _, v := range vols {
+			if killedAt.IsZero() {
+				break
+			}
+			if v.c.killed.Load() {
+				continue
+			}
 			b, _ := os.ReadFile(v.log)
 			if m := rebuildLine.Find(b); m != nil && res.Rebuild == "" {
 				res.Rebuild = string(m)
 				fmt.Fprintf(out, "%s: %s, %.1fs after the kill\n", strings.TrimSuffix(v.c.name, ".log"), m, time.Since(killedAt).Seconds())
 			}
-			if roundLine.Match(b) && res.Recovered == 0 {
+			// A round of the lost stage, by whichever volunteer the
+			// bootstrap put in it: the new ones may be placed elsewhere.
+			if res.Recovered == 0 && lostRounds(b) > trained[v.log] {
 				res.Recovered = time.Since(killedAt)
 				fmt.Fprintf(out, "%s finished its first round in the rebuilt stage %.1fs after the kill\n", strings.TrimSuffix(v.c.name, ".log"), res.Recovered.Seconds())
 			}
 		}
-		// The end, once the lost stage trains again: the demo is about that.
-		if cfg.Iterations > 0 && snap.Pipeline.Iteration >= uint64(cfg.Iterations) && (len(fresh) == 0 || res.Recovered > 0) {
+		// The end, once the lost stage trains again: the demo is about
+		// that; or recoverWait after the kill if it does not.
+		if cfg.Iterations > 0 && snap.Pipeline.Iteration >= uint64(cfg.Iterations) &&
+			(len(fresh) == 0 || res.Recovered > 0 || time.Since(killedAt) > recoverWait) {
+			if len(fresh) > 0 && res.Recovered == 0 {
+				fmt.Fprintf(out, "the lost stage did not train a round within %v of the kill\n", recoverWait)
+			}
 			fmt.Fprintf(out, "iteration %d reached: stopping the volunteers\n", snap.Pipeline.Iteration)
 			break watch
 		}
@@ -246,6 +335,20 @@ watch:
 		res.Iterations = last.Pipeline.Iteration
 	}
 	res.LossStart, res.LossEnd = losses(res.VolunteerLogs)
+	if res.Hostile != nil {
+		var read []hostileVolunteer
+		for _, h := range hostile {
+			h = readHostile(h.name, h.log)
+			res.Hostile.Names, res.Hostile.Stages = append(res.Hostile.Names, h.name), append(res.Hostile.Stages, h.stage)
+			read = append(read, h)
+		}
+		res.Invariants = stagedInvariants(res, read, res.VolunteerLogs, &kids)
+	}
+	for _, v := range res.Invariants {
+		if !v.OK {
+			return res, fmt.Errorf("%w: %s (%s)", ErrInvariant, v.Name, v.Detail)
+		}
+	}
 	return res, nil
 }
 
@@ -303,8 +406,34 @@ func (r *StagedResult) Summary() string {
 		if r.Recovered > 0 {
 			back = fmt.Sprintf("%.1fs later", r.Recovered.Seconds())
 		}
-		fmt.Fprintf(&b, "  lost stage       %s killed -9 at iteration %d (train loss %.4f); %s; its first round done %s\n",
-			strings.Join(r.Killed, ", "), r.KilledAt, r.LossBefore, cmp.Or(r.Rebuild, "not rebuilt"), back)
+		fmt.Fprintf(&b, "  lost stage       stage %d: %s killed -9 at iteration %d (train loss %.4f); %s; its first round done %s\n",
+			r.LostStage, strings.Join(r.Killed, ", "), r.KilledAt, r.LossBefore, cmp.Or(r.Rebuild, "not rebuilt"), back)
+	}
+	if h := r.Hostile; h != nil {
+		var where []string
+		for i, n := range h.Names {
+			where = append(where, fmt.Sprintf("%s in stage %d", n, h.Stages[i]))
+		}
+		fmt.Fprintf(&b, "hostile: %s (%s)", h.Mode, strings.Join(where, ", "))
+		switch {
+		case h.Mode == hostileCheckFreeNorm:
+			fmt.Fprintf(&b, "; served its lies %d times", h.Lies)
+		case !h.Sent:
+			fmt.Fprint(&b, "; the attack was not sent")
+		}
+		fmt.Fprintf(&b, "; the honest volunteers logged the hostile one %d times", h.Offenders)
+		if len(h.HostileExits) > 0 {
+			fmt.Fprintf(&b, "; it exited: %s", strings.Join(h.HostileExits, "; "))
+		}
+		fmt.Fprintln(&b)
+		fmt.Fprintln(&b, "invariants:")
+		for _, v := range r.Invariants {
+			mark := "ok  "
+			if !v.OK {
+				mark = "FAIL"
+			}
+			fmt.Fprintf(&b, "  %s %s (%s)\n", mark, v.Name, v.Detail)
+		}
 	}
 	return b.String()
 }

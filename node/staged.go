@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"slices"
 	"strings"
@@ -51,7 +52,16 @@ import (
 // plan's epoch moves by one. The relay refuses a neighbour's tensor that is
 // not finite or is outsized (pipeline.TensorBounds), and an iteration whose
 // gradient is not finite anyway is dropped (rollback): the volunteer never
-// exits for what a neighbour sends.
+// exits for what a neighbour sends. A rebuild takes the medians of what
+// the neighbouring stages' survivors serve (combineServed), leaving out
+// weights that are not finite and capping claimed norms at the run's
+// clip; the relay and the rebuild name the member that sent either as an
+// offender in the log.
+//
+// The chaos soak's hostile volunteers (VolunteerConfig.Hostile) lie only
+// where they send: HostileStagedGrad through its relay's outgoing tensors
+// (pipeline.RelayConfig.Hostile), HostileCheckFreeNorm in the stage
+// weights it serves (checkFreeLie).
 //
 // Not built yet: local checkpoints of a stage (a restarted volunteer is a
 // newcomer), NoLoCo between a stage's replicas, and the whole model's
@@ -105,6 +115,7 @@ type stagedVolunteer struct {
 	mu      sync.Mutex
 	weights []byte // served under stageWeightsKey
 	state   []byte // served under stageStateKey
+	lies    int    // stage weights served by a HostileCheckFreeNorm volunteer (checkFreeLie)
 
 	reports int // rounds reported (report)
 
@@ -539,25 +550,7 @@ func (st *stagedVolunteer) startingWeights(ctx context.Context, a pipeline.Assig
 		return start{w: w, round: round, lr: pipeline.RebuildLRFactor,
 			how: fmt.Sprintf("stage %d was lost and CheckFree cannot rebuild it (%v): started it from fresh weights", s, err)}, nil
 	}
-	// neighbour is stage ns's weights and norm: the medians of what its
-	// survivors serve, norms capped at the run's gradient clip.
-	neighbour := func(ns, n int) ([]float32, float64, error) {
-		var got []pipeline.Survivor
-		for _, u := range a.Survivors(ns) {
-			norm, w, err := st.fetchWeights(ctx, a.Peers[u], n)
-			if err != nil {
-				st.v.log.Warn("neighbour weights", "stage", ns, "peer", a.Peers[u], "err", err)
-				continue
-			}
-			got = append(got, pipeline.Survivor{Weights: w, Norm: norm})
-		}
-		if len(got) == 0 {
-			return nil, 0, fmt.Errorf("no member of stage %d serves its weights", ns)
-		}
-		w := make([]float32, n)
-		norm, err := pipeline.Combine(w, got, st.adamW.Clip)
-		return w, norm, err
-	}
+	neighbour := func(ns, n int) ([]float32, float64, error) { return st.neighbourWeights(ctx, a, ns, n) }
 	if rec.Copy() {
 		partner, err := st.newReplica(rec.From[0])
 		if err != nil {
@@ -652,12 +645,57 @@ func pickState(got []heldState, need int, minRound uint64) (h heldState, ok bool
 	return h, ok
 }
 
-func (st *stagedVolunteer) fetchWeights(ctx context.Context, id string, n int) (float64, []float32, error) {
-	b, err := st.fetch(ctx, id, stageWeightsKey, pipeline.StageWeightsSize(n))
-	if err != nil {
-		return 0, nil, err
+// neighbourWeights is stage ns's weights (of n parameters) and gradient
+// norm for a rebuild: what the survivors of stage ns in plan a serve,
+// combined (combineServed).
+func (st *stagedVolunteer) neighbourWeights(ctx context.Context, a pipeline.Assignment, ns, n int) ([]float32, float64, error) {
+	var served []servedWeights
+	for _, u := range a.Survivors(ns) {
+		b, err := st.fetch(ctx, a.Peers[u], stageWeightsKey, pipeline.StageWeightsSize(n))
+		served = append(served, servedWeights{peer: a.Peers[u], b: b, err: err})
 	}
-	return pipeline.DecodeStageWeights(b, n)
+	return combineServed(st.v.log, ns, served, n, st.adamW.Clip)
+}
+
+// servedWeights is what one survivor of a neighbouring stage served
+// under stageWeightsKey, or why it served nothing.
+type servedWeights struct {
+	peer string
+	b    []byte
+	err  error
+}
+
+// combineServed decodes what the survivors of stage ns served and takes
+// their medians (pipeline.Combine, norms capped at the run's gradient
+// clip). A survivor whose weights do not decode (a value or the norm not
+// finite, the wrong size) is left out and named as an offender; so is one
+// that claims a norm past clip, which an honest replica never serves
+// (trainer.StageReplica.LastNorm is its clipped norm), though its weights
+// count (the cap and the median bound its claim).
+func combineServed(log *slog.Logger, ns int, served []servedWeights, n int, clip float64) ([]float32, float64, error) {
+	var got []pipeline.Survivor
+	for _, s := range served {
+		if s.err != nil {
+			log.Warn("neighbour weights", "stage", ns, "peer", s.peer, "err", s.err)
+			continue
+		}
+		norm, w, err := pipeline.DecodeStageWeights(s.b, n)
+		if err != nil {
+			log.Warn("refused a survivor's stage weights for CheckFree", "stage", ns, "offender", s.peer, "err", err)
+			continue
+		}
+		if clip > 0 && norm > clip {
+			log.Warn("a survivor claims a gradient norm past the run's clip for CheckFree: capped", "stage", ns,
+				"offender", s.peer, "norm", norm, "clip", clip)
+		}
+		got = append(got, pipeline.Survivor{Weights: w, Norm: norm})
+	}
+	if len(got) == 0 {
+		return nil, 0, fmt.Errorf("no member of stage %d serves its weights", ns)
+	}
+	w := make([]float32, n)
+	norm, err := pipeline.Combine(w, got, clip)
+	return w, norm, err
 }
 
 // startRelay starts the relay over a's placement, or switches the running
@@ -672,6 +710,7 @@ func (st *stagedVolunteer) startRelay(ctx context.Context, a pipeline.Assignment
 	cfg := pipeline.DefaultRelayConfig(pl, self, st.rep.Runner().ActivationLen(), relayTick.Seconds())
 	cfg.Mu = st.sched.Microbatches
 	cfg.HopWait = int64(st.hopWait() / relayTick)
+	cfg.Hostile = v.cfg.Hostile == HostileStagedGrad
 	if st.relay != nil {
 		return st.relay.Switch(ctx, ids, st.rep.Recorder(), cfg)
 	}
@@ -937,6 +976,11 @@ func (st *stagedVolunteer) serve(key string) (io.ReaderAt, int64, bool, error) {
 	switch key {
 	case stageWeightsKey:
 		b = st.weights
+		if st.v.cfg.Hostile == HostileCheckFreeNorm && b != nil {
+			st.lies++
+			b = checkFreeLie(b, st.lies)
+			st.v.log.Warn("hostile: serving stage weights for CheckFree", "norm", hostileNorm, "nan", st.lies%2 == 0)
+		}
 	case stageStateKey:
 		b = st.state
 	default:
@@ -946,6 +990,32 @@ func (st *stagedVolunteer) serve(key string) (io.ReaderAt, int64, bool, error) {
 		return nil, 0, true, errors.New("node: no stage held yet")
 	}
 	return bytes.NewReader(b), int64(len(b)), true, nil
+}
+
+// hostileNorm is the last gradient norm a HostileCheckFreeNorm volunteer
+// claims: far past any run's clip, it would make a rebuild weighted by
+// the claims a copy of its weights.
+const hostileNorm = 1e300
+
+// checkFreeLie is what a HostileCheckFreeNorm volunteer serves instead of
+// its stage weights b (pipeline.EncodeStageWeights) the k-th time they
+// are asked for: the weights with a claimed norm of hostileNorm (odd k),
+// or the same claim with every weight NaN (even k), so that both the
+// rebuilding member's cap on norms and its refusal of non-finite weights
+// are tried. b comes back when it does not decode (not this volunteer's
+// to break).
+func checkFreeLie(b []byte, k int) []byte {
+	n := (len(b) - 8) / 4
+	_, w, err := pipeline.DecodeStageWeights(b, n)
+	if err != nil {
+		return b
+	}
+	if k%2 == 0 {
+		for i := range w {
+			w[i] = float32(math.NaN())
+		}
+	}
+	return pipeline.EncodeStageWeights(hostileNorm, w)
 }
 
 // report tells the user and the bootstrap how the last H iterations went.

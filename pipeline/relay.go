@@ -145,6 +145,9 @@ type RelayConfig struct {
 	MaxStashBytes int64
 	// Bounds limit the tensors taken from neighbours (DefaultTensorBounds).
 	Bounds TensorBounds
+	// Hostile poisons the activations and gradients this node sends
+	// (relay_hostile.go), for chaos tests only (node.HostileStagedGrad).
+	Hostile bool
 }
 
 // DefaultRelayConfig returns the relay of node self on pl for activations
@@ -789,7 +792,13 @@ func (r *Relay) sendTensor(v *visit, k relayKind, hop int, x []float32) error {
 	// Stochastic rounding, when configured, is keyed by the message, so a
 	// resent or recomputed tensor encodes to the same bits.
 	seed := r.iter*0x9E3779B97F4A7C15 ^ uint64(v.mb)<<20 ^ uint64(hop)<<4 ^ uint64(k)
-	frame, err := r.enc.Append(nil, x, seed)
+	var frame []byte
+	var err error
+	if r.cfg.Hostile && hostilePoisons(k, r.iter, v.mb) {
+		frame, err = r.hostileFrame(x, r.iter, seed)
+	} else {
+		frame, err = r.enc.Append(nil, x, seed)
+	}
 	if err != nil {
 		return fmt.Errorf("%w: encoding the %s: %w", ErrCompute, k, err)
 	}

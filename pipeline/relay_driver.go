@@ -297,8 +297,10 @@ func (d *RelayDriver) loop(ctx context.Context, recv <-chan transport.Message, w
 			var te *TensorError
 			switch {
 			case errors.As(o.Err, &te):
+				// The sender is named as an offender, as the collectives name
+				// theirs: the chaos soak counts these lines.
 				d.log.Warn("refused a neighbour's tensor: dropped the microbatch", "iter", o.Iter, "mb", o.MB,
-					"from", d.ids[te.From], "err", o.Err)
+					"offender", d.ids[te.From], "err", o.Err)
 			case o.Err != nil:
 				d.log.Debug("microbatch failed", "iter", o.Iter, "mb", o.MB, "hop", o.Hop, "err", o.Err)
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -49,6 +50,8 @@ type swarmOptions struct {
 	mu      int
 	hopWait int64                                                             // ticks of 2 ms
 	wrap    func(net *transport.MemNetwork, v int, r StageRunner) StageRunner // optional: fault injection
+	hostile []int                                                             // nodes whose relay poisons what it sends
+	log     *slog.Logger                                                      // the drivers' (nil: discarded)
 }
 
 func newSwarm(t *testing.T, o swarmOptions) *swarm {
@@ -72,11 +75,12 @@ func newSwarm(t *testing.T, o swarmOptions) *swarm {
 		}
 		cfg := DefaultRelayConfig(pl, v, r.ActivationLen(), 0.002)
 		cfg.Codec.Codec, cfg.Mu, cfg.HopWait = o.codec, o.mu, o.hopWait
+		cfg.Hostile = slices.Contains(o.hostile, v)
 		var runner StageRunner = r
 		if o.wrap != nil {
 			runner = o.wrap(s.net, v, r)
 		}
-		d, err := NewRelayDriver(s.net.Join(s.ids[v]), s.ids, runner, cfg, RelayOptions{Tick: 2 * time.Millisecond})
+		d, err := NewRelayDriver(s.net.Join(s.ids[v]), s.ids, runner, cfg, RelayOptions{Tick: 2 * time.Millisecond, Logger: o.log})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -55,7 +55,7 @@ func demoCommand() *cli.Command {
 			&cli.BoolFlag{Name: "chaos", Usage: "chaos soak: kill -9 and restart a third of the volunteers every --chaos-every, pause one (SIGSTOP) between waves, then check the run's invariants (exit status 1 if one broke)"},
 			&cli.DurationFlag{Name: "chaos-every", Value: time.Minute, Usage: "period of the chaos soak's kill waves"},
 			&cli.DurationFlag{Name: "chaos-pause", Value: 20 * time.Second, Usage: "how long the chaos soak pauses a straggler"},
-			&cli.StringFlag{Name: "hostile", Usage: "with --chaos: add hostile volunteers playing one attack (a mode brings the run it needs: noloco-* a NoLoCo run, staged-* and checkfree-* a staged one): " + node.HostileUsage()},
+			&cli.StringFlag{Name: "hostile", Usage: "add hostile volunteers playing one attack, best with --chaos (a mode brings the run it needs: noloco-* a NoLoCo run, staged-* and checkfree-* a staged one, whose invariants are checked without --chaos): " + node.HostileUsage()},
 			&cli.IntFlag{Name: "hostile-count", Value: 1, Usage: "with --hostile: how many hostile volunteers (fewer than --volunteers; 2 by default for collude and sybils, which act together)"},
 			&cli.IntFlag{Name: "stages", Usage: "split the model into this many pipeline stages (SkipPipe, with CheckFree); 0: data-parallel volunteers"},
 			&cli.IntFlag{Name: "replicas", Value: 2, Usage: "with --stages: volunteers per stage (they average with DiLoCo every --inner-steps)"},
@@ -97,6 +97,17 @@ func demoCommand() *cli.Command {
 						return fmt.Errorf("--hostile %s attacks a NoLoCo run; --optimizer %s contradicts it", h, c.String("optimizer"))
 					}
 					cfg.Manifest.UseNoLoCo()
+				}
+				if info.Run == node.HostileRunStaged && !c.IsSet("stages") {
+					if err := c.Set("stages", "3"); err != nil { // the staged run the mode needs
+						return err
+					}
+				}
+				switch staged := info.Run == node.HostileRunStaged; {
+				case staged && c.Int("stages") <= 0:
+					return fmt.Errorf("--hostile %s attacks a staged run; --stages %d contradicts it", h, c.Int("stages"))
+				case !staged && c.Int("stages") > 0:
+					return fmt.Errorf("--hostile %s attacks a run that is not staged; --stages %d contradicts it", h, c.Int("stages"))
 				}
 			}
 			if cfg.ChaosEvery <= 0 || cfg.ChaosPause <= 0 {

@@ -10,16 +10,22 @@ import (
 
 	"github.com/skein-ml/skein/demo"
 	"github.com/skein-ml/skein/manifest"
+	"github.com/skein-ml/skein/node"
 )
 
 // stagedDemo is `skein demo --stages S`: a bootstrap and S x --replicas
 // `skein node join` processes with a staged manifest, a stage lost and
-// rebuilt halfway (demo.RunStaged).
+// rebuilt halfway (demo.RunStaged); with --hostile (a staged mode, which
+// brings --stages 3 unless given) hostile volunteers beside them, and the
+// run's invariants checked at the end.
 func stagedDemo(c *cli.Context, cfg demo.Config) error {
-	for _, f := range []string{"volunteers", "target-loss", "delayed", "chaos", "chaos-every", "chaos-pause", "hostile", "hostile-count"} {
+	for _, f := range []string{"volunteers", "target-loss", "delayed", "chaos", "chaos-every", "chaos-pause"} {
 		if c.IsSet(f) {
 			return fmt.Errorf("--%s applies to the data-parallel demo, not to --stages", f)
 		}
+	}
+	if h, ok := node.Hostile(cfg.Hostile); cfg.Hostile != "" && (!ok || h.Run != node.HostileRunStaged) {
+		return fmt.Errorf("--hostile %s attacks a run that is not staged; --stages contradicts it", cfg.Hostile)
 	}
 	if kind := c.String("optimizer"); kind != manifest.KindDiLoCo {
 		return fmt.Errorf("--optimizer %q: a staged run's volunteers average each stage's replicas with %s (NoLoCo between them is not built)", kind, manifest.KindDiLoCo)
@@ -65,6 +71,13 @@ func stagedDemo(c *cli.Context, cfg demo.Config) error {
 		m.RunID, m.Model.Preset, S, sc.Replicas, m.Pipeline.Microbatches, m.Model.Batch, m.Model.SeqLen, L, S, m.Optimizer.InnerSteps)
 	if sc.FailStage >= 0 {
 		fmt.Fprintf(out, "halfway every volunteer of stage %d is killed -9; new volunteers join and rebuild it with CheckFree\n", sc.FailStage)
+	}
+	if n := cfg.HostileCount; cfg.Hostile != "" {
+		fmt.Fprintf(out, "%d hostile volunteer(s) join too (--hostile %s); the stage lost halfway is one without them", n, cfg.Hostile)
+		if cfg.Hostile == node.HostileCheckFreeNorm {
+			fmt.Fprint(out, ", rebuilt from their stage")
+		}
+		fmt.Fprintln(out, "; the run's invariants are checked at the end")
 	}
 	if err := demoPlace(c, &sc.Config); err != nil {
 		return err

@@ -67,6 +67,49 @@ func TestStagedDemo(t *testing.T) {
 	}
 }
 
+// `skein demo --hostile staged-grad` and `--hostile checkfree-norm` end
+// to end: the mode brings a 3-stage run (no --stages given), a hostile
+// volunteer joins beside the six honest ones, a stage without it is lost
+// and rebuilt, and the demo checks the run's invariants itself (it fails
+// if one broke) and prints them; no child outlives it. CI runs
+// checkfree-norm (the relay's refusals have TestRelayHostileSwarm);
+// SKEIN_ALL_SOAKS=1 runs both.
+func TestStagedDemoHostile(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a bootstrap and seven volunteers")
+	}
+	modes := []string{"checkfree-norm"}
+	if os.Getenv("SKEIN_ALL_SOAKS") != "" {
+		modes = append(modes, "staged-grad")
+	}
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			d := startDemoWith(t, "--hostile", mode, "--steps", "30")
+			done := make(chan error, 1)
+			go func() { done <- d.cmd.Wait() }()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("the demo failed: %v; its output:\n%s", err, d.out)
+				}
+			case <-time.After(6 * time.Minute):
+				t.Fatalf("the demo did not end in 6 minutes; its output:\n%s", d.out)
+			}
+			out := d.out.String()
+			t.Logf("output:\n%s", out)
+			for _, want := range []string{"3 stages x 2 replicas", "starting a hostile volunteer (" + mode, "hostile: " + mode, "invariants:"} {
+				if !strings.Contains(out, want) {
+					t.Errorf("no %q in the output", want)
+				}
+			}
+			if strings.Count(out, "  ok   ") != 6 || strings.Contains(out, "FAIL") {
+				t.Errorf("invariants:\n%s", out)
+			}
+			waitNoProcesses(t, d.dir, 10*time.Second)
+		})
+	}
+}
+
 // Settings a staged demo cannot run are refused before anything starts,
 // with what is wrong.
 func TestStagedDemoRefusesBadSettings(t *testing.T) {
@@ -82,6 +125,11 @@ func TestStagedDemoRefusesBadSettings(t *testing.T) {
 		{[]string{"--stages", "3", "--chaos"}, "--chaos applies to the data-parallel demo"},
 		{[]string{"--stages", "3", "--optimizer", "noloco"}, `--optimizer "noloco": a staged run's volunteers average`},
 		{[]string{"--stages", "3", "--optimizer", "sgd"}, `--optimizer "sgd"`},
+		{[]string{"--stages", "3", "--hostile", "scale"}, "--hostile scale attacks a run that is not staged"},
+		{[]string{"--stages", "3", "--hostile", "noloco-jump"}, "--hostile noloco-jump attacks a run that is not staged"},
+		{[]string{"--stages", "0", "--hostile", "staged-grad"}, "--hostile staged-grad attacks a staged run"},
+		{[]string{"--hostile", "checkfree-norm", "--chaos"}, "--chaos applies to the data-parallel demo"},
+		{[]string{"--hostile", "checkfree-norm", "--hostile-count", "6"}, "the hostile ones must be fewer"},
 	} {
 		dir := t.TempDir()
 		var out bytes.Buffer
