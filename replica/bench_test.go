@@ -48,3 +48,36 @@ func BenchmarkRoundCertificate(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkAdoptChainPage is what one page of a chain (ChainPage
+// certificates, the most one answer carries) costs a member to check: an
+// honest page (groups of 16, every member signing) against a liar's page
+// of well-signed certificates from 64 sybils of its own, which must be
+// refused before any signature is checked (the chain's link is counted
+// first).
+//
+//	go test ./replica -run '^$' -bench AdoptChainPage
+func BenchmarkAdoptChainPage(b *testing.B) {
+	k, ids := newKeys(16 + 64)
+	honest, sybils := ids[:16], ids[16:]
+	anchor := k.cert("skein-demo", 100, 1, honest, honest)
+	var page, lies []*Certificate
+	for i := range ChainPage {
+		page = append(page, k.cert("skein-demo", uint64(101+i), uint64(i), honest, honest))
+		lies = append(lies, k.cert("skein-demo", uint64(101+i), uint64(i), sybils, sybils))
+	}
+	for _, tc := range []struct {
+		name  string
+		chain []*Certificate
+		ok    bool
+	}{{"honest", page, true}, {"liar", lies, false}} {
+		b.Run(tc.name, func(b *testing.B) {
+			for range b.N {
+				_, err := NewBook("skein-demo", k, anchor).Adopt(tc.chain)
+				if (err == nil) != tc.ok {
+					b.Fatalf("adopt: %v", err)
+				}
+			}
+		})
+	}
+}

@@ -255,13 +255,14 @@ func (b *Book) adoptLocked(chain []*Certificate) (*Certificate, error) {
 	}
 	if len(last.Group) == 0 {
 		c := chain[len(chain)-1]
-		if err := c.Verify(b.run, b.signer); err != nil {
-			return nil, err
-		}
+		// Who signed (a count) before the signatures themselves.
 		if b.Anchorless != nil {
 			if err := b.Anchorless(c); err != nil {
 				return nil, err
 			}
+		}
+		if err := c.Verify(b.run, b.signer); err != nil {
+			return nil, err
 		}
 		chain = chain[len(chain)-1:]
 	} else if _, err := VerifyChain(b.run, b.signer, last, chain); err != nil {

@@ -124,25 +124,23 @@ func (c *Certificate) Verify(run string, signer transport.Signer) error {
 	if err := c.wellFormed(); err != nil {
 		return err
 	}
+	// The count first: a minority is refused without a signature checked.
+	if n := len(c.Signers()); 2*n <= len(c.Group) {
+		return fmt.Errorf("%w: %d of %d signed round %d", ErrMinority, n, len(c.Group), c.Round)
+	}
 	msg := VoteBytes(c.Run, c.Round, c.Hash, c.Group)
-	n := 0
 	for i, s := range c.Sigs {
-		if s == nil {
-			continue
-		}
-		if !signer.Verify(c.Group[i], msg, s) {
+		if s != nil && !signer.Verify(c.Group[i], msg, s) {
 			return fmt.Errorf("%w: %s's vote for round %d", ErrBadSignature, c.Group[i], c.Round)
 		}
-		n++
-	}
-	if 2*n <= len(c.Group) {
-		return fmt.Errorf("%w: %d of %d signed round %d", ErrMinority, n, len(c.Group), c.Round)
 	}
 	return nil
 }
 
-// Extends checks that c (verified) may follow prev (trusted): a later
-// round, and a strict majority of prev's group among c's signers. A prev
+// Extends checks that c may follow prev (trusted): a later round, and a
+// strict majority of prev's group among c's signers. It checks no
+// signature (Verify does): VerifyChain asks it first, so that a chain that
+// cannot extend costs no ed25519 work. A prev
 // without a group (the run's start state, known from the manifest alone)
 // is extended by any verified certificate of a later round.
 func (c *Certificate) Extends(prev *Certificate) error {
@@ -215,10 +213,10 @@ func DecodeChain(frames [][]byte) ([]*Certificate, error) {
 func VerifyChain(run string, signer transport.Signer, anchor *Certificate, chain []*Certificate) (*Certificate, error) {
 	last := anchor
 	for _, c := range chain {
-		if err := c.Verify(run, signer); err != nil {
+		if err := c.Extends(last); err != nil {
 			return nil, err
 		}
-		if err := c.Extends(last); err != nil {
+		if err := c.Verify(run, signer); err != nil {
 			return nil, err
 		}
 		last = c
