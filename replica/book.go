@@ -172,6 +172,8 @@ func (b *Book) AddVote(v *Certificate, from transport.PeerID) (*Certificate, err
 // majority. A member that ended a round apart from the others (a straggler,
 // a member excluded behind its back) takes that state when its round has no
 // certificate because its own vote and a hostile one split the group.
+// The state must also have more signers than this member's own, or as
+// many and the smaller hash: of a group split in two halves, one swings.
 // Breakdown: hostile members pull a swing only when they are half of the
 // group or more (two sybils in a group of five are not: a state two members
 // vote for is not a tie there); no lone member ever does.
@@ -182,13 +184,28 @@ func (b *Book) Swing(round, mine uint64) (*Certificate, bool) {
 	if !ok {
 		return nil, false
 	}
+	own := 0
+	if c, ok := b.pending[pendingKey{round, mine, d}]; ok {
+		own = len(c.Signers())
+	}
+	var best *Certificate
+	bestN := 0
 	for k, c := range b.pending {
 		n := len(c.Signers())
-		if k.round == round && k.group == d && k.hash != mine && n >= 2 && 2*n >= len(c.Group) {
-			return c, true
+		if k.round != round || k.group != d || k.hash == mine || n < 2 || 2*n < len(c.Group) {
+			continue
+		}
+		// More signers than this member's state has, or as many with the
+		// smaller hash: of two halves of a split group, exactly one swings
+		// (both swinging would swap the halves' states round after round).
+		if n < own || (n == own && k.hash > mine) {
+			continue
+		}
+		if best == nil || n > bestN || (n == bestN && k.hash < best.Hash) {
+			best, bestN = c, n
 		}
 	}
-	return nil, false
+	return best, best != nil
 }
 
 // formLocked trusts c when a strict majority of its group signed it; it

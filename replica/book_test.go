@@ -141,4 +141,24 @@ func TestBookSwing(t *testing.T) {
 	if c, ok := b5.Swing(1, 0xbb); ok {
 		t.Fatalf("swung to two sybils' state %x in a group of five", c.Hash)
 	}
+	// A group of four split in halves (0xbb: this member and one other;
+	// 0xaa and 0xcc: the other two members' states as each half sees it):
+	// the half with the larger hash swings, the other stays, so they meet.
+	for _, tc := range []struct {
+		mine, theirs uint64
+		swing        bool
+	}{{0xbb, 0xaa, true}, {0xbb, 0xcc, false}} {
+		k4, ids4 := newKeys(4)
+		b4 := NewBook("run", k4, &Certificate{Run: "run", Hash: 1})
+		if _, err := b4.Vote(1, tc.mine, ids4, ids4[0], k4.signAs(ids4[0])); err != nil {
+			t.Fatal(err)
+		}
+		b4.AddVote(k4.cert("run", 1, tc.mine, ids4, ids4[1:2]), ids4[1])
+		for _, s := range ids4[2:4] {
+			b4.AddVote(k4.cert("run", 1, tc.theirs, ids4, []transport.PeerID{s}), s)
+		}
+		if _, ok := b4.Swing(1, tc.mine); ok != tc.swing {
+			t.Errorf("split 2-2, mine %x, theirs %x: swing %v, want %v", tc.mine, tc.theirs, ok, tc.swing)
+		}
+	}
 }
