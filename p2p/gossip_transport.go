@@ -320,6 +320,11 @@ func (t *gossipTransport) sendPacket(id peer.ID, buf []byte) error {
 	}
 	s := t.limit(raw)
 	_ = s.SetDeadline(time.Now().Add(t.sendTO))
+	// The deadline alone would hold Shutdown for up to sendTO on a peer
+	// that stopped answering (it left, or was killed): Shutdown cancels
+	// t.ctx, which resets the stream at once.
+	stop := context.AfterFunc(ctx, func() { raw.Reset() })
+	defer stop()
 	if _, err := s.Write(buf); err != nil {
 		s.Reset()
 		return err

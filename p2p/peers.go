@@ -129,6 +129,11 @@ func (p *Peers) sendOnce(ctx context.Context, id peer.ID, payload []byte) error 
 	if err != nil {
 		return err
 	}
+	// A write blocked by a receiver that stopped reading (it left, was
+	// killed, or is paused) ends with ctx, not only at the write deadline:
+	// a volunteer stopping with Ctrl-C cancels its sends and leaves at once.
+	stop := context.AfterFunc(ctx, func() { s.Reset() })
+	defer stop()
 	if err := s.WriteFrame(1, payload); err != nil {
 		s.Reset()
 		return err
