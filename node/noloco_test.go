@@ -361,8 +361,17 @@ func TestNoLoCoVolunteers(t *testing.T) {
 	if start < 4 || dReps[0].Round <= start {
 		t.Fatalf("late joiner caught up at round %s and reported %v", m[1], rounds(dReps))
 	}
-	if !(float64(dReps[0].Loss) < first-0.3) {
-		t.Fatalf("late joiner's first loss %.3f, the others' first %.3f: weights not adopted", dReps[0].Loss, first)
+	// One batch of 2 x 32 tokens is noisy (seen under load: 5.17, then
+	// 3.65): the mean of its first two computed rounds, against the
+	// others' first (a fresh model two rounds in is about 5.07 to their 5.26).
+	var early []float64
+	for _, rep := range dReps {
+		if !rep.Adopted && len(early) < 2 {
+			early = append(early, float64(rep.Loss))
+		}
+	}
+	if e := mean(early); !(e < first-0.3) {
+		t.Fatalf("late joiner's first losses %.3f, the others' first %.3f: weights not adopted", early, first)
 	}
 	// The restart resumed the checkpoint d left with (at its last step, or
 	// one later when it stopped inside an outer step).
@@ -655,4 +664,13 @@ func TestNoLoCoCatchUpIgnoresLoneJump(t *testing.T) {
 			}
 		})
 	}
+}
+
+// mean is the mean of xs (NaN for none).
+func mean(xs []float64) float64 {
+	s := 0.0
+	for _, x := range xs {
+		s += x
+	}
+	return s / float64(len(xs))
 }
