@@ -15,7 +15,7 @@ go build -o "$bin" ./cmd/skein || exit 1
 modes=("$@")
 if [ ${#modes[@]} -eq 0 ]; then
   # The modes' names, from the binary's own list.
-  mapfile -t modes < <("$bin" demo --help | grep -- '--hostile value' | sed 's/.*one): //' | tr ';' '\n' | sed -n 's/^ *\([a-z-]*\) (.*/\1/p')
+  mapfile -t modes < <("$bin" demo --help | grep -- '--hostile value' | sed 's/.*--chaos): //' | tr ';' '\n' | sed -n 's/^ *\([a-z-]*\) (.*/\1/p')
 fi
 [ ${#modes[@]} -gt 0 ] || { echo "no hostile modes found in skein demo --help" >&2; exit 1; }
 corpus="$(go env GOROOT)/src"
