@@ -178,11 +178,21 @@ func (a *anchors) poll(ctx context.Context) {
 	}
 	// Only a majority of t's group can extend it: its members are asked
 	// first, so that sybils announcing far rounds do not take every turn.
+	// Without a group yet, the members at the round most volunteers
+	// announce come before those far ahead of it.
+	var rounds []uint64
+	for _, m := range ahead {
+		rounds = append(rounds, m.Meta.Round)
+	}
+	usual := replica.MedianRound(rounds)
 	rank := func(m p2p.Member) int {
 		if _, ok := slices.BinarySearch(t.Group, transport.PeerID(m.ID.String())); ok {
 			return 0
 		}
-		return 1
+		if m.Meta.Round <= usual+1 {
+			return 1
+		}
+		return 2
 	}
 	slices.SortFunc(ahead, func(x, y p2p.Member) int {
 		return cmp.Or(cmp.Compare(rank(x), rank(y)), cmp.Compare(y.Meta.Round, x.Meta.Round), cmp.Compare(x.ID, y.ID))
@@ -190,7 +200,9 @@ func (a *anchors) poll(ctx context.Context) {
 	for _, m := range ahead[:min(anchorAsked, len(ahead))] {
 		from := t.Round
 		if len(t.Group) == 0 {
-			from = max(from, m.Meta.Round-1)
+			// Only the latest certificate counts: a page that ends at it,
+			// whether or not the volunteer's announced round is certified yet.
+			from = max(from, m.Meta.Round-min(m.Meta.Round, replica.ChainPage))
 		}
 		chain, err := a.fetch(ctx, m.ID, from)
 		if err != nil {

@@ -242,11 +242,22 @@ func (c *certs) certifiedAhead(ctx context.Context, round uint64, others []annou
 	if boot != nil {
 		group = boot.Group
 	}
+	// Then the members at the round most announce, before those far
+	// ahead of it (sybils at far rounds would take every turn of a member
+	// without a group).
+	var rounds []uint64
+	for _, a := range ahead {
+		rounds = append(rounds, a.round)
+	}
+	usual := replica.MedianRound(rounds)
 	rank := func(a announcement) int {
 		if _, ok := slices.BinarySearch(group, a.id); ok {
 			return 0
 		}
-		return 1
+		if a.round <= usual+1 {
+			return 1
+		}
+		return 2
 	}
 	slices.SortFunc(ahead, func(a, b announcement) int {
 		return cmp.Or(cmp.Compare(rank(a), rank(b)), cmp.Compare(b.round, a.round), cmp.Compare(a.id, b.id))
@@ -273,7 +284,9 @@ func (c *certs) follow(ctx context.Context, a announcement, boot *replica.Certif
 		if len(t.Group) == 0 && boot != nil {
 			from = boot.Round
 		} else if len(t.Group) == 0 && a.round > 0 {
-			from = max(from, a.round-1)
+			// Only the latest certificate counts (Adopt): a page that ends
+			// at it, whether or not a's announced round is certified yet.
+			from = max(from, a.round-min(a.round, replica.ChainPage))
 		}
 		chain, err := c.fetch(ctx, a.id, from)
 		if err != nil {

@@ -177,6 +177,17 @@ func (c *Certificate) signedOf(prev *Certificate) int {
 	return n
 }
 
+// MedianRound is the median of rounds (the upper one of an even count; 0
+// for none): the round most members announce, which a minority announcing
+// far rounds does not move.
+func MedianRound(rounds []uint64) uint64 {
+	if len(rounds) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(rounds))
+	return s[len(s)/2]
+}
+
 // ChainPage is how many certificates one answer on the chain protocol
 // (p2p.ProtoCerts) carries at most.
 const ChainPage = 16
