@@ -183,22 +183,8 @@ func checkInvariants(hist []status.RoundStats, err error, kids *children, honest
 	pageWithinHonest(hist, honestLogs, slack, add)
 	add("no survivor crashed", len(rep.Crashes) == 0, "%d unexpected exits%s", len(rep.Crashes), listed(rep.Crashes))
 	// No leaked process: every child ever started has exited and is gone.
-	kids.mu.Lock()
-	all := kids.all
-	kids.mu.Unlock()
-	var leaked []string
-	for _, c := range all {
-		select {
-		case <-c.done:
-		default:
-			leaked = append(leaked, fmt.Sprintf("%s (pid %d)", c.name, c.cmd.Process.Pid))
-			continue
-		}
-		if err := syscall.Kill(c.cmd.Process.Pid, 0); err == nil {
-			leaked = append(leaked, fmt.Sprintf("%s (pid %d still exists)", c.name, c.cmd.Process.Pid))
-		}
-	}
-	add("no leaked process", len(leaked) == 0, "%d processes started, all gone%s", len(all), listed(leaked))
+	started, leaked := kids.leaked()
+	add("no leaked process", len(leaked) == 0, "%d processes started, all gone%s", started, listed(leaked))
 	if hostiles > 0 {
 		off := regexp.MustCompile(`offender`)
 		for _, l := range honestLogs {
