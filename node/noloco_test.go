@@ -352,20 +352,27 @@ func TestNoLoCoVolunteers(t *testing.T) {
 		t.Fatalf("c's rounds %v: want a jump of two or more", rounds(cReps))
 	}
 
-	// The late joiner took a member's step and weights, then took part.
-	m := caughtUpRe.FindStringSubmatch(d.output())
-	if m == nil {
-		t.Fatalf("late joiner did not catch up")
+	// The late joiner took a member's step and weights, then took part: at
+	// start, or (when too few members served a state at once as it joined,
+	// seen under load) at a later step, jumping from the rounds it trained
+	// alone; the rounds after the catch-up are judged.
+	var start uint64
+	after := dReps
+	if m := caughtUpRe.FindStringSubmatch(d.output()); m != nil {
+		start, _ = strconv.ParseUint(m[1], 10, 64)
+	} else if i := slices.IndexFunc(dReps, func(rep RoundReport) bool { return rep.Adopted }); i >= 0 {
+		start, after = dReps[i].Round, dReps[i+1:]
+	} else {
+		t.Fatalf("late joiner did not catch up: rounds %v", rounds(dReps))
 	}
-	start, _ := strconv.ParseUint(m[1], 10, 64)
-	if start < 4 || dReps[0].Round <= start {
-		t.Fatalf("late joiner caught up at round %s and reported %v", m[1], rounds(dReps))
+	if start < 4 || len(after) == 0 || after[0].Round <= start {
+		t.Fatalf("late joiner caught up at round %d and reported %v", start, rounds(dReps))
 	}
 	// One batch of 2 x 32 tokens is noisy (seen under load: 5.17, then
 	// 3.65): the mean of its first two computed rounds, against the
 	// others' first (a fresh model two rounds in is about 5.07 to their 5.26).
 	var early []float64
-	for _, rep := range dReps {
+	for _, rep := range after {
 		if !rep.Adopted && len(early) < 2 {
 			early = append(early, float64(rep.Loss))
 		}
