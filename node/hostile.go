@@ -167,10 +167,8 @@ func HostileMode(name string) string {
 // butterflyHostile is the mode the butterfly plays itself ("" for the
 // volunteer's own modes).
 func butterflyHostile(mode string) string {
-	for _, m := range optimizer.HostileModes {
-		if m == mode {
-			return mode
-		}
+	if slices.Contains(optimizer.HostileModes, mode) {
+		return mode
 	}
 	return ""
 }

@@ -2,9 +2,9 @@ package node
 
 import (
 	"context"
-	"slices"
 
 	"github.com/skein-ml/skein/p2p"
+	"github.com/skein-ml/skein/replica"
 )
 
 // outerLoop is the outer optimiser of a whole-model volunteer's replica
@@ -67,9 +67,5 @@ func medianRound(pn *p2p.Node) uint64 {
 	for _, a := range announcements(pn) {
 		rs = append(rs, a.round)
 	}
-	if len(rs) == 0 {
-		return 0
-	}
-	slices.Sort(rs)
-	return rs[len(rs)/2]
+	return replica.MedianRound(rs)
 }
