@@ -25,9 +25,11 @@ import (
 // p2p.ProtoAnchor: a newcomer checks the announcers' chain from it instead
 // of trusting the volunteers it happens to see. The bootstrap does not
 // vote. Its first certificate is one a strict majority of the volunteers
-// it sees live signed (replica.VouchedBy, a newcomer's rule); from there it
-// takes only chains that extend its own (replica.Book.Adopt), asking a few
-// volunteers ahead of it every anchorInterval. Its certificates are also
+// it sees live, or saw within replica.WitnessWindow, signed
+// (replica.VouchedBy, a newcomer's rule); from there it takes only chains
+// that extend its own (replica.Book.Adopt), asking a few volunteers ahead
+// of it every anchorInterval, or, where churn broke the chain, one the
+// same majority and half of its trusted group signed (replica.Book.Rejoin). Its certificates are also
 // the status page's certified states (status.StoreConfig.Certified).
 type anchors struct {
 	book *replica.Book
@@ -37,6 +39,9 @@ type anchors struct {
 	// data directory; "" = nowhere), so that a restarted bootstrap goes on
 	// from it instead of waiting for a live majority to vouch for one.
 	path string
+	// seen remembers the volunteers seen live for replica.WitnessWindow:
+	// the rules that want a majority of the live volunteers count them.
+	seen *replica.Witnesses
 
 	mu  sync.Mutex
 	enc []byte // the latest anchor, encoded; nil while there is none
@@ -63,8 +68,8 @@ func newAnchors(run, path string, log *slog.Logger) *anchors {
 	} else if !errors.Is(err, os.ErrNotExist) {
 		log.Warn("the saved round certificate is not usable; waiting for the volunteers' chain", "path", path, "err", err)
 	}
-	a := &anchors{book: replica.NewBook(run, verifier{}, start), log: log, path: path}
-	a.book.Anchorless = func(c *replica.Certificate) error { return replica.VouchedBy(a.volunteers(), c) }
+	a := &anchors{book: replica.NewBook(run, verifier{}, start), log: log, path: path, seen: replica.NewWitnesses(replica.WitnessWindow)}
+	a.book.Anchorless = func(c *replica.Certificate) error { return replica.VouchedBy(a.recent(), c) }
 	return a
 }
 
@@ -161,6 +166,11 @@ func (a *anchors) volunteers() []transport.PeerID {
 	return out
 }
 
+// recent are the volunteers seen live now or within the witness window.
+func (a *anchors) recent() []transport.PeerID {
+	return a.seen.Observe(time.Now(), a.volunteers())
+}
+
 // poll asks up to anchorAsked volunteers announcing a later round than the
 // bootstrap trusts (members of its group first, then the latest) for their
 // chain after it, until one
@@ -169,6 +179,7 @@ func (a *anchors) volunteers() []transport.PeerID {
 // named. From the start (no group yet) only the latest certificate is
 // asked for.
 func (a *anchors) poll(ctx context.Context) {
+	a.recent() // remember who is live now
 	t := a.book.Trusted()
 	var ahead []p2p.Member
 	for _, m := range a.node.Members() {
@@ -210,17 +221,18 @@ func (a *anchors) poll(ctx context.Context) {
 			continue
 		}
 		last, err := a.book.Adopt(chain)
-		if errors.Is(err, replica.ErrBrokenChain) && len(chain) > 0 {
+		if errors.Is(err, replica.ErrBrokenChain) && len(chain) > 0 && len(t.Group) > 0 {
 			// Churn and dissent left fewer than half of the trusted group
 			// among a later round's signers: start again from the latest
-			// certificate if the live majority signed it, half of the
-			// trusted group among them (sybils hold none of it).
+			// certificate if half of the trusted group and a strict
+			// majority of the volunteers seen live within the witness
+			// window signed it (replica.Book.Rejoin).
 			latest := chain[len(chain)-1]
-			if verr := a.book.Anchorless(latest); verr == nil && latest.Rejoins(t) {
-				if err = a.book.Reanchor(latest); err == nil {
-					a.log.Info("the chain no longer extends; re-anchored on the live majority's certificate", "round", latest.Round)
-					last = latest
-				}
+			if rerr := a.book.Rejoin(latest, a.recent()); rerr == nil {
+				a.log.Info("the chain no longer extends; re-anchored on the certificate of the volunteers seen live", "round", latest.Round)
+				last, err = latest, nil
+			} else {
+				err = fmt.Errorf("%w (not re-anchored: %w)", err, rerr)
 			}
 		}
 		if err != nil {

@@ -40,6 +40,13 @@ type certs struct {
 	done   chan struct{}
 	// sybil: this volunteer plays HostileSybils (chaos tests only).
 	sybil atomic.Bool
+	// seen remembers the volunteers seen live for a while: the rules
+	// that count "a majority of the volunteers seen live" count them
+	// (replica.Witnesses).
+	seen *replica.Witnesses
+	// live lists the other volunteers live now; nil = no rule counts
+	// them (tests of the chain alone).
+	live func() []transport.PeerID
 }
 
 // certTimeout bounds a vote's delivery and a request for a chain.
@@ -47,21 +54,28 @@ const certTimeout = 10 * time.Second
 
 // newCerts starts the certificate protocols of pn with the trusted chain
 // starting at anchor (or at the certificate saved at path, when it is the
-// certificate of anchor's state); vouch judges a certificate adopted
-// without an earlier group (replica.Book.Anchorless).
-func newCerts(pn *p2p.Node, log *slog.Logger, anchor *replica.Certificate, path string, vouch func(*replica.Certificate) error) (*certs, error) {
+// certificate of anchor's state); live lists the other volunteers live now,
+// whose strict majority (with those seen within replica.WitnessWindow)
+// must sign a certificate taken without an earlier group or across a
+// broken chain (nil: none is taken so).
+func newCerts(pn *p2p.Node, log *slog.Logger, anchor *replica.Certificate, path string, live func() []transport.PeerID) (*certs, error) {
 	if saved, err := loadCert(path, pn); err == nil && saved.Round == anchor.Round && saved.Hash == anchor.Hash {
 		anchor = saved
 	} else if err != nil && !errors.Is(err, os.ErrNotExist) {
 		log.Warn("the saved round certificate is not usable; starting the chain at the local state", "path", path, "err", err)
 	}
 	book := replica.NewBook(pn.RunID(), pn.Signer(), anchor)
-	book.Anchorless = vouch
+	seen := replica.NewWitnesses(replica.WitnessWindow)
+	if live != nil {
+		book.Anchorless = func(c *replica.Certificate) error {
+			return replica.VouchedBy(seen.Observe(time.Now(), live()), c)
+		}
+	}
 	votes, err := p2p.NewPeers(pn, p2p.ProtoVote, replica.MaxCertBytes, certTimeout)
 	if err != nil {
 		return nil, err
 	}
-	c := &certs{book: book, pn: pn, log: log, votes: votes, out: transport.NewOutbox(votes, 8, log), path: path, done: make(chan struct{})}
+	c := &certs{book: book, pn: pn, log: log, votes: votes, out: transport.NewOutbox(votes, 8, log), path: path, done: make(chan struct{}), seen: seen, live: live}
 	if err := pn.Handle(p2p.ProtoCerts, certFrames(), c.serve); err != nil {
 		votes.Close()
 		return nil, err
@@ -226,9 +240,10 @@ func loadCert(path string, pn *p2p.Node) (*replica.Certificate, error) {
 // whose anchor has no group (a newcomer) checks the chain from the
 // certificate the bootstrap it dialled countersigned (bootAnchor), or,
 // while no bootstrap answers with one, takes the latest certificate only
-// (Anchorless: vouchedByLive). A chain that does not verify is refused and
+// (Anchorless: a strict majority of the volunteers seen live signed it). A chain that does not verify is refused and
 // its server named. nil when nothing certified lies past round.
 func (c *certs) certifiedAhead(ctx context.Context, round uint64, others []announcement) *replica.Certificate {
+	c.seen.Observe(time.Now(), ids(others))
 	t := c.book.Trusted()
 	ahead := slices.DeleteFunc(slices.Clone(others), func(a announcement) bool { return a.round <= max(round, t.Round) || a.hash == 0 })
 	var boot *replica.Certificate
@@ -294,23 +309,8 @@ func (c *certs) follow(ctx context.Context, a announcement, boot *replica.Certif
 			return moved
 		}
 		last, err := c.book.AdoptFrom(boot, chain)
-		if errors.Is(err, replica.ErrBrokenChain) && len(chain) > 0 && len(t.Group) > 0 && c.book.Anchorless != nil {
-			// Churn and dissent can leave fewer than half of the trusted
-			// group among a later round's signers (a straggler left, a
-			// hostile member voted for another state): then this member
-			// is a newcomer again, and takes the latest certificate only if
-			// a strict majority of the volunteers it sees live signed it,
-			// half of its trusted group among them (Rejoins: sybils who
-			// outnumber the live honest volunteers still hold none of it).
-			// (A newcomer, whose chain must extend the bootstrap's anchor,
-			// never gets here.)
-			latest := chain[len(chain)-1]
-			if verr := c.book.Anchorless(latest); verr == nil && latest.Rejoins(t) {
-				if err = c.book.Reanchor(latest); err == nil {
-					c.log.Info("the trusted chain no longer extends; re-anchored on the live majority's certificate", "round", latest.Round)
-					last = latest
-				}
-			}
+		if errors.Is(err, replica.ErrBrokenChain) && len(chain) > 0 && len(t.Group) > 0 {
+			last, err = c.rejoin(ctx, chain)
 		}
 		if err != nil {
 			c.log.Warn("offender: a member's certificates do not extend the trusted chain", "peer", a.id, "round", a.round, "err", err)
@@ -326,6 +326,33 @@ func (c *certs) follow(ctx context.Context, a announcement, boot *replica.Certif
 		}
 	}
 	return moved
+}
+
+// rejoin takes chain, which does not extend the trusted chain (churn and
+// dissent left fewer than half of the trusted group among a later round's
+// signers): through the anchor the bootstrap countersigned, when it is past
+// the trusted round (the chain must extend it); else, this member being a
+// newcomer again, its latest certificate when at least half of the trusted
+// group and a strict majority of the volunteers seen live within the
+// witness window signed it (replica.Book.Rejoin).
+func (c *certs) rejoin(ctx context.Context, chain []*replica.Certificate) (*replica.Certificate, error) {
+	t := c.book.Trusted()
+	if boot := c.bootAnchor(ctx); boot != nil && boot.Round > t.Round {
+		last, err := c.book.AdoptFrom(boot, chain)
+		if err == nil {
+			c.log.Info("the trusted chain no longer extends; re-anchored on the bootstrap's certificate", "round", boot.Round)
+		}
+		return last, err
+	}
+	if c.live == nil {
+		return nil, fmt.Errorf("%w: at round %d", replica.ErrBrokenChain, t.Round)
+	}
+	latest := chain[len(chain)-1]
+	if err := c.book.Rejoin(latest, c.seen.Observe(time.Now(), c.live())); err != nil {
+		return nil, fmt.Errorf("%w: not re-anchored: %w", replica.ErrBrokenChain, err)
+	}
+	c.log.Info("the trusted chain no longer extends; re-anchored on the certificate of the volunteers seen live", "round", latest.Round)
+	return latest, nil
 }
 
 // holders are the members that can serve cert's state: those announcing
@@ -345,18 +372,13 @@ func holders(cert *replica.Certificate, others []announcement) []transport.PeerI
 	return ids
 }
 
-// vouchedByLive is the rule for a certificate taken without an earlier
-// group (a newcomer, or a restart without a saved certificate): a strict
-// majority of the other volunteers this member sees live signed it. No
-// single member and no fixed number of them decides: sybils must outnumber
-// the live honest volunteers in this member's view (where p2p counts only
-// members proved live, within the admission caps).
-func vouchedByLive(others []announcement, cert *replica.Certificate) error {
-	live := make([]transport.PeerID, len(others))
+// ids are the announcers' peer IDs.
+func ids(others []announcement) []transport.PeerID {
+	out := make([]transport.PeerID, len(others))
 	for i, a := range others {
-		live[i] = a.id
+		out[i] = a.id
 	}
-	return replica.VouchedBy(live, cert)
+	return out
 }
 
 // bootAnchor is the certificate the bootstrap this member dialled last

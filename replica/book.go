@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -236,18 +237,28 @@ func (b *Book) Adopt(chain []*Certificate) (*Certificate, error) {
 	return b.adoptLocked(chain)
 }
 
-// AdoptFrom is Adopt for a book whose trusted certificate has no group,
-// through anchor, a certificate vouched for outside the chain (the
-// bootstrap's, Anchor.Verify): chain (oldest first; certificates at or
-// before anchor's round are skipped) must verify and extend anchor,
-// instead of its last certificate passing Anchorless; anchor and chain are
-// trusted then, past the trusted round. With a nil anchor, or a trusted
-// certificate that has a group, it is Adopt.
+// AdoptFrom is Adopt through anchor, a certificate vouched for outside
+// the chain (the bootstrap's, Anchor.Verify), where the trusted chain
+// cannot decide: for a book whose trusted certificate has no group (a
+// newcomer), and for one whose chain does not extend to chain
+// (ErrBrokenChain: churn and dissent) when anchor is past the trusted
+// round. Then chain (oldest first; certificates at or before anchor's round
+// are skipped) must verify and extend anchor, instead of its last
+// certificate passing Anchorless or the re-anchoring rule (Rejoin); anchor
+// and chain are trusted then, the broken chain dropped. With a nil anchor,
+// or a chain that extends the trusted one, it is Adopt.
 func (b *Book) AdoptFrom(anchor *Certificate, chain []*Certificate) (*Certificate, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if anchor == nil || len(b.trusted[len(b.trusted)-1].Group) != 0 {
+	last := b.trusted[len(b.trusted)-1]
+	if anchor == nil {
 		return b.adoptLocked(chain)
+	}
+	if len(last.Group) != 0 {
+		c, err := b.adoptLocked(chain)
+		if !errors.Is(err, ErrBrokenChain) || anchor.Round <= last.Round {
+			return c, err
+		}
 	}
 	if err := anchor.Verify(b.run, b.signer); err != nil {
 		return nil, err
@@ -255,6 +266,9 @@ func (b *Book) AdoptFrom(anchor *Certificate, chain []*Certificate) (*Certificat
 	chain = after(chain, anchor.Round)
 	if _, err := VerifyChain(b.run, b.signer, anchor, chain); err != nil {
 		return nil, err
+	}
+	if len(last.Group) != 0 {
+		b.resetLocked(anchor)
 	}
 	for _, c := range append([]*Certificate{anchor}, chain...) {
 		if c.Round > b.trusted[len(b.trusted)-1].Round {
@@ -293,8 +307,7 @@ func (b *Book) adoptLocked(chain []*Certificate) (*Certificate, error) {
 
 // Reanchor trusts c, which must verify, as the start of a new chain: for
 // a member whose chain no longer extends (the previous group lost its
-// majority to churn and dissent) when another rule vouches for c (node:
-// a strict majority of the volunteers it sees live signed it).
+// majority to churn and dissent) when another rule vouches for c (Rejoin).
 func (b *Book) Reanchor(c *Certificate) error {
 	if err := c.Verify(b.run, b.signer); err != nil {
 		return err
@@ -304,10 +317,7 @@ func (b *Book) Reanchor(c *Certificate) error {
 	if last := b.trusted[len(b.trusted)-1]; c.Round <= last.Round {
 		return fmt.Errorf("%w: round %d after round %d", ErrBrokenChain, c.Round, last.Round)
 	}
-	b.trusted = []*Certificate{c}
-	clear(b.pending)
-	clear(b.voted)
-	clear(b.mine)
+	b.resetLocked(c)
 	return nil
 }
 
@@ -316,6 +326,10 @@ func (b *Book) Reanchor(c *Certificate) error {
 func (b *Book) Reset(anchor *Certificate) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.resetLocked(anchor)
+}
+
+func (b *Book) resetLocked(anchor *Certificate) {
 	b.trusted = []*Certificate{anchor}
 	clear(b.pending)
 	clear(b.voted)
