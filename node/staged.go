@@ -40,8 +40,8 @@ import (
 //
 // A re-plan takes effect at the iteration the Assignment names. A member
 // new to its stage takes the stage's outer state from the members that
-// held it before (bulk key stageStateKey; pickState: two of them must serve
-// the same state where more than one holds it); when the stage lost every
+// held it before (bulk key stageStateKey; pickState: a strict majority of
+// the holders the bootstrap's plan names must serve the same state); when the stage lost every
 // member, the newcomers rebuild it with CheckFree from the weights and last
 // gradient norms the neighbouring stages' survivors serve (stageWeightsKey;
 // pipeline.Combine takes their medians), with a fresh optimizer at
@@ -275,16 +275,29 @@ func (st *stagedVolunteer) announce(ctx context.Context, now bool) {
 	}
 }
 
-// ahead is the latest iteration another member of a announces.
+// ahead is the latest iteration a strict majority of the other members of
+// a announce having reached (majorityReached): where the run is, which a
+// minority announcing far iterations does not move (with the latest one
+// announced, one member announcing 2^62 moved every member's count there).
 func (st *stagedVolunteer) ahead(a pipeline.Assignment) uint64 {
-	var r uint64
+	var rounds []uint64
 	self := st.v.pn.ID()
 	for _, m := range st.v.pn.Members() {
 		if m.ID != self && m.Meta.Role == p2p.RoleVolunteer && a.Index(m.ID.String()) >= 0 {
-			r = max(r, m.Meta.Round)
+			rounds = append(rounds, m.Meta.Round)
 		}
 	}
-	return r
+	return majorityReached(rounds)
+}
+
+// majorityReached is the largest r that more than half of rounds are at
+// or past (the lower median; 0 for none).
+func majorityReached(rounds []uint64) uint64 {
+	if len(rounds) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(rounds))
+	return s[(len(s)-1)/2]
 }
 
 // errSuperseded: the plan being taken was replaced by a newer one.
@@ -528,12 +541,13 @@ func (st *stagedVolunteer) startingWeights(ctx context.Context, a pipeline.Assig
 				return start{}, err
 			}
 		}
-		h, ok := pickState(st.stageStates(ctx, others, rep.Len()), min(2, len(others)), 0)
+		h, ok := pickState(st.stageStates(ctx, others, rep.Len()), len(others), 0)
 		if !ok {
-			// Members hold the stage, but too few answered with one state
-			// (gone before the bootstrap noticed, or lying): retry, or wait
-			// for the re-plan, rather than throw the stage's training away.
-			return start{}, fmt.Errorf("no %d of the %d members of stage %d serve the same state", min(2, len(others)), len(others), s)
+			// Members hold the stage, but no majority of them answered with
+			// one state (gone before the bootstrap noticed, or lying):
+			// retry, or wait for the re-plan, rather than throw the stage's
+			// training away.
+			return start{}, fmt.Errorf("no majority of the %d members of stage %d serve the same state", len(others), s)
 		}
 		return start{w: h.phi, mom: h.mom, round: h.round, lr: 1, how: fmt.Sprintf("took the stage's weights from %s", h.from)}, nil
 	}
@@ -621,28 +635,28 @@ func (st *stagedVolunteer) stageStates(ctx context.Context, ids []string, n int)
 	return out
 }
 
-// pickState decides which of the states members of a stage served a
-// member takes (joining the stage, or after a failed round): the latest
-// round at or after minRound whose state (optimizer.StateHashOf) at least
-// need of them serve, the most served at that round; ok is false when none
-// is. need is 1 only where one member holds the stage: elsewhere one
-// member's word, checksum and all, is not enough.
-func pickState(got []heldState, need int, minRound uint64) (h heldState, ok bool) {
+// pickState decides which of the states the other members of a stage
+// served a member takes (joining the stage, or after a failed round): the
+// state (optimizer.StateHashOf: round, phi, momentum) that a strict
+// majority of holders, the members the bootstrap's plan says hold the
+// stage (answering or not), serve, at or after minRound; ok is false when
+// none is. At most one state can be it, so the round a member claims
+// decides nothing: with "two members agree, latest round first" two sybils
+// among four holders took every newcomer to a round of their choosing. One
+// member's word is enough only where it alone holds the stage.
+func pickState(got []heldState, holders int, minRound uint64) (h heldState, ok bool) {
 	count := map[uint64]int{}
 	hashes := make([]uint64, len(got))
 	for i, g := range got {
 		hashes[i] = optimizer.StateHashOf(g.round, g.phi, g.mom)
 		count[hashes[i]]++
 	}
-	best := 0
 	for i, g := range got {
-		c := count[hashes[i]]
-		if g.round < minRound || c < need || (ok && (g.round < h.round || g.round == h.round && c <= best)) {
-			continue
+		if g.round >= minRound && 2*count[hashes[i]] > holders {
+			return g, true
 		}
-		h, best, ok = g, c, true
 	}
-	return h, ok
+	return heldState{}, false
 }
 
 // neighbourWeights is stage ns's weights (of n parameters) and gradient
@@ -930,7 +944,7 @@ func (st *stagedVolunteer) resyncStage(ctx context.Context) {
 			ids = append(ids, st.plan.Peers[u])
 		}
 	}
-	h, ok := pickState(st.stageStates(ctx, ids, st.rep.Len()), min(2, len(ids)), st.dl.Round)
+	h, ok := pickState(st.stageStates(ctx, ids, st.rep.Len()), len(ids), st.dl.Round)
 	if !ok {
 		return
 	}

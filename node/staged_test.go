@@ -318,35 +318,57 @@ func TestStagedPlanOnlyFromBootstrap(t *testing.T) {
 	}
 }
 
-// pickState takes a stage's state only where two members serve it (one
-// member's word is enough only where it alone holds the stage): the
-// latest round at or after the floor, the most served at that round.
+// pickState takes a stage's state only where a strict majority of its
+// holders (the plan's, answering or not) serve it; the round a member
+// claims decides nothing.
 func TestStagedPickState(t *testing.T) {
 	st := func(from string, round uint64, v float32) heldState {
 		return heldState{from: from, round: round, phi: []float32{v, 1}, mom: []float32{0, 0}}
 	}
 	tests := []struct {
-		name  string
-		got   []heldState
-		need  int
-		floor uint64
-		want  string // "": none
+		name    string
+		got     []heldState
+		holders int
+		floor   uint64
+		want    string // "": none
 	}{
 		{"lone holder", []heldState{st("a", 3, 1)}, 1, 0, "a"},
-		{"a lone claim of a later round", []heldState{st("liar", 9, 5), st("b", 3, 1), st("c", 3, 1)}, 2, 0, "b"},
-		{"two agree on the later round", []heldState{st("b", 3, 1), st("c", 4, 2), st("d", 4, 2)}, 2, 0, "c"},
-		{"same round, the most served", []heldState{st("x", 4, 7), st("b", 4, 2), st("c", 4, 2), st("y", 4, 7), st("d", 4, 2)}, 2, 0, "b"},
+		{"a lone claim of a later round", []heldState{st("liar", 9, 5), st("b", 3, 1), st("c", 3, 1)}, 3, 0, "b"},
+		{"two sybils of four at a later round", []heldState{st("s1", 9, 5), st("s2", 9, 5), st("b", 3, 1), st("c", 3, 1)}, 4, 0, ""},
+		{"three of four", []heldState{st("s1", 9, 5), st("b", 3, 1), st("c", 3, 1), st("d", 3, 1)}, 4, 0, "b"},
+		{"the majority, not the first served", []heldState{st("x", 4, 7), st("b", 4, 2), st("c", 4, 2), st("y", 4, 7), st("d", 4, 2)}, 5, 0, "b"},
 		{"no two agree", []heldState{st("a", 3, 1), st("b", 3, 2)}, 2, 0, ""},
 		{"only one answered of two", []heldState{st("a", 3, 1)}, 2, 0, ""},
+		{"two answered of five", []heldState{st("a", 3, 1), st("b", 3, 1)}, 5, 0, ""},
 		{"behind the floor", []heldState{st("a", 3, 1), st("b", 3, 1)}, 2, 4, ""},
 		{"none", nil, 1, 0, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h, ok := pickState(tt.got, tt.need, tt.floor)
+			h, ok := pickState(tt.got, tt.holders, tt.floor)
 			if got := map[bool]string{true: h.from}[ok]; got != tt.want {
 				t.Fatalf("picked %q (ok %v), want %q", got, ok, tt.want)
 			}
 		})
+	}
+}
+
+// A member behind the run jumps to where a strict majority of the stage
+// plan's other members are, not to the latest iteration anyone announces.
+func TestStagedMajorityReached(t *testing.T) {
+	for _, tt := range []struct {
+		rounds []uint64
+		want   uint64
+	}{
+		{nil, 0},
+		{[]uint64{7}, 7},
+		{[]uint64{7, 1 << 62}, 7},
+		{[]uint64{7, 8, 1 << 62}, 8},
+		{[]uint64{1 << 62, 7, 1 << 62, 9}, 9},
+		{[]uint64{1 << 62, 1 << 62, 1 << 62, 9}, 1 << 62},
+	} {
+		if got := majorityReached(tt.rounds); got != tt.want {
+			t.Errorf("%v: %d, want %d", tt.rounds, got, tt.want)
+		}
 	}
 }
