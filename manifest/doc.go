@@ -61,7 +61,7 @@
 //	created = "2025-06-01T12:00:00Z" # optional, RFC 3339, informational
 //
 //	[model]
-//	preset = "small" # "gpt2-124m", "small" or "tiny"
+//	preset = "small" # "tiny", "small", "gpt2", "gpt2-medium", "gpt2-large" or "gpt2-xl"
 //	seed = 42        # initial weights and data order
 //	batch = 16       # sequences per inner step on each volunteer, 1..4096
 //	seq_len = 0      # tokens per sequence; 0 = the preset's context (256 for small)

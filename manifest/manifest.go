@@ -108,7 +108,8 @@ type Manifest struct {
 
 // Model is the [model] section: what network every member trains, and how.
 type Model struct {
-	// Preset is a model.PresetNames() entry ("tiny", "small", "gpt2-124m").
+	// Preset is a model.PresetNames() entry ("tiny", "small", "gpt2", ...;
+	// "gpt2-124m" is an alias of "gpt2").
 	Preset string `toml:"preset"`
 	// Seed seeds the initial weights and the data order; at most MaxSeed.
 	Seed uint64 `toml:"seed"`

@@ -66,7 +66,7 @@ func TestValidate(t *testing.T) {
 		{"version", "version 1 only", func(m *Manifest) { m.Version = 2 }},
 		{"created", "RFC 3339", func(m *Manifest) { m.Created = "2025-06-01" }},
 		{"created", "RFC 3339", func(m *Manifest) { m.Created = "yesterday" }},
-		{"model.preset", `"gpt2-124m", "small", "tiny"`, func(m *Manifest) { m.Model.Preset = "huge" }},
+		{"model.preset", `"gpt2-xl", "small", "tiny"`, func(m *Manifest) { m.Model.Preset = "huge" }},
 		{"model.preset", "want one of", func(m *Manifest) { m.Model.Preset = "" }},
 		{"model.preset", "want one of", func(m *Manifest) { m.Model.Preset = "Tiny" }},
 		{"model.seed", "at most 9223372036854775807", func(m *Manifest) { m.Model.Seed = math.MaxUint64 }},
@@ -199,7 +199,7 @@ func TestValidateMessage(t *testing.T) {
 	}
 	m = Default()
 	m.Model.Preset = "huge"
-	if got, want := m.Validate().Error(), `manifest: model.preset = "huge": want one of "gpt2-124m", "small", "tiny"`; got != want {
+	if got, want := m.Validate().Error(), `manifest: model.preset = "huge": want one of "gpt2", "gpt2-124m", "gpt2-large", "gpt2-medium", "gpt2-xl", "small", "tiny"`; got != want {
 		t.Errorf("got %q, want %q", got, want)
 	}
 }

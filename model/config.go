@@ -34,14 +34,28 @@ type Config struct {
 // ErrConfig is returned (wrapped) for an invalid configuration.
 var ErrConfig = errors.New("model: invalid config")
 
+// The presets: two toy byte-level models, and OpenAI's GPT-2 family with
+// Hugging Face's configurations (n_positions 1024, the vocabulary of the
+// gpt2 tokenizer padded to a multiple of 64 rows for the kernels; export
+// strips the padding).
 var presets = map[string]Config{
-	"tiny":      {Name: "tiny", Vocab: 256, PaddedVocab: 256, MaxT: 128, C: 128, Layers: 4, Heads: 4},
-	"small":     {Name: "small", Vocab: 256, PaddedVocab: 256, MaxT: 256, C: 384, Layers: 6, Heads: 6},
-	"gpt2-124m": {Name: "gpt2-124m", Vocab: 50257, PaddedVocab: 50304, MaxT: 1024, C: 768, Layers: 12, Heads: 12},
+	"tiny":        {Name: "tiny", Vocab: 256, PaddedVocab: 256, MaxT: 128, C: 128, Layers: 4, Heads: 4},
+	"small":       {Name: "small", Vocab: 256, PaddedVocab: 256, MaxT: 256, C: 384, Layers: 6, Heads: 6},
+	"gpt2":        {Name: "gpt2", Vocab: 50257, PaddedVocab: 50304, MaxT: 1024, C: 768, Layers: 12, Heads: 12},
+	"gpt2-medium": {Name: "gpt2-medium", Vocab: 50257, PaddedVocab: 50304, MaxT: 1024, C: 1024, Layers: 24, Heads: 16},
+	"gpt2-large":  {Name: "gpt2-large", Vocab: 50257, PaddedVocab: 50304, MaxT: 1024, C: 1280, Layers: 36, Heads: 20},
+	"gpt2-xl":     {Name: "gpt2-xl", Vocab: 50257, PaddedVocab: 50304, MaxT: 1024, C: 1600, Layers: 48, Heads: 25},
 }
 
-// Preset returns a named configuration: "tiny", "small" or "gpt2-124m".
+// aliases are older names of presets; a manifest naming one keeps working.
+var aliases = map[string]string{"gpt2-124m": "gpt2"}
+
+// Preset returns a named configuration (PresetNames; "gpt2-124m" is an
+// alias of "gpt2", whose Name the result carries).
 func Preset(name string) (Config, error) {
+	if a, ok := aliases[name]; ok {
+		name = a
+	}
 	c, ok := presets[name]
 	if !ok {
 		return Config{}, fmt.Errorf("%w: unknown preset %q (known: %s)", ErrConfig, name, strings.Join(PresetNames(), ", "))
@@ -49,10 +63,13 @@ func Preset(name string) (Config, error) {
 	return c, nil
 }
 
-// PresetNames lists the preset names in a stable order.
+// PresetNames lists the preset names and aliases in a stable order.
 func PresetNames() []string {
-	names := make([]string, 0, len(presets))
+	names := make([]string, 0, len(presets)+len(aliases))
 	for n := range presets {
+		names = append(names, n)
+	}
+	for n := range aliases {
 		names = append(names, n)
 	}
 	sort.Strings(names)

@@ -14,6 +14,28 @@ func TestPresetParamCounts(t *testing.T) {
 		{"small", 10_800_000, 11_000_000},       // ~11M
 		{"gpt2-124m", 124_000_000, 124_600_000}, // GPT-2 small, padded vocab
 	}
+	// The GPT-2 family: Hugging Face's parameter counts (tied embeddings)
+	// plus the padding rows of wte (50304 - 50257 = 47 per channel).
+	for _, tt := range []struct {
+		preset string
+		hf, c  int
+	}{
+		{"gpt2", 124_439_808, 768},
+		{"gpt2-medium", 354_823_168, 1024},
+		{"gpt2-large", 774_030_080, 1280},
+		{"gpt2-xl", 1_557_611_200, 1600},
+	} {
+		c, err := Preset(tt.preset)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n, want := c.NumParams(), tt.hf+47*tt.c; n != want {
+			t.Errorf("%s: %d parameters, want %d (Hugging Face's %d plus the padding)", tt.preset, n, want, tt.hf)
+		}
+	}
+	if c, err := Preset("gpt2-124m"); err != nil || c.Name != "gpt2" {
+		t.Errorf("the gpt2-124m alias: %+v, %v", c, err)
+	}
 	for _, tt := range tests {
 		c, err := Preset(tt.preset)
 		if err != nil {

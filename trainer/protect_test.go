@@ -195,3 +195,33 @@ func TestCheckStageMemory(t *testing.T) {
 		t.Fatalf("a GPU too small: %v", err)
 	}
 }
+
+// The GPT-2 family on this project's 24 GiB CPU machines, as a DiLoCo
+// volunteer holds it (four parameter copies of its own and four of the
+// outer optimizer's) at batch B x 1024: gpt2 fits at 8 (18 GiB),
+// gpt2-medium only at 1 (14 GiB; 41 GiB at 8), gpt2-large and gpt2-xl
+// never (23 and 46 GiB for the parameter copies alone): refused before
+// anything is allocated, with the figures that say why.
+func TestGPT2FamilyMemory(t *testing.T) {
+	const machine = 24 << 30
+	for _, tc := range []struct {
+		preset string
+		batch  int
+		fits   bool
+	}{
+		{"gpt2", 8, true},
+		{"gpt2-medium", 1, true},
+		{"gpt2-medium", 8, false},
+		{"gpt2-large", 1, false},
+		{"gpt2-xl", 1, false},
+	} {
+		mc, err := model.Preset(tc.preset)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = checkMemory(mc, tc.batch, 1024, 4, machine, nil)
+		if tc.fits != (err == nil) || (err != nil && !errors.Is(err, ErrMemory)) {
+			t.Errorf("%s at batch %d: need %.1f GiB of %d: %v", tc.preset, tc.batch, gib(memoryNeed(mc, tc.batch, 1024, 4)), machine>>30, err)
+		}
+	}
+}
