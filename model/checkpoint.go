@@ -50,7 +50,7 @@ func (s *Stage) Snapshot(step int, meta map[string]string) *Checkpoint {
 
 // Restore loads a checkpoint of the same config and spec into the stage.
 func (s *Stage) Restore(ck *Checkpoint) error {
-	if ck.Config != s.Config {
+	if !ck.Config.SameShape(s.Config) {
 		return fmt.Errorf("%w: checkpoint is for model %+v, stage is %+v", ErrCheckpoint, ck.Config, s.Config)
 	}
 	if ck.Spec != s.Spec {

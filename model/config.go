@@ -76,6 +76,14 @@ func PresetNames() []string {
 	return names
 }
 
+// SameShape reports whether c and o have the same dimensions, whatever
+// their names (a checkpoint of "gpt2-124m", the alias's old name, loads
+// into "gpt2").
+func (c Config) SameShape(o Config) bool {
+	c.Name, o.Name = "", ""
+	return c == o
+}
+
 // Validate reports the first invalid field.
 func (c Config) Validate() error {
 	switch {
