@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"strconv"
@@ -37,8 +38,22 @@ type Checkpoint struct {
 	Meta   map[string]string
 }
 
-// Snapshot copies the stage's parameters and moments to host memory.
+// Checkpoint metadata every snapshot carries (Meta): the sequence length
+// the stage was trained at, which evaluation windows use.
+const MetaSeqLen = "skein.seq_len"
+
+// MetaTokenizer names the tokenizer of the ids the model was trained on;
+// absent: "byte".
+const MetaTokenizer = "skein.tokenizer"
+
+// Snapshot copies the stage's parameters and moments to host memory; meta
+// (copied) gets MetaSeqLen.
 func (s *Stage) Snapshot(step int, meta map[string]string) *Checkpoint {
+	meta = maps.Clone(meta)
+	if meta == nil {
+		meta = map[string]string{}
+	}
+	meta[MetaSeqLen] = strconv.Itoa(s.T)
 	n := s.NumParams()
 	ck := &Checkpoint{Config: s.Config, Spec: s.Spec, Step: step, Meta: meta,
 		Params: make([]float32, n), M: make([]float32, n), V: make([]float32, n)}
@@ -46,6 +61,24 @@ func (s *Stage) Snapshot(step int, meta map[string]string) *Checkpoint {
 	s.dev.CopyOut(ck.M, s.M)
 	s.dev.CopyOut(ck.V, s.V)
 	return ck
+}
+
+// SeqLen is the sequence length ck's stage was trained at (MetaSeqLen),
+// or the model's context length for a checkpoint without it.
+func (ck *Checkpoint) SeqLen() int {
+	if t, err := strconv.Atoi(ck.Meta[MetaSeqLen]); err == nil && t > 0 && t <= ck.Config.MaxT {
+		return t
+	}
+	return ck.Config.MaxT
+}
+
+// Tokenizer names the tokenizer of ck's model (MetaTokenizer; "byte"
+// without it).
+func (ck *Checkpoint) Tokenizer() string {
+	if n := ck.Meta[MetaTokenizer]; n != "" {
+		return n
+	}
+	return "byte"
 }
 
 // Restore loads a checkpoint of the same config and spec into the stage.

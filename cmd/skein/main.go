@@ -59,6 +59,8 @@ func newApp() *cli.App {
 			demoCommand(),
 			statusCommand(),
 			tokenCommand(),
+			evalCommand(),
+			sampleCommand(),
 		},
 	}
 }
