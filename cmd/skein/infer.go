@@ -10,6 +10,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/skein-ml/skein/kernels"
+	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/trainer"
 )
 
@@ -123,6 +124,59 @@ func sampleCommand() *cli.Command {
 			}
 			fmt.Fprintln(out)
 			return err
+		},
+	}
+}
+
+func exportCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "export",
+		Usage:     "write a checkpoint as a Hugging Face GPT-2 model directory",
+		ArgsUsage: " ",
+		Description: "Writes --out/config.json and --out/model.safetensors, which transformers loads as\n" +
+			"GPT2LMHeadModel: Hugging Face's tensor names, Conv1D (in, out) matrices, the real\n" +
+			"vocabulary (the padding rows Skein's kernels use are dropped), lm_head tied to wte.\n" +
+			"skein import reads such a directory back.",
+		Flags: []cli.Flag{
+			&cli.PathFlag{Name: "checkpoint", Required: true, Usage: "a whole model's checkpoint"},
+			&cli.PathFlag{Name: "out", Required: true, Usage: "the directory to write (created if needed)"},
+		},
+		Action: func(c *cli.Context) error {
+			ck, err := model.LoadCheckpoint(c.Path("checkpoint"))
+			if err != nil {
+				return err
+			}
+			if err := model.ExportHF(c.Path("out"), ck, nil); err != nil {
+				return err
+			}
+			fmt.Printf("exported the %s model (%d parameters, %s tokenizer) to %s\n", ck.Config.Name, ck.Config.NumParams(), ck.Tokenizer(), c.Path("out"))
+			return nil
+		},
+	}
+}
+
+func importCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "import",
+		Usage:     "read a Hugging Face GPT-2 model directory into a checkpoint",
+		ArgsUsage: " ",
+		Description: "Reads --hf/config.json and --hf/model.safetensors (F32) of a GPT-2 whose layers Skein\n" +
+			"computes the same way (gelu_new, layer norm epsilon 1e-5) and writes a checkpoint of the\n" +
+			"whole model, without optimizer state, that eval, sample and export take.",
+		Flags: []cli.Flag{
+			&cli.PathFlag{Name: "hf", Required: true, Usage: "the Hugging Face model directory"},
+			&cli.PathFlag{Name: "out", Required: true, Usage: "the checkpoint to write"},
+		},
+		Action: func(c *cli.Context) error {
+			ck, err := model.ImportHF(c.Path("hf"))
+			if err != nil {
+				return err
+			}
+			if err := model.SaveCheckpoint(c.Path("out"), ck); err != nil {
+				return err
+			}
+			fmt.Printf("imported the %s model (%d parameters) to %s\n", ck.Config.Name, ck.Config.NumParams(), c.Path("out"))
+			return nil
 		},
 	}
 }

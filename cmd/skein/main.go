@@ -61,6 +61,8 @@ func newApp() *cli.App {
 			tokenCommand(),
 			evalCommand(),
 			sampleCommand(),
+			exportCommand(),
+			importCommand(),
 		},
 	}
 }
