@@ -86,7 +86,7 @@ func ExportHF(dir string, ck *Checkpoint, extra map[string][]byte) error {
 		switch {
 		case t.Name == "wte":
 			data, shape = data[:c.Vocab*c.C], []int{c.Vocab, c.C} // no padding rows
-		case len(shape) == 2:
+		case conv1D(t):
 			data, shape = transpose(data, shape[0], shape[1]), []int{shape[1], shape[0]}
 		}
 		tensors = append(tensors, NamedTensor{Name: hfPrefix + t.Name + weightSuffix(t.Name), Shape: shape, Data: data})
@@ -107,6 +107,10 @@ func ExportHF(dir string, ck *Checkpoint, extra map[string][]byte) error {
 	}
 	return nil
 }
+
+// conv1D: a block's matrices are Conv1D weights in Hugging Face's GPT-2,
+// stored (in, out); the embeddings are not.
+func conv1D(t Tensor) bool { return len(t.Shape) == 2 && t.Name != "wte" && t.Name != "wpe" }
 
 // weightSuffix: our embeddings are "wte", "wpe"; Hugging Face's are
 // "wte.weight", "wpe.weight".
@@ -164,7 +168,7 @@ func ImportHF(dir string) (*Checkpoint, error) {
 		switch {
 		case t.Name == "wte":
 			want = []int{c.Vocab, c.C}
-		case len(want) == 2:
+		case conv1D(t):
 			want = []int{want[1], want[0]}
 		}
 		if !equalShape(info.Shape, want) {
@@ -179,7 +183,7 @@ func ImportHF(dir string) (*Checkpoint, error) {
 			return nil, err
 		}
 		dst := params[t.Offset : t.Offset+t.Size()]
-		if len(want) == 2 && t.Name != "wte" {
+		if conv1D(t) {
 			buf = transpose(buf, want[0], want[1])
 		}
 		copy(dst, buf) // wte: the padding rows stay zero

@@ -72,6 +72,19 @@ func TestExportImportHF(t *testing.T) {
 	if file[2*24+5] != ours[5*8+2] {
 		t.Fatal("c_attn is not stored (in, out)")
 	}
+	// wpe is an embedding, (positions, channels) as ours: not transposed.
+	for _, ti := range h.Tensors {
+		if ti.Name == "transformer.wpe.weight" {
+			wpe := make([]float32, 8*8)
+			if err := h.ReadTensor(f, ti, wpe); err != nil {
+				t.Fatal(err)
+			}
+			off := s.tensors[s.index["wpe"]].Offset
+			if !slices.Equal(wpe, ck.Params[off:off+64]) {
+				t.Fatal("wpe was not stored as it is")
+			}
+		}
+	}
 	cj, _ := os.ReadFile(filepath.Join(dir, HFConfigFile))
 	for _, want := range []string{`"GPT2LMHeadModel"`, `"n_embd": 8`, `"vocab_size": 50`, `"gelu_new"`} {
 		if !bytes.Contains(cj, []byte(want)) {

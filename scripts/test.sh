@@ -33,6 +33,14 @@ if [ "$(id -u)" = 0 ] && ! command -v clang >/dev/null; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq clang >/dev/null) ||
     echo "   could not install it; the PTX check will skip"
 fi
+# skein export is checked against an independent GPT-2 in PyTorch
+# (model/testdata/torch_gpt2.py; TestExportMatchesPyTorch skips itself
+# without it): best effort too.
+if [ "$(id -u)" = 0 ] && ! /usr/bin/python3 -c "import torch, numpy" 2>/dev/null; then
+  echo "== installing python3-torch (the Hugging Face export check)"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-torch >/dev/null) ||
+    echo "   could not install it; the export check will skip"
+fi
 command -v go >/dev/null || { echo "Go 1.26 is required: https://go.dev/dl/" >&2; exit 1; }
 export CGO_ENABLED=1
 
