@@ -49,14 +49,23 @@ const MetaTokenizer = "skein.tokenizer"
 // Snapshot copies the stage's parameters and moments to host memory; meta
 // (copied) gets MetaSeqLen.
 func (s *Stage) Snapshot(step int, meta map[string]string) *Checkpoint {
+	return s.SnapshotInto(nil, step, meta)
+}
+
+// SnapshotInto is Snapshot reusing ck's buffers when they have the stage's
+// size (a background writer's spare: no allocation per checkpoint); nil
+// or another size allocates.
+func (s *Stage) SnapshotInto(ck *Checkpoint, step int, meta map[string]string) *Checkpoint {
 	meta = maps.Clone(meta)
 	if meta == nil {
 		meta = map[string]string{}
 	}
 	meta[MetaSeqLen] = strconv.Itoa(s.T)
 	n := s.NumParams()
-	ck := &Checkpoint{Config: s.Config, Spec: s.Spec, Step: step, Meta: meta,
-		Params: make([]float32, n), M: make([]float32, n), V: make([]float32, n)}
+	if ck == nil || len(ck.Params) != n || len(ck.M) != n || len(ck.V) != n {
+		ck = &Checkpoint{Params: make([]float32, n), M: make([]float32, n), V: make([]float32, n)}
+	}
+	ck.Config, ck.Spec, ck.Step, ck.Meta = s.Config, s.Spec, step, meta
 	s.dev.CopyOut(ck.Params, s.Params)
 	s.dev.CopyOut(ck.M, s.M)
 	s.dev.CopyOut(ck.V, s.V)

@@ -145,8 +145,14 @@ type outerState interface {
 // (trainer.ErrNonFinite) and nothing is written: the last good checkpoint
 // stays.
 func saveState(path string, stage *model.Stage, step int, st outerState) error {
-	ck := stage.Snapshot(step, nil)
 	round, phi, mom := st.State()
+	return writeState(path, stage.Snapshot(step, nil), round, phi, mom)
+}
+
+// writeState writes ck and the outer state (round, phi, mom: copies) as
+// saveState does; the volunteer runs it in the background
+// (trainer.Checkpointer.SaveWith) on copies taken between rounds.
+func writeState(path string, ck *model.Checkpoint, round uint64, phi, mom []float32) error {
 	for _, t := range []struct {
 		name string
 		x    []float32

@@ -291,11 +291,12 @@ type Volunteer struct {
 	dl    *optimizer.DiLoCo
 	certs *certs // the DiLoCo state's round certificates (certs.go)
 
-	theta     []float32 // the stage's weights, host copy
-	n         int       // parameters
-	innerStep int       // inner steps trained so far (the AdamW schedule's clock)
-	rollbacks int       // inner phases dropped in a row for non-finite values (rollback.go)
-	ckPath    string    // local checkpoint; "" = none
+	theta     []float32             // the stage's weights, host copy
+	n         int                   // parameters
+	innerStep int                   // inner steps trained so far (the AdamW schedule's clock)
+	rollbacks int                   // inner phases dropped in a row for non-finite values (rollback.go)
+	ckPath    string                // local checkpoint; "" = none
+	ckw       *trainer.Checkpointer // writes it in the background (save)
 	// lastReported is the last round told to the user and OnRound, and
 	// lastSent the report sent for it (corrected resends it).
 	lastReported uint64
@@ -667,7 +668,7 @@ func (v *Volunteer) closeMetrics() {
 
 // Close saves the local checkpoint and leaves the run gracefully.
 func (v *Volunteer) Close() error {
-	saved := v.save()
+	saved := v.save(true)
 	v.mu.Lock()
 	m := v.last
 	v.mu.Unlock()
@@ -934,7 +935,7 @@ func (v *Volunteer) report(rep RoundReport, ph phase, group int) {
 	if v.cfg.OnRound != nil {
 		v.cfg.OnRound(rep)
 	}
-	v.save()
+	v.save(false)
 }
 
 // gossipRound announces in this member's metadata the round it is at and
@@ -958,9 +959,11 @@ func (v *Volunteer) round() uint64 {
 	return v.outer.round()
 }
 
-// save writes the local checkpoint, if there is one, and reports whether
-// it did.
-func (v *Volunteer) save() bool {
+// save starts writing the local checkpoint, if there is one, in the
+// background (trainer.Checkpointer: the round waits only for the copies),
+// and reports whether it did; a failed earlier write is logged. wait
+// also waits for the write to land (leaving the run).
+func (v *Volunteer) save(wait bool) bool {
 	if v.outer == nil {
 		return false // a staged volunteer saves its stage itself
 	}
@@ -968,9 +971,21 @@ func (v *Volunteer) save() bool {
 	if v.ckPath == "" || v.su == nil || st == nil {
 		return false
 	}
-	if err := saveState(v.ckPath, v.su.Stage, v.innerStep, st); err != nil {
+	if v.ckw == nil {
+		v.ckw = trainer.NewCheckpointer(v.ckPath)
+	}
+	err := v.ckw.SaveWith(v.su.Stage, v.innerStep, nil, func(ck *model.Checkpoint) func() error {
+		round, phi, mom := st.State()
+		return func() error { return writeState(v.ckPath, ck, round, phi, mom) }
+	})
+	if err != nil {
 		v.log.Error("saving checkpoint", "err", err)
-		return false
+	}
+	if wait {
+		if err := v.ckw.Wait(); err != nil {
+			v.log.Error("saving checkpoint", "err", err)
+			return false
+		}
 	}
 	return true
 }

@@ -223,13 +223,26 @@ func Train(ctx context.Context, cfg TrainConfig) (*TrainResult, error) {
 		}
 		defer metrics.Close()
 	}
-	save := func(step int) error {
-		if ckPath == "" {
+	// Checkpoints are written in the background (Checkpointer): the loop
+	// waits only for the copy to host memory; the last one is waited for.
+	var cp *Checkpointer
+	if ckPath != "" {
+		cp = NewCheckpointer(ckPath)
+		defer cp.Wait()
+	}
+	save := func(step int, last bool) error {
+		if cp == nil {
 			return nil
 		}
-		ck := stage.Snapshot(step, map[string]string{"skein.run": string(idJSON)})
-		if err := model.SaveCheckpoint(ckPath, ck); err != nil {
+		if err := cp.Save(stage, step, map[string]string{"skein.run": string(idJSON)}); err != nil {
 			return err
+		}
+		if last {
+			if err := cp.Wait(); err != nil {
+				return err
+			}
+			stalled, wrote, n := cp.Stats()
+			log.Info("checkpoints", "saves", n, "training_waited", stalled, "written_in_background", wrote)
 		}
 		res.Checkpoint = ckPath
 		return nil
@@ -269,7 +282,7 @@ func Train(ctx context.Context, cfg TrainConfig) (*TrainResult, error) {
 			cfg.OnStep(step, loss)
 		}
 		if cfg.CheckpointEvery > 0 && (step+1)%cfg.CheckpointEvery == 0 && step+1 < cfg.Steps {
-			if err := save(step + 1); err != nil {
+			if err := save(step+1, false); err != nil {
 				return res, err
 			}
 		}
@@ -279,7 +292,7 @@ func Train(ctx context.Context, cfg TrainConfig) (*TrainResult, error) {
 		res.TokensPerSec = float64(n*cfg.Batch*T) / elapsed
 	}
 	bar.Done()
-	if err := save(res.EndStep); err != nil {
+	if err := save(res.EndStep, true); err != nil {
 		return res, err
 	}
 	if n := len(res.Losses); n > 0 && (math.IsNaN(float64(res.Losses[n-1]))) {
