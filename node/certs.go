@@ -182,13 +182,19 @@ func (c *certs) serve(_ context.Context, s *p2p.Stream) error {
 
 // fetch asks id for its trusted certificates after round from.
 func (c *certs) fetch(ctx context.Context, id transport.PeerID, from uint64) ([]*replica.Certificate, error) {
+	return fetchChain(ctx, c.pn, id, from)
+}
+
+// fetchChain asks id for its trusted certificates after round from
+// (p2p.ProtoCerts).
+func fetchChain(ctx context.Context, pn *p2p.Node, id transport.PeerID, from uint64) ([]*replica.Certificate, error) {
 	pid, err := peer.Decode(string(id))
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, certTimeout)
 	defer cancel()
-	frames, err := c.pn.Ask(ctx, pid, p2p.ProtoCerts, certFrames(), replica.ChainRequest(from), replica.ChainPage)
+	frames, err := pn.Ask(ctx, pid, p2p.ProtoCerts, certFrames(), replica.ChainRequest(from), replica.ChainPage)
 	if err != nil {
 		return nil, err
 	}
@@ -382,18 +388,24 @@ func ids(others []announcement) []transport.PeerID {
 }
 
 // bootAnchor is the certificate the bootstrap this member dialled last
-// countersigned (p2p.ProtoAnchor), checked against the bootstrap's peer
-// ID; nil when no bootstrap answers with one.
+// countersigned (certifiedByBootstrap).
 func (c *certs) bootAnchor(ctx context.Context) *replica.Certificate {
-	for _, id := range c.pn.Seeds() {
-		a, err := fetchAnchor(ctx, c.pn, id)
+	return certifiedByBootstrap(ctx, c.pn, c.log)
+}
+
+// certifiedByBootstrap is the certificate a bootstrap pn dialled
+// countersigned (p2p.ProtoAnchor), checked against the bootstrap's peer ID;
+// nil when no bootstrap answers with one.
+func certifiedByBootstrap(ctx context.Context, pn *p2p.Node, log *slog.Logger) *replica.Certificate {
+	for _, id := range pn.Seeds() {
+		a, err := fetchAnchor(ctx, pn, id)
 		if err == nil && a != nil {
-			if err = a.Verify(c.pn.RunID(), c.pn.Signer(), transport.PeerID(id.String())); err == nil {
+			if err = a.Verify(pn.RunID(), pn.Signer(), transport.PeerID(id.String())); err == nil {
 				return a.Cert
 			}
 		}
 		if err != nil {
-			c.log.Warn("no countersigned round certificate from the bootstrap; a majority of the volunteers seen decides", "bootstrap", id, "err", err)
+			log.Warn("no countersigned round certificate from the bootstrap", "bootstrap", id, "err", err)
 		}
 	}
 	return nil

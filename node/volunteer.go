@@ -604,8 +604,8 @@ func (v *Volunteer) openCorpus(ctx context.Context) (*data.Corpus, error) {
 	}
 }
 
-// serveBulk serves the shared state to joining volunteers (bulk key
-// stateKey) and the corpus shards this volunteer holds (data.ShardKey) to
+// serveBulk serves the shared state to joining volunteers and to
+// observers (bulk key stateKey: skein node pull) and the corpus shards this volunteer holds (data.ShardKey) to
 // members of the run.
 func (v *Volunteer) serveBulk(_ context.Context, from peer.ID, key string) (io.ReaderAt, int64, error) {
 	// Only the run's members are served: a stranger must not be able to
@@ -630,8 +630,10 @@ func (v *Volunteer) serveBulk(_ context.Context, from peer.ID, key string) (io.R
 	if _, _, ok := parseStateKey(key); !ok {
 		return nil, 0, fmt.Errorf("node: no bulk key %q", key)
 	}
-	if m.Meta.Role != p2p.RoleVolunteer {
-		return nil, 0, fmt.Errorf("node: the run's state is for volunteers, not %s (%s)", from, m.Meta.Role)
+	// Volunteers joining, and observers pulling the run's weights (skein
+	// node pull; in a closed run an observer holds the operator's token).
+	if m.Meta.Role != p2p.RoleVolunteer && m.Meta.Role != p2p.RoleObserver {
+		return nil, 0, fmt.Errorf("node: the run's state is for volunteers and observers, not %s (%s)", from, m.Meta.Role)
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/urfave/cli/v2"
 	"github.com/urfave/cli/v2/altsrc"
@@ -72,6 +73,47 @@ func doctorCommand() *cli.Command {
 				return nil
 			}
 			return node.WriteChecks(c.App.Writer, checks)
+		},
+	}
+}
+
+// pullCommand is `skein node pull`.
+func pullCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "pull",
+		Usage:     "download a run's certified weights into a checkpoint",
+		ArgsUsage: " ",
+		Description: `Joins the run's swarm through its bootstrap as an observer (it trains and serves nothing),
+   takes the latest round certificate the bootstrap countersigned (checked against the
+   bootstrap's peer ID), and downloads that round's weights from the volunteers that hold them,
+   every chunk checked against the certified state hash. The checkpoint (--out) holds the
+   weights the run agreed on, without optimizer state: skein eval, sample and export take it.
+   Data-parallel DiLoCo runs only (NoLoCo members hold different weights; staged runs are not
+   built yet).`,
+		Flags: []cli.Flag{
+			altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "bootstrap", EnvVars: envVars("bootstrap"), Usage: "the run's bootstrap multiaddr, as `skein bootstrap` prints it"}),
+			altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "listen", EnvVars: envVars("listen"), Usage: "multiaddrs to listen on (default: QUIC and TCP, any port)"}),
+			altsrc.NewStringFlag(&cli.StringFlag{Name: "timing", Value: "wan", EnvVars: envVars("timing"), Usage: "membership timers: " + strings.Join(p2p.TimingNames(), ", ")}),
+			&cli.PathFlag{Name: "out", Required: true, Usage: "the checkpoint to write"},
+			&cli.DurationFlag{Name: "wait", Value: 2 * time.Minute, Usage: "how long to wait for a certified state the volunteers can serve"},
+		},
+		Action: func(c *cli.Context) error {
+			log, err := logger(c)
+			if err != nil {
+				return err
+			}
+			cfg := node.PullConfig{Bootstrap: c.StringSlice("bootstrap"), Listen: c.StringSlice("listen"),
+				Out: c.Path("out"), Wait: c.Duration("wait"), Progress: os.Stderr, Logger: log}
+			if cfg.Timing, err = p2p.TimingByName(c.String("timing")); err != nil {
+				return fmt.Errorf("--timing: %w", err)
+			}
+			res, err := node.Pull(c.Context, cfg)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(c.App.Writer, "pulled round %d (state %016x) of the %s model, %d parameters, from %s, into %s\n",
+				res.Round, res.Hash, res.Preset, res.Params, res.From, cfg.Out)
+			return nil
 		},
 	}
 }

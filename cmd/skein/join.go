@@ -125,5 +125,5 @@ func nodeCommand() *cli.Command {
 			return tokenHint(node.JoinScheduled(c.Context, cfg, hours, pauseSignals(c.Context)), "volunteer")
 		},
 	}
-	return &cli.Command{Name: "node", Usage: "volunteer commands", Subcommands: []*cli.Command{join, doctorCommand()}}
+	return &cli.Command{Name: "node", Usage: "volunteer commands", Subcommands: []*cli.Command{join, doctorCommand(), pullCommand()}}
 }
