@@ -350,29 +350,47 @@ func (cfg *Config) joinArgs(addr, name string, netFlags []string, extra ...strin
 	return append(append(args, extra...), netFlags...)
 }
 
-// Summary is the demo's closing report.
-func (r *Result) Summary() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "summary after %v:\n", r.Wall.Round(time.Second))
-	fmt.Fprintf(&b, "  validation loss  %.4f -> %.4f over %d rounds\n", r.ValStart, r.ValEnd, r.Rounds)
-	fmt.Fprintf(&b, "  tokens trained   %d\n", r.TokensTrained)
+// roundLines are the summary's lines about the rounds trained.
+func (r *Result) roundLines(b *strings.Builder) {
+	fmt.Fprintf(b, "  validation loss  %.4f -> %.4f over %d rounds\n", r.ValStart, r.ValEnd, r.Rounds)
+	fmt.Fprintf(b, "  tokens trained   %d\n", r.TokensTrained)
 	saved := 0.0
 	if r.BytesSent > 0 {
 		saved = float64(r.FP32DPBytes) / float64(r.BytesSent)
 	}
-	fmt.Fprintf(&b, "  bytes sent       %.1f MB (fp32 data-parallel would send %.1f MB: %.0fx more)\n",
+	fmt.Fprintf(b, "  bytes sent       %.1f MB (fp32 data-parallel would send %.1f MB: %.0fx more)\n",
 		float64(r.BytesSent)/1e6, float64(r.FP32DPBytes)/1e6, saved)
-	var fs []string
-	for _, d := range r.FirstStep {
-		fs = append(fs, d.Round(100*time.Millisecond).String())
-	}
-	fmt.Fprintf(&b, "  first step       %s after each volunteer started\n", strings.Join(fs, ", "))
+	fmt.Fprintf(b, "  first step       %s after each volunteer started\n", durations(r.FirstStep))
 	var cf []string
 	for _, f := range r.ComputeFraction {
 		cf = append(cf, fmt.Sprintf("%.0f%%", 100*f))
 	}
-	fmt.Fprintf(&b, "  computing        %s of each volunteer's time\n", strings.Join(cf, ", "))
-	fmt.Fprintf(&b, "  first round      %s\n", r.FirstRound)
+	fmt.Fprintf(b, "  computing        %s of each volunteer's time\n", strings.Join(cf, ", "))
+	fmt.Fprintf(b, "  first round      %s\n", r.FirstRound)
+}
+
+// durations lists ds to a tenth of a second; "none" for none.
+func durations(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "none"
+	}
+	var fs []string
+	for _, d := range ds {
+		fs = append(fs, d.Round(100*time.Millisecond).String())
+	}
+	return strings.Join(fs, ", ")
+}
+
+// Summary is the demo's closing report.
+func (r *Result) Summary() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "summary after %v:\n", r.Wall.Round(time.Second))
+	if r.Rounds == 0 {
+		fmt.Fprintf(&b, "  no round finished: the volunteers were still fetching or training the first one (a larger model or --inner-steps needs a longer --duration)\n")
+		fmt.Fprintf(&b, "  first step       %s after each volunteer started\n", durations(r.FirstStep))
+	} else {
+		r.roundLines(&b)
+	}
 	if w, ok := slowestStop(r.Stopped); ok {
 		how := fmt.Sprintf("every volunteer left within %v of Ctrl-C (slowest: %s)", w.After.Round(100*time.Millisecond), w.Name)
 		if w.Killed {

@@ -4,12 +4,14 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/urfave/cli/v2"
 
 	"github.com/skein-ml/skein/demo"
 	"github.com/skein-ml/skein/manifest"
+	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/node"
 )
 
@@ -40,6 +42,10 @@ func demoCommand() *cli.Command {
 			"lost stage took to train again.",
 		Flags: []cli.Flag{
 			&cli.IntFlag{Name: "volunteers", Value: d.Volunteers, Usage: "volunteer processes"},
+			&cli.PathFlag{Name: "manifest", Usage: "the run's manifest (TOML, as skein bootstrap --manifest takes; default: the demo's byte-level tiny run); the flags below that are given override it"},
+			&cli.StringFlag{Name: "preset", Usage: "the model: " + strings.Join(model.PresetNames(), ", ") + " (default: the manifest's, tiny for the demo's own)"},
+			&cli.IntFlag{Name: "batch", Usage: "sequences per inner step and volunteer (default: the manifest's)"},
+			&cli.IntFlag{Name: "seq-len", Usage: "tokens per sequence (default: the manifest's; 0 there: the model's context)"},
 			&cli.StringFlag{Name: "optimizer", Value: d.Manifest.Optimizer.Kind, Usage: "outer optimizer: diloco or noloco"},
 			&cli.BoolFlag{Name: "delayed", Usage: "DiLoCo's one-step-delayed outer step: each round's all-reduce runs during the next inner phase"},
 			&cli.DurationFlag{Name: "duration", Value: d.Duration, Usage: "stop after this long (0: only at --target-loss or Ctrl-C)"},
@@ -69,12 +75,29 @@ func demoCommand() *cli.Command {
 				return err
 			}
 			cfg := d
+			if p := c.Path("manifest"); p != "" {
+				m, err := manifest.LoadTemplate(p)
+				if err != nil {
+					return fmt.Errorf("--manifest: %w", err)
+				}
+				cfg.Manifest = m
+			}
+			if c.IsSet("preset") {
+				cfg.Manifest.Model.Preset = c.String("preset")
+			}
+			if c.IsSet("batch") {
+				cfg.Manifest.Model.Batch = c.Int("batch")
+			}
+			if c.IsSet("seq-len") {
+				cfg.Manifest.Model.SeqLen = c.Int("seq-len")
+			}
 			cfg.Volunteers, cfg.Duration, cfg.TargetLoss = c.Int("volunteers"), c.Duration("duration"), c.Float64("target-loss")
 			cfg.RateMbit, cfg.Latency, cfg.HTTPAddr = c.Float64("rate"), c.Duration("latency"), c.String("http")
 			cfg.Threads, cfg.LogLevel, cfg.Logger, cfg.Out = c.Int("threads"), c.String("child-log-level"), log, os.Stdout
-			switch kind := c.String("optimizer"); kind {
-			case manifest.KindDiLoCo:
-			case manifest.KindNoLoCo:
+			switch kind := c.String("optimizer"); {
+			case !c.IsSet("optimizer") && c.Path("manifest") != "": // the manifest's
+			case kind == manifest.KindDiLoCo:
+			case kind == manifest.KindNoLoCo:
 				cfg.Manifest.UseNoLoCo()
 			default:
 				return fmt.Errorf("--optimizer %q: want %s or %s", kind, manifest.KindDiLoCo, manifest.KindNoLoCo)
@@ -113,8 +136,15 @@ func demoCommand() *cli.Command {
 			if cfg.ChaosEvery <= 0 || cfg.ChaosPause <= 0 {
 				return fmt.Errorf("--chaos-every %v and --chaos-pause %v must be positive", cfg.ChaosEvery, cfg.ChaosPause)
 			}
-			cfg.Manifest.Optimizer.InnerSteps = c.Int("inner-steps")
-			cfg.Manifest.Optimizer.Delayed = c.Bool("delayed")
+			if c.IsSet("inner-steps") || c.Path("manifest") == "" {
+				cfg.Manifest.Optimizer.InnerSteps = c.Int("inner-steps")
+			}
+			if c.IsSet("delayed") || c.Path("manifest") == "" {
+				cfg.Manifest.Optimizer.Delayed = c.Bool("delayed")
+			}
+			if err := cfg.Manifest.ValidateTemplate(); err != nil {
+				return err
+			}
 			for _, p := range c.StringSlice("corpus") {
 				abs, err := filepath.Abs(p)
 				if err != nil {
