@@ -137,7 +137,10 @@ func (s *Swarm) NodeConfig(i int) p2p.NodeConfig {
 	}
 	c.ListenUDP = s.Opts.ListenUDP
 	c.Timing = s.Opts.Timing
-	c.JoinTimeout = 5 * time.Second
+	// The production default: 5 s was too short for a dial and identify
+	// on a machine where other test packages starve the swarm of CPU (seen:
+	// a seed that took 6.8 s to start).
+	c.JoinTimeout = 10 * time.Second
 	c.RejoinInterval = time.Second
 	c.DataDir = s.dir(i)
 	c.Logger = s.Opts.Logger.With("node", i)
