@@ -12,6 +12,10 @@
 //
 //   - Tokenizer maps bytes to ids and back. ByteTokenizer (vocabulary 256,
 //     token = byte) is the default and the one the Loader's token stream uses.
+//     GPT2Tokenizer is OpenAI's GPT-2 byte-level BPE (vocabulary 50257, the
+//     ids of tiktoken's "gpt2"). NewTokenizer makes either by name ("byte",
+//     "gpt2"); both are Named, with a VocabHash for manifests to check (see
+//     Tokenizers below).
 //   - Corpus is an index over a sorted list of files (path, size, cumulative
 //     offset; for a corpus from shards, the shard and the offset inside it).
 //     Files are never loaded whole: windows are read with ReadAt through a
@@ -53,6 +57,36 @@
 //	for step := 0; ; step++ {
 //		if err := l.Batch(step, in, tg); err != nil { ... }
 //	}
+//
+// # Tokenizers
+//
+// Every tokenizer encodes every byte of its input, and Decode(Encode(p)) is
+// p for any bytes p. A Named tokenizer's VocabHash is the SHA-256 of its rank
+// table written as tiktoken writes one (for each rank r, the line
+// "base64(token r) r\n"): ByteVocabHash for byte, GPT2VocabHash for gpt2,
+// which is the hash OpenAI publishes for r50k_base.tiktoken.
+//
+// GPT2Tokenizer embeds the rank table (gpt2_ranks.zst, written by
+// gen_gpt2_ranks.go from OpenAI's encoder.json and vocab.bpe; both inputs and
+// the result are checked against OpenAI's published hashes). Encoding is
+// tiktoken's:
+//
+//  1. A hand-written pre-tokenizer cuts the text where GPT-2's pattern
+//     's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+//     does, with Rust regex's classes: \s is Unicode White_Space (U+0085 is
+//     space, U+FEFF is not), letters and numbers are Go's unicode tables
+//     (Unicode 15.0). A byte that is not valid UTF-8 is a character of
+//     class [^\s\p{L}\p{N}].
+//  2. A piece that is a token is that token. Otherwise, while two adjacent
+//     parts concatenate to a token, the pair whose token has the lowest rank
+//     merges, the leftmost of equals; the parts start as single bytes.
+//  3. <|endoftext|> is ordinary text for Encode. EncodeSpecial (the
+//     SpecialEncoder interface) makes each occurrence id 50256 and encodes
+//     the text between occurrences stretch by stretch.
+//
+// Pieces that took merges are remembered in bounded caches, one per
+// concurrent Encode (a sync.Pool); a GPT2Tokenizer is safe for concurrent
+// use.
 //
 // # Shards
 //

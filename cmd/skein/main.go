@@ -59,6 +59,7 @@ func newApp() *cli.App {
 			demoCommand(),
 			statusCommand(),
 			tokenCommand(),
+			tokenizeCommand(),
 			evalCommand(),
 			sampleCommand(),
 			exportCommand(),
