@@ -60,10 +60,11 @@ func LoadModel(path string, dev kernels.Device, available uint64) (*Loaded, erro
 
 // tokenizerNamed is the tokenizer a checkpoint names.
 func tokenizerNamed(name string) (data.Tokenizer, error) {
-	if name == "byte" {
-		return data.ByteTokenizer{}, nil
+	tok, err := data.NewTokenizer(name)
+	if err != nil {
+		return nil, fmt.Errorf("%w: the checkpoint's tokenizer: %w", ErrEval, err)
 	}
-	return nil, fmt.Errorf("%w: the checkpoint's tokenizer %q is not one this build knows (byte)", ErrEval, name)
+	return tok, nil
 }
 
 func checkInferenceMemory(c model.Config, T int, need, available uint64, dev any) error {

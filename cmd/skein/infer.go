@@ -9,6 +9,7 @@ import (
 
 	"github.com/urfave/cli/v2"
 
+	"github.com/skein-ml/skein/data"
 	"github.com/skein-ml/skein/kernels"
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/trainer"
@@ -135,7 +136,8 @@ func exportCommand() *cli.Command {
 		ArgsUsage: " ",
 		Description: "Writes --out/config.json and --out/model.safetensors, which transformers loads as\n" +
 			"GPT2LMHeadModel: Hugging Face's tensor names, Conv1D (in, out) matrices, the real\n" +
-			"vocabulary (the padding rows Skein's kernels use are dropped), lm_head tied to wte.\n" +
+			"vocabulary (the padding rows Skein's kernels use are dropped), lm_head tied to wte, and\n" +
+			"for the gpt2 tokenizer its vocab.json and merges.txt.\n" +
 			"skein import reads such a directory back.",
 		Flags: []cli.Flag{
 			&cli.PathFlag{Name: "checkpoint", Required: true, Usage: "a whole model's checkpoint"},
@@ -146,7 +148,19 @@ func exportCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
-			if err := model.ExportHF(c.Path("out"), ck, nil); err != nil {
+			// The tokenizer's files, where transformers has a tokenizer of
+			// that name (gpt2: vocab.json and merges.txt).
+			var extra map[string][]byte
+			if ck.Tokenizer() == "gpt2" {
+				g, err := data.NewGPT2Tokenizer()
+				if err != nil {
+					return err
+				}
+				if extra, err = g.HuggingFaceFiles(); err != nil {
+					return err
+				}
+			}
+			if err := model.ExportHF(c.Path("out"), ck, extra); err != nil {
 				return err
 			}
 			fmt.Printf("exported the %s model (%d parameters, %s tokenizer) to %s\n", ck.Config.Name, ck.Config.NumParams(), ck.Tokenizer(), c.Path("out"))
