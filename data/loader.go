@@ -51,14 +51,47 @@ func (c LoaderConfig) Validate() error {
 // read buffer and is not safe for concurrent use; loaders sharing a Corpus
 // may run concurrently.
 type Loader struct {
-	c       *Corpus
+	src     TokenSource
 	split   Split
 	cfg     LoaderConfig
 	windows uint64
 
 	perm      Permutation // of the epoch permEpoch
 	permEpoch uint64
-	buf       []byte // one window
+	buf       []int32 // one window
+}
+
+// TokenSource is a token stream per split, read at any offset: a Corpus
+// (one token per byte), or a TokenizedCorpus (its files through a
+// tokenizer).
+type TokenSource interface {
+	// Tokens is the length in tokens of split s's stream.
+	Tokens(s Split) int64
+	// ReadTokens fills dst with split s's tokens from off on; reading past
+	// the end is an error.
+	ReadTokens(s Split, dst []int32, off int64) error
+}
+
+// byteSource is a Corpus as a TokenSource: one token per byte.
+type byteSource struct {
+	c   *Corpus
+	buf []byte
+}
+
+func (b *byteSource) Tokens(s Split) int64 { return b.c.Size(s) }
+
+func (b *byteSource) ReadTokens(s Split, dst []int32, off int64) error {
+	if cap(b.buf) < len(dst) {
+		b.buf = make([]byte, len(dst))
+	}
+	buf := b.buf[:len(dst)]
+	if m, err := b.c.ReadAt(s, buf, off); err != nil || m != len(buf) {
+		return fmt.Errorf("%d of %d bytes at %d: %w", m, len(buf), off, err)
+	}
+	for i, c := range buf {
+		dst[i] = int32(c)
+	}
+	return nil
 }
 
 // NewLoader returns a loader over split of c. It fails with ErrInvalidConfig
@@ -68,23 +101,31 @@ func NewLoader(c *Corpus, split Split, cfg LoaderConfig) (*Loader, error) {
 	if c == nil {
 		return nil, fmt.Errorf("data: NewLoader with nil corpus: %w", ErrInvalidConfig)
 	}
+	return NewTokenLoader(&byteSource{c: c}, split, cfg)
+}
+
+// NewTokenLoader is NewLoader over any token stream (a TokenizedCorpus).
+func NewTokenLoader(src TokenSource, split Split, cfg LoaderConfig) (*Loader, error) {
+	if src == nil {
+		return nil, fmt.Errorf("data: NewTokenLoader with no source: %w", ErrInvalidConfig)
+	}
 	if split != Train && split != Validation {
 		return nil, fmt.Errorf("data: NewLoader split = %v: %w", split, ErrInvalidConfig)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	size := c.Size(split)
+	size := src.Tokens(split)
 	w := uint64(size) / uint64(cfg.T+1)
 	if w == 0 {
 		return nil, fmt.Errorf("data: %v split has %d tokens, need at least T+1 = %d: %w", split, size, cfg.T+1, ErrCorpusTooSmall)
 	}
 	l := &Loader{
-		c:       c,
+		src:     src,
 		split:   split,
 		cfg:     cfg,
 		windows: w,
-		buf:     make([]byte, cfg.T+1),
+		buf:     make([]int32, cfg.T+1),
 	}
 	l.perm = NewPermutation(w, cfg.Seed, 0)
 	return l, nil
@@ -158,15 +199,11 @@ func (l *Loader) Batch(step int, inputs, targets []int32) error {
 			l.perm, l.permEpoch = NewPermutation(l.windows, l.cfg.Seed, epoch), epoch
 		}
 		w := l.perm.At(k % l.windows)
-		m, err := l.c.ReadAt(l.split, l.buf, int64(w)*n)
-		if err != nil || m != len(l.buf) {
+		if err := l.src.ReadTokens(l.split, l.buf, int64(w)*n); err != nil {
 			return fmt.Errorf("data: reading window %d of the %v split: %w", w, l.split, err)
 		}
-		in, tg := inputs[b*T:(b+1)*T], targets[b*T:(b+1)*T]
-		for i := range in {
-			in[i] = int32(l.buf[i])
-			tg[i] = int32(l.buf[i+1])
-		}
+		copy(inputs[b*T:(b+1)*T], l.buf[:T])
+		copy(targets[b*T:(b+1)*T], l.buf[1:])
 	}
 	return nil
 }

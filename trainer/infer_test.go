@@ -3,10 +3,13 @@ package trainer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/skein-ml/skein/kernels"
@@ -150,5 +153,46 @@ func TestLoadModelMemory(t *testing.T) {
 	_, path := inferModel(t)
 	if _, err := LoadModel(path, kernels.NewCPU(1), 1024); !errors.Is(err, ErrMemory) {
 		t.Fatalf("1 KiB available: %v", err)
+	}
+}
+
+// skein train --tokenizer gpt2: the corpus goes through GPT-2's tokenizer,
+// the model takes its vocabulary, the checkpoint names the tokenizer, and
+// eval reads text with it; a resume with another tokenizer is refused.
+func TestTrainWithGPT2Tokenizer(t *testing.T) {
+	dir := t.TempDir()
+	corpus := filepath.Join(dir, "corpus")
+	os.MkdirAll(corpus, 0o755)
+	for i := range 4 {
+		os.WriteFile(filepath.Join(corpus, fmt.Sprintf("f%d.txt", i)), []byte(strings.Repeat(fmt.Sprintf("the number %d is here. ", i), 40)), 0o644)
+	}
+	cfg := DefaultTrainConfig()
+	cfg.Preset, cfg.Steps, cfg.Batch, cfg.SeqLen, cfg.Threads = "tiny", 3, 2, 16, 1
+	cfg.Corpus, cfg.Out, cfg.Tokenizer, cfg.EvalEvery = []string{corpus}, filepath.Join(dir, "run"), "gpt2", 0
+	res, err := Train(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ck, err := model.LoadCheckpoint(res.Checkpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ck.Tokenizer() != "gpt2" || ck.Config.Vocab != 50257 || ck.Config.PaddedVocab != 50304 {
+		t.Fatalf("checkpoint: tokenizer %q, vocab %d/%d", ck.Tokenizer(), ck.Config.Vocab, ck.Config.PaddedVocab)
+	}
+	l, err := LoadModel(res.Checkpoint, kernels.NewCPU(1), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := l.Tokenizer.Encode([]byte("the number 2 is here. the number 3 is here."))
+	if len(ids) > 20 { // GPT-2 tokens, not bytes
+		t.Fatalf("%d tokens: not GPT-2's", len(ids))
+	}
+	if _, err := l.Eval(context.Background(), ids, 0, nil); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Tokenizer, cfg.Resume, cfg.Steps = "byte", true, 4
+	if _, err := Train(context.Background(), cfg); !errors.Is(err, ErrResumeMismatch) {
+		t.Fatalf("resumed with the byte tokenizer: %v", err)
 	}
 }

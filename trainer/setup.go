@@ -1,6 +1,7 @@
 package trainer
 
 import (
+	"context"
 	"fmt"
 	"hash/fnv"
 
@@ -28,6 +29,13 @@ type SetupConfig struct {
 	// sources of the local Go installation).
 	Corpus      *data.Corpus
 	CorpusPaths []string
+	// Tokenizer names the tokenizer (data.NewTokenizer; "" is byte). Any
+	// other than byte tokenizes the corpus in memory first
+	// (data.Tokenize) and gives the model its vocabulary (padded to a
+	// multiple of 64 rows for the kernels).
+	Tokenizer string
+	// Progress, if set, is told the bytes tokenized so far.
+	Progress func(done, total int64)
 	// Worker and Workers select this worker's disjoint batch stream;
 	// Workers 0 means 1.
 	Worker, Workers int
@@ -55,9 +63,12 @@ type SetupConfig struct {
 // loader -> device -> stage -> AdamW that `skein train`, every volunteer and
 // every in-process experiment share, so that they cannot drift apart.
 type Setup struct {
-	Model  model.Config
-	T      int
-	Corpus *data.Corpus
+	Model     model.Config
+	T         int
+	Tokenizer string // its name ("byte" unless SetupConfig.Tokenizer says)
+	Corpus    *data.Corpus
+	// Tokens is the corpus through the tokenizer; nil for byte.
+	Tokens *data.TokenizedCorpus
 	Loader *data.Loader
 	Val    *data.Loader // nil unless ValBatches > 0
 	Dev    kernels.Device
@@ -69,11 +80,29 @@ type Setup struct {
 	ownsCorpus bool
 }
 
+// WithVocab is mc for a tokenizer of vocab ids: the real vocabulary, and
+// wte's rows padded to a multiple of 64 for the kernels.
+func WithVocab(mc model.Config, vocab int) model.Config {
+	mc.Vocab, mc.PaddedVocab = vocab, (vocab+63)/64*64
+	return mc
+}
+
 // NewSetup builds the chain. Close releases the corpus when Setup opened it.
 func NewSetup(cfg SetupConfig) (*Setup, error) {
 	mc, err := model.Preset(cfg.Preset)
 	if err != nil {
 		return nil, err
+	}
+	tokName := cfg.Tokenizer
+	if tokName == "" {
+		tokName = "byte"
+	}
+	tok, err := data.NewTokenizer(tokName)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	if tokName != "byte" {
+		mc = WithVocab(mc, tok.VocabSize())
 	}
 	T := cfg.SeqLen
 	if T == 0 {
@@ -96,7 +125,7 @@ func NewSetup(cfg SetupConfig) (*Setup, error) {
 	if err := checkMemory(mc, cfg.Batch, T, cfg.HostCopies, cfg.MemAvailable, dev); err != nil {
 		return nil, err
 	}
-	s := &Setup{Model: mc, T: T, Corpus: cfg.Corpus, valBatches: cfg.ValBatches, Dev: dev}
+	s := &Setup{Model: mc, T: T, Tokenizer: tokName, Corpus: cfg.Corpus, valBatches: cfg.ValBatches, Dev: dev}
 	if s.Corpus == nil {
 		if s.Corpus, err = OpenCorpus(cfg.CorpusPaths); err != nil {
 			return nil, err
@@ -108,12 +137,30 @@ func NewSetup(cfg SetupConfig) (*Setup, error) {
 		return nil, err
 	}
 	workers := max(cfg.Workers, 1)
-	if s.Loader, err = data.NewLoader(s.Corpus, data.Train, data.LoaderConfig{Seed: cfg.Seed, Worker: cfg.Worker,
-		Workers: workers, B: cfg.Batch, T: T}); err != nil {
+	var src data.TokenSource
+	if tokName != "byte" {
+		if s.Tokens, err = data.Tokenize(context.Background(), s.Corpus, tok, cfg.Progress); err != nil {
+			return fail(err)
+		}
+		src = s.Tokens
+	}
+	lcfg := data.LoaderConfig{Seed: cfg.Seed, Worker: cfg.Worker, Workers: workers, B: cfg.Batch, T: T}
+	if src != nil {
+		s.Loader, err = data.NewTokenLoader(src, data.Train, lcfg)
+	} else {
+		s.Loader, err = data.NewLoader(s.Corpus, data.Train, lcfg)
+	}
+	if err != nil {
 		return fail(err)
 	}
 	if cfg.ValBatches > 0 {
-		if s.Val, err = data.NewValidationLoader(s.Corpus, cfg.Batch, T); err != nil {
+		vcfg := data.LoaderConfig{Seed: data.ValidationSeed, Workers: 1, B: cfg.Batch, T: T}
+		if src != nil {
+			s.Val, err = data.NewTokenLoader(src, data.Validation, vcfg)
+		} else {
+			s.Val, err = data.NewValidationLoader(s.Corpus, cfg.Batch, T)
+		}
+		if err != nil {
 			return fail(err)
 		}
 	}

@@ -60,6 +60,9 @@ type TrainConfig struct {
 	// Corpus paths (files or directories); empty means the Go standard
 	// library sources of the local Go installation.
 	Corpus []string
+	// Tokenizer names the tokenizer (data.TokenizerNames; "" is byte): any
+	// other tokenizes the corpus in memory at the start.
+	Tokenizer string
 
 	// Out is the run directory (checkpoint and metrics.jsonl); empty means
 	// nothing is written.
@@ -137,6 +140,8 @@ type runIdentity struct {
 	Batch  int    `json:"batch"`
 	SeqLen int    `json:"seq_len"`
 	Corpus string `json:"corpus"` // fingerprint
+	// Tokenizer is "" for byte (checkpoints from before tokenizers).
+	Tokenizer string `json:"tokenizer,omitempty"`
 }
 
 // Train runs single-process training until cfg.Steps or until ctx is
@@ -171,8 +176,22 @@ func Train(ctx context.Context, cfg TrainConfig) (*TrainResult, error) {
 	if cfg.EvalEvery > 0 {
 		valBatches = cfg.EvalBatches
 	}
+	var tokProgress func(done, total int64)
+	if cfg.Tokenizer != "" && cfg.Tokenizer != "byte" && cfg.Progress != nil {
+		last := time.Now()
+		tokProgress = func(done, total int64) {
+			if time.Since(last) >= time.Second || done == total {
+				last = time.Now()
+				fmt.Fprintf(cfg.Progress, "\rtokenizing the corpus with %s: %.0f of %.0f MB", cfg.Tokenizer, float64(done)/1e6, float64(total)/1e6)
+				if done == total {
+					fmt.Fprintln(cfg.Progress)
+				}
+			}
+		}
+	}
 	su, err := NewSetup(SetupConfig{Preset: cfg.Preset, Batch: cfg.Batch, SeqLen: cfg.SeqLen, Seed: cfg.Seed,
-		Threads: cfg.Threads, Dev: cfg.Dev, CorpusPaths: cfg.Corpus, AdamW: acfg, ValBatches: valBatches})
+		Threads: cfg.Threads, Dev: cfg.Dev, CorpusPaths: cfg.Corpus, AdamW: acfg, ValBatches: valBatches,
+		Tokenizer: cfg.Tokenizer, Progress: tokProgress})
 	if err != nil {
 		return nil, err
 	}
@@ -183,6 +202,9 @@ func Train(ctx context.Context, cfg TrainConfig) (*TrainResult, error) {
 		"val_files", st.Validation.Files, "val_bytes", st.Validation.Bytes)
 	id := runIdentity{Preset: mc.Name, Seed: cfg.Seed, Batch: cfg.Batch, SeqLen: T,
 		Corpus: strconv.FormatUint(corpus.Fingerprint(), 16)}
+	if su.Tokenizer != "byte" {
+		id.Tokenizer = su.Tokenizer
+	}
 	idJSON, _ := json.Marshal(id)
 
 	res := &TrainResult{ValLosses: map[int]float32{}, Device: dev.Name(), Params: stage.NumParams()}
@@ -234,7 +256,7 @@ func Train(ctx context.Context, cfg TrainConfig) (*TrainResult, error) {
 		if cp == nil {
 			return nil
 		}
-		if err := cp.Save(stage, step, map[string]string{"skein.run": string(idJSON)}); err != nil {
+		if err := cp.Save(stage, step, map[string]string{"skein.run": string(idJSON), model.MetaTokenizer: su.Tokenizer}); err != nil {
 			return err
 		}
 		if last {
@@ -242,7 +264,7 @@ func Train(ctx context.Context, cfg TrainConfig) (*TrainResult, error) {
 				return err
 			}
 			stalled, wrote, n := cp.Stats()
-			log.Info("checkpoints", "saves", n, "training_waited", stalled, "written_in_background", wrote)
+			log.Debug("checkpoints", "saves", n, "training_waited", stalled, "written_in_background", wrote)
 		}
 		res.Checkpoint = ckPath
 		return nil

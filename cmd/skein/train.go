@@ -8,6 +8,7 @@ import (
 	"github.com/urfave/cli/v2"
 	"github.com/urfave/cli/v2/altsrc"
 
+	"github.com/skein-ml/skein/data"
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/trainer"
 )
@@ -21,6 +22,8 @@ func trainCommand() *cli.Command {
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "steps", Value: d.Steps, EnvVars: envVars("steps"), Usage: "optimizer steps to reach (a resumed run continues to this step)"}),
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "batch", Value: d.Batch, EnvVars: envVars("batch"), Usage: "sequences per step"}),
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "seq-len", Value: 0, EnvVars: envVars("seq_len"), Usage: "tokens per sequence (0: the preset's context length)"}),
+		altsrc.NewStringFlag(&cli.StringFlag{Name: "tokenizer", Value: "byte", EnvVars: envVars("tokenizer"),
+			Usage: "tokenizer: " + strings.Join(data.TokenizerNames(), ", ") + " (gpt2 tokenizes the corpus in memory first and gives the model GPT-2's vocabulary)"}),
 		altsrc.NewFloat64Flag(&cli.Float64Flag{Name: "lr", Value: d.AdamW.LR, EnvVars: envVars("lr"), Usage: "peak AdamW learning rate"}),
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "warmup", Value: d.AdamW.Warmup, EnvVars: envVars("warmup"), Usage: "linear warmup steps, then cosine decay"}),
 		altsrc.NewFloat64Flag(&cli.Float64Flag{Name: "min-lr-frac", Value: d.AdamW.MinLRFrac, EnvVars: envVars("min-lr-frac"), Usage: "final learning rate as a fraction of --lr"}),
@@ -107,6 +110,7 @@ func trainConfig(c *cli.Context) (trainer.TrainConfig, error) {
 	cfg.Seed = c.Uint64("seed")
 	cfg.Threads = c.Int("threads")
 	cfg.Corpus = c.StringSlice("corpus")
+	cfg.Tokenizer = c.String("tokenizer")
 	cfg.Out = c.Path("out")
 	cfg.Resume = c.Bool("resume")
 	cfg.Force = c.Bool("force")
