@@ -156,7 +156,6 @@ func crashChild(t *testing.T, dir string) {
 	select {} // the parent kills this process
 }
 
-
 // BenchmarkCheckpointStall is how long a training loop waits per
 // checkpoint of the gpt2 preset (124M parameters: weights and both AdamW
 // moments, 1.5 GB): writing it synchronously (the loop waits for the
