@@ -29,7 +29,6 @@ import (
 	"github.com/skein-ml/skein/internal/atomicfile"
 	"github.com/skein-ml/skein/internal/dirlock"
 	"github.com/skein-ml/skein/manifest"
-	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/p2p/wan"
 	"github.com/skein-ml/skein/telemetry"
@@ -283,11 +282,24 @@ func Run(ctx context.Context, cfg Config) error {
 	return s.watch(ctx)
 }
 
-// prepareData packs the corpus into shards when the manifest asks for
-// shards and lists none, and checks that every listed shard is here to
-// serve.
+// prepareData fills in the tokenizer's vocabulary hash, packs the corpus
+// into shards when the manifest asks for shards and lists none, and checks
+// that every listed shard is here to serve.
 func (s *server) prepareData() error {
 	m := &s.run
+	if t := m.Data.Tokenizer; t != "" && t != manifest.TokenizerByte {
+		tok, err := data.NewTokenizer(t)
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		hash := tok.(data.Named).VocabHash()
+		switch {
+		case m.Data.TokenizerHash == "":
+			m.Data.TokenizerHash = hash
+		case m.Data.TokenizerHash != hash:
+			return fmt.Errorf("%w: data.tokenizer_hash %s, but this build's %s tokenizer hashes to %s", ErrConfig, m.Data.TokenizerHash, t, hash)
+		}
+	}
 	if m.Data.Source != manifest.SourceShards {
 		return nil
 	}
@@ -446,7 +458,7 @@ func (s *server) serveHTTP(info Info) (stop func(), url string, err error) {
 		return nil, "", fmt.Errorf("bootstrap: status page: %w", err)
 	}
 	params := 0
-	if mc, err := model.Preset(s.run.Model.Preset); err == nil {
+	if mc, err := s.run.ModelConfig(); err == nil {
 		params = mc.NumParams()
 	}
 	s.status = status.NewServer(s.store, status.RunInfo{RunID: s.run.RunID, ManifestHash: s.run.HashString(),

@@ -60,6 +60,14 @@ func (m Manifest) Canonical() []byte {
 	w.str("source", m.Data.Source)
 	w.float("val_fraction", m.Data.ValFraction)
 	w.int("shard_bytes", m.Data.ShardBytes)
+	// Written only when not byte, so that the manifests of runs from before
+	// tokenizers keep their hashes.
+	if t := m.Data.Tokenizer; t != "" && t != TokenizerByte {
+		w.str("tokenizer", t)
+	}
+	if m.Data.TokenizerHash != "" {
+		w.str("tokenizer_hash", m.Data.TokenizerHash)
+	}
 	for _, s := range m.Data.Shards {
 		w.table("[[data.shards]]")
 		w.str("hash", s.Hash)

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/BurntSushi/toml"
+	"github.com/skein-ml/skein/data"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/default.canonical.toml")
@@ -50,6 +51,15 @@ func full() Manifest {
 	m.Data.ValFraction, m.Data.ShardBytes = 0.1, 1
 	m.Admission.MaxMembers, m.Admission.MaxPerPrefix = MaxMembers, MaxMembers
 	m.Pipeline = Pipeline{Stages: 12, SkipRatio: 0.25, Microbatches: MaxMicrobatches, CheckFreePlus: true}
+	return m
+}
+
+// fullTokenized is full() with the gpt2 tokenizer, which staged runs do not
+// take yet: the tokenizer's keys are written only when it is not byte.
+func fullTokenized() Manifest {
+	m := full()
+	m.Pipeline = Default().Pipeline
+	m.Data.Tokenizer, m.Data.TokenizerHash = "gpt2", data.GPT2VocabHash
 	return m
 }
 
@@ -120,7 +130,7 @@ func TestCanonicalGolden(t *testing.T) {
 // has every key of an open run, fullClosed() those of a closed one.
 func TestCanonicalHasEveryKey(t *testing.T) {
 	var got []string
-	for _, m := range []Manifest{full(), fullClosed()} {
+	for _, m := range []Manifest{full(), fullClosed(), fullTokenized()} {
 		var v map[string]any
 		md, err := toml.Decode(string(m.Canonical()), &v)
 		if err != nil {
@@ -211,6 +221,8 @@ func TestHashCoversEveryField(t *testing.T) {
 		"data.shards.hash":         func(m *Manifest) { m.Data.Shards[1].Hash = strings.Repeat("0", 64) },
 		"data.shards.bytes":        func(m *Manifest) { m.Data.Shards[1].Bytes++ },
 		"data.shards.files":        func(m *Manifest) { m.Data.Shards[1].Files++ },
+		"data.tokenizer":           func(m *Manifest) { m.Data.Tokenizer = "gpt2" },
+		"data.tokenizer_hash":      func(m *Manifest) { m.Data.TokenizerHash = data.GPT2VocabHash },
 		"admission.mode":           func(m *Manifest) { m.Admission.Mode = "closed" },
 		"admission.max_members":    func(m *Manifest) { m.Admission.MaxMembers++ },
 		"admission.max_per_prefix": func(m *Manifest) { m.Admission.MaxPerPrefix-- },

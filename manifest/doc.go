@@ -88,6 +88,7 @@
 //	source = "shards"      # "shards" (listed below) or "local" (each volunteer's own corpus)
 //	val_fraction = 0.02    # held out for validation, in (0, 0.5)
 //	shard_bytes = 67108864 # target shard size when the corpus was cut (64 MiB)
+//	tokenizer = "byte"     # "byte" (one token per byte) or "gpt2" (GPT-2's BPE; the model takes its vocabulary)
 //
 //	# One entry per shard: the SHA-256 of its bytes, its size and its files.
 //	[[data.shards]]

@@ -8,6 +8,7 @@ import (
 	"math"
 
 	"github.com/skein-ml/skein/compression"
+	"github.com/skein-ml/skein/data"
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
@@ -58,6 +59,8 @@ const (
 
 	SourceShards = "shards" // data.source: the content-addressed shards listed in data.shards
 	SourceLocal  = "local"  // data.source: each volunteer's own default corpus
+	// TokenizerByte is data.tokenizer's default: one token per byte.
+	TokenizerByte = "byte"
 
 	AdmissionOpen   = "open"   // admission.mode: anyone may join, within admission.max_members and max_per_prefix
 	AdmissionClosed = "closed" // admission.mode: members need a join token signed by admission.run_key
@@ -180,6 +183,15 @@ type Data struct {
 	// contents: 1 to MaxShards distinct entries under SourceShards, none
 	// under SourceLocal.
 	Shards []Shard `toml:"shards"`
+	// Tokenizer names the tokenizer the run trains with (data.NewTokenizer:
+	// "byte", the default, or "gpt2"); it also gives the model its
+	// vocabulary (ModelConfig). Every volunteer tokenizes its corpus with it
+	// at the start.
+	Tokenizer string `toml:"tokenizer"`
+	// TokenizerHash, if set, is the tokenizer's vocabulary hash
+	// (data.Named.VocabHash): a volunteer whose tokenizer of that name
+	// hashes otherwise is refused. The bootstrap fills it in.
+	TokenizerHash string `toml:"tokenizer_hash"`
 }
 
 // Shard is one [[data.shards]] entry.
@@ -312,6 +324,25 @@ func (m Manifest) SeqLen() int {
 		return 0
 	}
 	return cfg.MaxT
+}
+
+// ModelConfig is the model the run trains: the preset, with the
+// vocabulary of data.tokenizer when it is not byte (the presets' own
+// vocabularies are byte's for the toy models and GPT-2's for the gpt2
+// family).
+func (m Manifest) ModelConfig() (model.Config, error) {
+	c, err := model.Preset(m.Model.Preset)
+	if err != nil {
+		return model.Config{}, err
+	}
+	if t := m.Data.Tokenizer; t != "" && t != TokenizerByte {
+		tok, err := data.NewTokenizer(t)
+		if err != nil {
+			return model.Config{}, err
+		}
+		c = c.WithVocab(tok.VocabSize())
+	}
+	return c, nil
 }
 
 // Codec returns wire.codec as a compression.Codec, or 0 (not a codec) when

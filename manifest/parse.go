@@ -117,6 +117,9 @@ func (m *Manifest) normalize() {
 	if len(m.Data.Shards) == 0 {
 		m.Data.Shards = nil
 	}
+	if m.Data.Tokenizer == TokenizerByte {
+		m.Data.Tokenizer = "" // the default, spelt out or not
+	}
 }
 
 // knownKeys holds every key of the schema, tables included, in

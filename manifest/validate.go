@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/skein-ml/skein/compression"
+	"github.com/skein-ml/skein/data"
 	"github.com/skein-ml/skein/model"
 )
 
@@ -138,7 +139,12 @@ func (w Wire) validate() error {
 }
 
 func (d Data) validate() error {
+	tokenizers := data.TokenizerNames()
 	switch {
+	case d.Tokenizer != "" && !slices.Contains(tokenizers, d.Tokenizer):
+		return bad("data.tokenizer", d.Tokenizer, "want one of %s", quoteAll(tokenizers))
+	case d.TokenizerHash != "" && !isSHA256Hex(d.TokenizerHash):
+		return bad("data.tokenizer_hash", d.TokenizerHash, "want 64 lowercase hex digits (a SHA-256)")
 	case d.Source != SourceShards && d.Source != SourceLocal:
 		return bad("data.source", d.Source, "want %q or %q", SourceShards, SourceLocal)
 	case !(d.ValFraction > 0 && d.ValFraction < 0.5):
@@ -210,6 +216,8 @@ func (m Manifest) validatePipeline() error {
 	switch {
 	case p.Stages < 1 || p.Stages > layers+1:
 		return bad("pipeline.stages", p.Stages, "out of range [1, %d] (stage 0 and one stage per layer of the %s preset at most)", layers+1, m.Model.Preset)
+	case p.Stages > 1 && m.Data.Tokenizer != "" && m.Data.Tokenizer != TokenizerByte:
+		return bad("data.tokenizer", m.Data.Tokenizer, "staged runs (pipeline.stages = %d) train on bytes only for now", p.Stages)
 	case !(p.SkipRatio >= 0 && p.SkipRatio < 1):
 		return bad("pipeline.skip_ratio", p.SkipRatio, "out of range [0, 1)")
 	case math.Abs(p.SkipRatio*float64(p.Stages)-float64(p.Skip())) > 1e-6:

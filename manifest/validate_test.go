@@ -68,6 +68,9 @@ func TestValidate(t *testing.T) {
 		{"created", "RFC 3339", func(m *Manifest) { m.Created = "yesterday" }},
 		{"model.preset", `"gpt2-xl", "small", "tiny"`, func(m *Manifest) { m.Model.Preset = "huge" }},
 		{"model.preset", "want one of", func(m *Manifest) { m.Model.Preset = "" }},
+		{"data.tokenizer", `"byte", "gpt2"`, func(m *Manifest) { m.Data.Tokenizer = "bpe" }},
+		{"data.tokenizer_hash", "SHA-256", func(m *Manifest) { m.Data.TokenizerHash = "abc" }},
+		{"data.tokenizer", "bytes only", func(m *Manifest) { m.Data.Tokenizer, m.Pipeline.Stages = "gpt2", 3 }},
 		{"model.preset", "want one of", func(m *Manifest) { m.Model.Preset = "Tiny" }},
 		{"model.seed", "at most 9223372036854775807", func(m *Manifest) { m.Model.Seed = math.MaxUint64 }},
 		{"model.batch", "[1, 4096]", func(m *Manifest) { m.Model.Batch = 0 }},
@@ -201,5 +204,19 @@ func TestValidateMessage(t *testing.T) {
 	m.Model.Preset = "huge"
 	if got, want := m.Validate().Error(), `manifest: model.preset = "huge": want one of "gpt2", "gpt2-124m", "gpt2-large", "gpt2-medium", "gpt2-xl", "small", "tiny"`; got != want {
 		t.Errorf("got %q, want %q", got, want)
+	}
+}
+
+// The tokenizer gives the model its vocabulary.
+func TestModelConfigTokenizer(t *testing.T) {
+	m := Default()
+	m.Model.Preset = "small"
+	c, err := m.ModelConfig()
+	if err != nil || c.Vocab != 256 {
+		t.Fatalf("byte: %+v %v", c, err)
+	}
+	m.Data.Tokenizer = "gpt2"
+	if c, err = m.ModelConfig(); err != nil || c.Vocab != 50257 || c.PaddedVocab != 50304 || c.C != 384 {
+		t.Fatalf("gpt2: %+v %v", c, err)
 	}
 }

@@ -76,6 +76,13 @@ func PresetNames() []string {
 	return names
 }
 
+// WithVocab is c for a tokenizer of vocab ids: the real vocabulary, and
+// wte's rows padded to a multiple of 64 for the kernels.
+func (c Config) WithVocab(vocab int) Config {
+	c.Vocab, c.PaddedVocab = vocab, (vocab+63)/64*64
+	return c
+}
+
 // SameShape reports whether c and o have the same dimensions, whatever
 // their names (a checkpoint of "gpt2-124m", the alias's old name, loads
 // into "gpt2").

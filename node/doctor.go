@@ -20,7 +20,6 @@ import (
 	"github.com/skein-ml/skein/data"
 	"github.com/skein-ml/skein/kernels"
 	"github.com/skein-ml/skein/manifest"
-	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/p2p/wan"
 	"github.com/skein-ml/skein/pipeline"
@@ -365,7 +364,7 @@ func isPublicAddr(a ma.Multiaddr) bool {
 // and whether the run fits in memory.
 func machineChecks(ctx context.Context, cfg DoctorConfig, m manifest.Manifest) []Check {
 	var out []Check
-	mc, err := model.Preset(m.Model.Preset)
+	mc, err := m.ModelConfig()
 	if err != nil {
 		return append(out, Check{Name: "device", Status: CheckFail, Detail: err.Error()})
 	}

@@ -5,11 +5,13 @@ import (
 	"crypto/ed25519"
 	"errors"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
+	"github.com/skein-ml/skein/data"
 	"github.com/skein-ml/skein/manifest"
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/p2p/p2ptest"
@@ -128,5 +130,25 @@ func TestManifestOnlyFromTheDialledBootstrap(t *testing.T) {
 	}
 	if m, err := FetchManifest(ctx, newcomer, s.Opts.RunID, time.Second, log); err != nil || m.Hash() != honest.Hash() {
 		t.Fatalf("took manifest %s (%v), want the seed's %s", m.ShortHash(), err, honest.ShortHash())
+	}
+}
+
+// A volunteer refuses a run whose tokenizer it has with another vocabulary.
+func TestCheckTokenizer(t *testing.T) {
+	m := manifest.Default()
+	if err := checkTokenizer(m); err != nil {
+		t.Fatalf("byte: %v", err)
+	}
+	m.Data.Tokenizer = "gpt2"
+	if err := checkTokenizer(m); err != nil {
+		t.Fatalf("gpt2 without a hash: %v", err)
+	}
+	m.Data.TokenizerHash = data.GPT2VocabHash
+	if err := checkTokenizer(m); err != nil {
+		t.Fatalf("gpt2 with its hash: %v", err)
+	}
+	m.Data.TokenizerHash = strings.Repeat("0", 64)
+	if err := checkTokenizer(m); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "tokenizer_hash") {
+		t.Fatalf("another vocabulary: %v", err)
 	}
 }

@@ -459,7 +459,11 @@ func NewVolunteer(ctx context.Context, cfg VolunteerConfig) (_ *Volunteer, err e
 	if m.Optimizer.Kind == manifest.KindNoLoCo {
 		hostCopies = nolocoHostCopies
 	}
-	if v.su, err = trainer.NewSetup(trainer.SetupConfig{Preset: m.Model.Preset, Batch: m.Model.Batch, SeqLen: m.SeqLen(),
+	if err := checkTokenizer(m); err != nil {
+		corpus.Close()
+		return nil, err
+	}
+	if v.su, err = trainer.NewSetup(trainer.SetupConfig{Preset: m.Model.Preset, Tokenizer: m.Data.Tokenizer, Batch: m.Model.Batch, SeqLen: m.SeqLen(),
 		Seed: m.Model.Seed, Dev: v.dev, Corpus: corpus, Worker: trainer.WorkerSlot(v.pn.ID().String(), slots),
 		Workers: slots, AdamW: a, ValBatches: cfg.ValBatches, HostCopies: hostCopies,
 		MemAvailable: uint64(cfg.MaxMemoryMiB) << 20}); err != nil {
@@ -976,7 +980,7 @@ func (v *Volunteer) save(wait bool) bool {
 	if v.ckw == nil {
 		v.ckw = trainer.NewCheckpointer(v.ckPath)
 	}
-	err := v.ckw.SaveWith(v.su.Stage, v.innerStep, nil, func(ck *model.Checkpoint) func() error {
+	err := v.ckw.SaveWith(v.su.Stage, v.innerStep, map[string]string{model.MetaTokenizer: v.su.Tokenizer}, func(ck *model.Checkpoint) func() error {
 		round, phi, mom := st.State()
 		return func() error { return writeState(v.ckPath, ck, round, phi, mom) }
 	})
@@ -990,6 +994,23 @@ func (v *Volunteer) save(wait bool) bool {
 		}
 	}
 	return true
+}
+
+// checkTokenizer refuses a run whose tokenizer this build does not have,
+// or has with another vocabulary (data.tokenizer_hash).
+func checkTokenizer(m manifest.Manifest) error {
+	t := m.Data.Tokenizer
+	if t == "" || t == manifest.TokenizerByte {
+		return nil
+	}
+	tok, err := data.NewTokenizer(t)
+	if err != nil {
+		return fmt.Errorf("%w: data.tokenizer: %w", ErrConfig, err)
+	}
+	if h := tok.(data.Named).VocabHash(); m.Data.TokenizerHash != "" && h != m.Data.TokenizerHash {
+		return fmt.Errorf("%w: data.tokenizer_hash: the run's %s vocabulary hashes to %s, this build's to %s", ErrConfig, t, m.Data.TokenizerHash, h)
+	}
+	return nil
 }
 
 func say(w io.Writer, format string, args ...any) {

@@ -80,13 +80,6 @@ type Setup struct {
 	ownsCorpus bool
 }
 
-// WithVocab is mc for a tokenizer of vocab ids: the real vocabulary, and
-// wte's rows padded to a multiple of 64 for the kernels.
-func WithVocab(mc model.Config, vocab int) model.Config {
-	mc.Vocab, mc.PaddedVocab = vocab, (vocab+63)/64*64
-	return mc
-}
-
 // NewSetup builds the chain. Close releases the corpus when Setup opened it.
 func NewSetup(cfg SetupConfig) (*Setup, error) {
 	mc, err := model.Preset(cfg.Preset)
@@ -102,7 +95,7 @@ func NewSetup(cfg SetupConfig) (*Setup, error) {
 		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	if tokName != "byte" {
-		mc = WithVocab(mc, tok.VocabSize())
+		mc = mc.WithVocab(tok.VocabSize())
 	}
 	T := cfg.SeqLen
 	if T == 0 {
