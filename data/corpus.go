@@ -25,6 +25,10 @@ var (
 	ErrInvalidConfig = errors.New("data: invalid config")
 	// ErrCorpusChanged means a file is shorter than when the corpus was opened.
 	ErrCorpusChanged = errors.New("data: corpus file changed since it was indexed")
+	// ErrDataFormat means a dataset file breaks its format (a JSONL line
+	// without a string "text", an llm.c file whose header does not match
+	// its size); the error names the file and line.
+	ErrDataFormat = errors.New("data: bad dataset file")
 )
 
 // Defaults for CorpusConfig.

@@ -2,6 +2,7 @@ package data
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"math"
 )
@@ -9,9 +10,11 @@ import (
 // TokenizedCorpus is a corpus's files run through a tokenizer, held in
 // memory as one token stream per split (2 bytes a token while the
 // vocabulary fits in 16 bits): the TokenSource a Loader draws windows from
-// when a run's tokenizer is not byte. Each file is one document, in the
-// corpus's stream order; with the gpt2 tokenizer <|endoftext|> precedes
-// each document, as in llm.c's data. Every byte of every file is encoded.
+// when a run's tokenizer is not byte. Documents come in the corpus's
+// stream order: a text file is one, a JSONL file one per record, an llm.c
+// .bin file is taken as the GPT-2 tokens it holds (formats.go); with the
+// gpt2 tokenizer <|endoftext|> precedes each document, as in llm.c's data.
+// Every byte of every document is encoded.
 //
 // It is the single-process path (skein train --tokenizer): a distributed
 // run will draw pre-tokenized shards instead (not built yet).
@@ -59,13 +62,39 @@ func Tokenize(ctx context.Context, c *Corpus, tok Tokenizer, progress func(done,
 			if _, err := c.cache.readAt(f.Path, b, f.Offset); err != nil {
 				return nil, fmt.Errorf("data: tokenizing %s: %w", f.Path, err)
 			}
-			if eot >= 0 {
-				t.splits[s] = append(t.splits[s], uint16(eot))
+			add := func(doc []byte) {
+				if eot >= 0 {
+					t.splits[s] = append(t.splits[s], uint16(eot))
+				}
+				for _, id := range tok.Encode(doc) {
+					t.splits[s] = append(t.splits[s], uint16(id))
+				}
+				t.docs[s]++
 			}
-			for _, id := range tok.Encode(b) {
-				t.splits[s] = append(t.splits[s], uint16(id))
+			switch fileFormat(f.Rel) {
+			case "jsonl":
+				if err := jsonlDocuments(f.Rel, b, add); err != nil {
+					return nil, err
+				}
+			case "llmc":
+				if t.name != "gpt2" {
+					return nil, fmt.Errorf("data: %s holds llm.c's GPT-2 tokens; the run's tokenizer is %s: %w", f.Rel, t.name, ErrDataFormat)
+				}
+				raw, n, err := llmcTokens(f.Rel, b)
+				if err != nil {
+					return nil, err
+				}
+				for i := range n {
+					id := binary.LittleEndian.Uint16(raw[2*i:])
+					if int(id) >= t.vocab {
+						return nil, fmt.Errorf("data: %s: token %d is %d, outside the vocabulary of %d: %w", f.Rel, i, id, t.vocab, ErrDataFormat)
+					}
+					t.splits[s] = append(t.splits[s], id)
+				}
+				t.docs[s]++
+			default:
+				add(b)
 			}
-			t.docs[s]++
 			done += f.Size
 			if progress != nil {
 				progress(done, total)
