@@ -69,8 +69,15 @@ func runTrain(c *cli.Context) error {
 	defer release()
 	cfg.Dev = dev
 	mc, _ := model.Preset(cfg.Preset)
-	fmt.Fprintf(os.Stderr, "skein train: %s model (%.2fM parameters), batch %d, %d steps\n",
-		mc.Name, float64(mc.NumParams())/1e6, cfg.Batch, cfg.Steps)
+	tokenizer := "byte"
+	if t := cfg.Tokenizer; t != "" && t != "byte" {
+		tokenizer = t
+		if tok, err := data.NewTokenizer(t); err == nil {
+			mc = mc.WithVocab(tok.VocabSize())
+		}
+	}
+	fmt.Fprintf(os.Stderr, "skein train: %s model (%.2fM parameters), %s tokenizer, batch %d, %d steps\n",
+		mc.Name, float64(mc.NumParams())/1e6, tokenizer, cfg.Batch, cfg.Steps)
 	res, err := trainer.Train(c.Context, cfg)
 	if res != nil {
 		fmt.Fprintf(os.Stderr, "device %s: steps %d..%d at %.0f tokens/s\n", res.Device, res.StartStep, res.EndStep, res.TokensPerSec)
