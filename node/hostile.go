@@ -29,7 +29,7 @@ import (
 // volunteer sends.
 
 // The hostile modes a volunteer plays itself (the butterfly's own, scale,
-// signflip, poison, forge and collude, are optimizer.ButterflyConfig's).
+// signflip, poison, forge, collude and mute, are optimizer.ButterflyConfig's).
 const (
 	// HostileLoneJump trains and contributes honestly but announces each
 	// round one ahead of the run with the true hash of weights of its own
@@ -99,6 +99,7 @@ var HostileModes = []HostileInfo{
 	{Name: "nan", MinCount: 1, Usage: "values past every bound"},
 	{Name: "forge", MinCount: 1, Usage: "tampered aggregates"},
 	{Name: "collude", MinCount: 2, Usage: "the norm budget in the same few coordinates"},
+	{Name: "mute", MinCount: 1, Usage: "joins each round's group, then sends nothing"},
 	{Name: HostileLoneJump, MinCount: 1, Usage: "announces the next round with weights of its own, certified by itself"},
 	{Name: HostileSybils, MinCount: 2, Usage: "announce round 2^62 together, each certifying the others"},
 	{Name: HostileGhosts, MinCount: 1, Outsider: true, Usage: "an outsider gossiping volunteers made from keys it generates"},
@@ -157,6 +158,8 @@ func HostileMode(name string) string {
 		return optimizer.HostileForge
 	case "collude":
 		return optimizer.HostileCollude
+	case "mute":
+		return optimizer.HostileMute
 	}
 	if _, ok := Hostile(name); ok {
 		return name

@@ -46,6 +46,11 @@ func TestHostileVolunteerOverP2P(t *testing.T) {
 				if i == 3 {
 					c.Hostile = mode
 				}
+				if mode == optimizer.HostileMute {
+					// The first round waits for the mute member until the
+					// phase deadlines: 2 s, not the default 2 minutes.
+					c.PhaseWait = int64(2 * time.Second / butterflyTick)
+				}
 				me := n.ID().String()
 				o.OnReject = func(p transport.PeerID, err error) {
 					mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/skein-ml/skein/transport"
@@ -32,6 +33,9 @@ type stateCollective interface {
 type ButterflyDriver struct {
 	d *driver[RoundResult]
 	m *Butterfly
+	// suspended is the last round's RoundResult.Suspended, logged when it
+	// changes (rounds are one at a time).
+	suspended []transport.PeerID
 }
 
 // ButterflyOptions are the driver's settings.
@@ -93,7 +97,13 @@ func (d *ButterflyDriver) AllReduceFrom(ctx context.Context, round, stateHash ui
 	if res := r.res; res != nil {
 		st.Group, st.Attempts, st.Adopted = res.Group, int(res.Attempt), res.LeftOut
 		d.d.log.Debug("round", "round", res.Round, "group", len(res.Group), "left_out", res.LeftOut,
-			"verified", res.Verified, "audits", res.Audits, "err", res.Err)
+			"verified", res.Verified, "audits", res.Audits, "suspended", len(res.Suspended), "err", res.Err)
+		if !slices.Equal(res.Suspended, d.suspended) {
+			// Not offenders (nothing proves it): members that went silent in
+			// this member's groups, kept out of the next ones for a while.
+			d.d.log.Info("members suspended from groups", "round", res.Round, "peers", res.Suspended)
+			d.suspended = res.Suspended
+		}
 		r.err = cmp.Or(r.err, res.Err)
 	}
 	return st, r.err

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -51,6 +52,16 @@ func bfMembersWith(t *testing.T, net *transport.MemNetwork, n, size int, mod fun
 			t.Fatal(err)
 		}
 		ds, thetas, drivers = append(ds, d), append(thetas, append([]float32(nil), phi0...)), append(drivers, drv)
+	}
+	// Every machine sees every member before the first round, as it would
+	// after a few ticks: a READY from a member it does not see yet, before
+	// its own round started, is dropped (only members' messages are
+	// stashed). A loaded machine could start the rounds first: the leader
+	// then waited for the READY said again (a quarter of ReadyWait later,
+	// 15 s), and a member that never saw a mute member's READY did not hold
+	// it silent, and left it in the next group it led.
+	for _, d := range drivers {
+		d.d.do(d.d.sync)
 	}
 	return ds, thetas, drivers
 }
@@ -242,3 +253,77 @@ func bfStepHonest(t *testing.T, ds []*DiLoCo, thetas [][]float32, live []int, ho
 }
 
 func memberName(i int) string { return fmt.Sprintf("m%02d", i) }
+
+// TestButterflyDriverMute: five real drivers on an in-memory network, one
+// of them mute (HostileMute: READY, then nothing), over 4 rounds: the
+// round the mute member first joins waits for it until the phase
+// deadlines (about 8 s with a 2 s initial phase wait); the next round
+// leaves it out of the group, the third takes it back on probation (and
+// stalls again), the fourth leaves it out again (for two rounds now), and
+// the honest members end every round with the same state. The rounds are
+// judged by their groups, not by their times, which a loaded machine
+// stretches.
+func TestButterflyDriverMute(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for phase deadlines")
+	}
+	net := transport.NewMemNetwork()
+	defer net.Close()
+	ds, thetas, _ := bfMembersWith(t, net, 5, 4000, func(i int, c *ButterflyConfig, o *ButterflyOptions) {
+		c.ReadyWait, c.LeaderWait = 500, 1500
+		if i == 4 {
+			c.Hostile = HostileMute
+		}
+	})
+	mute := transport.PeerID(memberName(4))
+	var took []time.Duration
+	for r := range 4 {
+		// The last member's call ends when the honest ones are done (the
+		// mute member may sit in a group only it joined).
+		var honest, hostile sync.WaitGroup
+		errs := make([]error, 5)
+		sts := make([]RoundStats, 5)
+		last, stop := context.WithCancel(context.Background())
+		for i := range 5 {
+			innerPhase(thetas[i], i, ds[i].Round)
+			ctx, wg := context.Background(), &honest
+			if i == 4 {
+				ctx, wg = last, &hostile
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+				defer cancel()
+				sts[i], errs[i] = ds[i].OuterStep(ctx, thetas[i])
+			}()
+		}
+		honest.Wait()
+		stop()
+		hostile.Wait()
+		var d time.Duration
+		for i := range 4 {
+			if errs[i] != nil {
+				t.Fatalf("round %d: member %d: %v", r, i, errs[i])
+			}
+			if ds[i].StateHash() != ds[0].StateHash() {
+				t.Fatalf("round %d: member %d ends with another state", r, i)
+			}
+			// Rounds 0 and 2 wait for the mute member; 1 and 3 leave it out.
+			if in := slices.Contains(sts[i].Group, mute); in != (r%2 == 0) {
+				t.Fatalf("round %d: member %d's group %v", r, i, sts[i].Group)
+			}
+			d = max(d, sts[i].Duration)
+		}
+		took = append(took, d.Round(time.Millisecond))
+		// A member whose round failed takes the run's state, as a
+		// volunteer re-syncs.
+		if ds[4].Round != ds[0].Round {
+			if err := ds[4].SetState(ds[0].State()); err != nil {
+				t.Fatal(err)
+			}
+			copy(thetas[4], ds[4].Phi)
+		}
+	}
+	t.Logf("round times, 4 honest and 1 mute: %v", took)
+}

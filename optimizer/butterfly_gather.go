@@ -108,7 +108,9 @@ func (b *Butterfly) advanceGather(c *bfRound) {
 	if pending > 0 {
 		return
 	}
-	b.gatherEst.observe(b.now - start)
+	if !b.someoneMute(c) {
+		b.gatherEst.observeIf(b.now-start, !c.frozen)
+	}
 	b.finishWith(c, ErrRoundFailed)
 }
 
@@ -254,10 +256,23 @@ func (b *Butterfly) settleAudit(c *bfRound, p uint32, pt *bfPart, due int64) {
 		okB, frameB = b.check(c, p, pt.declB, pt.auditB, dB)
 	}
 	switch {
+	case okA && okB && covers(pt.declB, pt.declA):
+		// Both consistent, the owners having aggregated different sets of
+		// genuine inputs: one gave up waiting for the other's list. That
+		// one (the early one) took every input it held, the other only
+		// those both lists hold, so the early one's inputs include the
+		// late one's. A member may have taken the early one's aggregate
+		// alone, before the late one's came (when to stop waiting is each
+		// member's own deadline), so every member takes the aggregate over
+		// more inputs: here the second owner's. Before, members that heard
+		// both took the first owner's, and those that had taken the second
+		// owner's alone ended the round with other bits (once in 300 seeds
+		// of TestButterflySuspensionDisagree; TestButterflyLateFirstOwner).
+		pt.accepted = frameB
 	case okA:
-		// Both consistent (the owners aggregated different sets of genuine
-		// inputs: one did not hear the other's list in time): the first
-		// owner's, as every member decides.
+		// Both consistent otherwise (the first owner's inputs include the
+		// second's, or neither's include the other's: each gave up on the
+		// other's list): the first owner's, as every member decides.
 		pt.accepted = frameA
 		if claimB && !okB && pt.gotAudB {
 			b.offend(pt.b, "its digest of part %d of round %d does not match its inputs", p, c.round)
@@ -278,6 +293,20 @@ func (b *Butterfly) settleAudit(c *bfRound, p uint32, pt *bfPart, due int64) {
 		return
 	}
 	pt.verified = true
+}
+
+// covers reports whether the declared inputs big are more than small and
+// include all of them.
+func covers(big, small []decl) bool {
+	if len(big) <= len(small) {
+		return false
+	}
+	for _, d := range small {
+		if !slices.Contains(big, d) {
+			return false
+		}
+	}
+	return true
 }
 
 // check recomputes an owner's aggregate of part p from the audit inputs and

@@ -24,7 +24,9 @@ func (b *Butterfly) candidate(c *bfRound) (transport.PeerID, int) {
 		// Banned members are skipped too: following one would cost a leader
 		// wait every round it leads. Members that have not banned it follow
 		// it; the majority rule keeps the two sides from both finishing.
-		if p := c.ranked[pos]; !b.gone(p) && !b.Banned(p) {
+		// So are suspended ones, on the first attempt: a silent member
+		// would put itself in the groups it leads (butterfly_silence.go).
+		if p := c.ranked[pos]; !b.gone(p) && !b.Banned(p) && !b.excludes(p, c.round, c.attempt) {
 			return p, pos
 		}
 	}
@@ -86,22 +88,14 @@ func (b *Butterfly) advanceGroup(c *bfRound) {
 		}
 		return
 	}
-	// This member leads: wait for the members it sees.
-	ready, seen := 0, 0
-	for _, p := range b.view {
-		if b.Banned(p) {
-			continue
-		}
-		seen++
-		if _, ok := c.readies[p]; ok {
-			ready++
-		}
-	}
-	for p := range c.readies {
-		if !slices.Contains(b.view, p) && !b.Banned(p) {
-			seen++ // ready, so alive, though the membership does not list it yet
-			ready++
-		}
+	// This member leads: wait for the members it sees, but for those it
+	// suspends (butterfly_silence.go), unless the others alone could never
+	// make a majority.
+	out := func(p transport.PeerID) bool { return b.Banned(p) || b.excludes(p, c.round, c.attempt) }
+	ready, seen := b.countReady(c, out)
+	if 2*seen <= b.groupNeed(seen) {
+		out = b.Banned
+		ready, seen = b.countReady(c, out)
 	}
 	// The wait counts from the first READY: a leader that is itself late
 	// finds the others waiting and forms the group at once.
@@ -120,11 +114,7 @@ func (b *Butterfly) advanceGroup(c *bfRound) {
 	// itself, and a group of one would fork the run. Only after rounds
 	// have failed to form a group several times in a row (most of the run
 	// really gone) does the current view alone decide.
-	need := seen
-	if b.noGroupStreak < noGroupBeforeShrink {
-		need = max(need, b.recentSize())
-	}
-	if 2*ready <= need {
+	if 2*ready <= b.groupNeed(seen) {
 		return
 	}
 	if ready < seen && waited < rw {
@@ -133,7 +123,7 @@ func (b *Butterfly) advanceGroup(c *bfRound) {
 	// The state most ready members start from; ties to this member's.
 	count := map[uint64]int{}
 	for p, r := range c.readies {
-		if !b.Banned(p) {
+		if !out(p) {
 			count[r.hash]++
 		}
 	}
@@ -146,7 +136,7 @@ func (b *Butterfly) advanceGroup(c *bfRound) {
 	var members []transport.PeerID
 	att := c.attempt
 	for p, r := range c.readies {
-		if r.hash == best && !b.Banned(p) {
+		if r.hash == best && !out(p) {
 			members = append(members, p)
 			att = max(att, r.attempt)
 		}
@@ -165,6 +155,37 @@ func (b *Butterfly) advanceGroup(c *bfRound) {
 		}
 	}
 	b.acceptGroup(c, att, best, members, body)
+}
+
+// groupNeed is the size a leader's group must be a strict majority of when
+// it sees seen members (advanceGroup).
+func (b *Butterfly) groupNeed(seen int) int {
+	if b.noGroupStreak < noGroupBeforeShrink {
+		return max(seen, b.recentSize())
+	}
+	return seen
+}
+
+// countReady counts the members this leader waits for (those it sees, and
+// those ready that the membership does not list yet), and how many of them
+// are ready, leaving out those out says.
+func (b *Butterfly) countReady(c *bfRound, out func(transport.PeerID) bool) (ready, seen int) {
+	for _, p := range b.view {
+		if out(p) {
+			continue
+		}
+		seen++
+		if _, ok := c.readies[p]; ok {
+			ready++
+		}
+	}
+	for p := range c.readies {
+		if !slices.Contains(b.view, p) && !out(p) {
+			seen++ // ready, so alive, though the membership does not list it yet
+			ready++
+		}
+	}
+	return ready, seen
 }
 
 func (b *Butterfly) onGroup(from transport.PeerID, h header, body []byte) {
@@ -200,8 +221,14 @@ func (b *Butterfly) onGroup(from transport.PeerID, h header, body []byte) {
 	}
 	// The leader must be one this member would follow: the current
 	// candidate or one ranked before it.
-	_, pos := b.candidate(c)
+	cand, pos := b.candidate(c)
 	if rank := slices.Index(c.ranked, g.leader); rank < 0 || b.Banned(g.leader) || (rank > pos+1 && pos+1 < len(c.ranked)) {
+		return
+	}
+	// A leader this member suspends: only when the candidate it follows
+	// instead took that group (this is its echo), so as not to sit out a
+	// round the candidate is in (butterfly_silence.go).
+	if b.excludes(g.leader, c.round, h.step) && from != cand {
 		return
 	}
 	if c.group != nil && slices.Contains(g.members, b.self) == false && c.me >= 0 {
@@ -229,6 +256,12 @@ func (b *Butterfly) acceptGroup(c *bfRound, att uint32, stateHash uint64, member
 	}
 	c.gh = bfGroupHash(c.round, att, members)
 	c.me = slices.Index(members, b.self)
+	c.suspects = map[transport.PeerID]bool{}
+	for _, p := range members {
+		if b.suspended(p, c.round) {
+			c.suspects[p] = true
+		}
+	}
 	if c.me >= 0 && stateHash != c.stateHash {
 		c.me = -1
 	}

@@ -149,9 +149,12 @@ func (b *Butterfly) advanceOwned(c *bfRound, o *bfOwned) {
 		return
 	}
 	scatterDue := c.groupAt + b.scatterEst.deadline(b.cfg.PhaseWait, b.cfg.MinPhase, b.cfg.MaxPhase)
-	all := true
+	// Members this member suspends are not waited for, once a majority of
+	// the group's inputs is in (butterfly_silence.go): a schedule where
+	// their parts come late, which the round survives anyway.
+	all := !(len(c.suspects) > 0 && 2*len(o.inputs) <= len(c.group))
 	for i, p := range c.group {
-		if o.inputs[uint32(i)] == nil && !o.refused[uint32(i)] && !b.gone(p) {
+		if o.inputs[uint32(i)] == nil && !o.refused[uint32(i)] && !b.gone(p) && !c.suspects[p] {
 			all = false
 		}
 	}
@@ -159,14 +162,16 @@ func (b *Butterfly) advanceOwned(c *bfRound, o *bfOwned) {
 		return
 	}
 	if all && !o.sentHave {
-		b.scatterEst.observe(b.now - c.groupAt)
+		b.scatterEst.observeIf(b.now-c.groupAt, !c.frozen)
 	}
 	if o.co != "" && !o.sentHave {
 		o.sentHave = true
 		b.send(o.co, header{kind: kindHave, round: c.round, group: c.gh, step: c.attempt, chunk: o.p},
 			appendInputs(nil, b.haveList(o)))
 	}
-	if o.co != "" && !o.gotCoHave && !b.gone(o.co) && b.now < scatterDue+b.cfg.MinPhase {
+	// Nor a suspended co-owner's list: aggregating without it is what a
+	// co-owner whose list came late gets anyway.
+	if o.co != "" && !o.gotCoHave && !b.gone(o.co) && !c.suspects[o.co] && b.now < scatterDue+b.cfg.MinPhase {
 		return
 	}
 	b.aggregate(c, o)
