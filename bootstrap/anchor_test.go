@@ -2,7 +2,6 @@ package bootstrap
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"log/slog"
 	"os"
@@ -51,25 +50,7 @@ func TestBootstrapCountersignsChain(t *testing.T) {
 	}
 	// serve makes p announce round and serve chain after the round asked.
 	serve := func(p *p2p.Node, round uint64, chain ...*replica.Certificate) {
-		p.Unhandle(p2p.ProtoCerts)
-		err := p.Handle(p2p.ProtoCerts, p2p.MessageFrameConfig(replica.MaxCertBytes), func(_ context.Context, s *p2p.Stream) error {
-			_, req, err := s.ReadFrame()
-			if err != nil || len(req) != 8 {
-				return err
-			}
-			for _, c := range chain {
-				if c.Round > binary.LittleEndian.Uint64(req) {
-					b, _ := c.MarshalBinary()
-					if err := s.WriteFrame(1, b); err != nil {
-						return err
-					}
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
+		p2ptest.ServeChain(t, p, chain...)
 		if err := p.UpdateMeta(ctx, func(m *p2p.Meta) { m.Round, m.StateHash = round, 1 }); err != nil {
 			t.Logf("announcing: %v", err)
 		}

@@ -3,7 +3,6 @@ package node
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"fmt"
 	"io"
 	"slices"
@@ -80,25 +79,7 @@ func (w *certWorld) serve(p *p2p.Node, d *optimizer.DiLoCo, chain ...*replica.Ce
 	p.ServeBulk(func(context.Context, peer.ID, string) (io.ReaderAt, int64, error) {
 		return bytes.NewReader(blob), int64(len(blob)), nil
 	}, 0)
-	p.Unhandle(p2p.ProtoCerts)
-	err := p.Handle(p2p.ProtoCerts, certFrames(), func(_ context.Context, s *p2p.Stream) error {
-		_, req, err := s.ReadFrame()
-		if err != nil || len(req) != 8 {
-			return err
-		}
-		for _, c := range chain {
-			if c.Round > binary.LittleEndian.Uint64(req) {
-				b, _ := c.MarshalBinary()
-				if err := s.WriteFrame(1, b); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		w.t.Fatal(err)
-	}
+	p2ptest.ServeChain(w.t, p, chain...)
 	if err := p.UpdateMeta(context.Background(), func(m *p2p.Meta) { m.Round, m.StateHash = d.Round, d.StateHash() }); err != nil {
 		w.t.Logf("announcing: %v", err)
 	}
