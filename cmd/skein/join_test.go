@@ -222,13 +222,8 @@ func TestLateJoinerAdoptsRunState(t *testing.T) {
 	}
 	net := []string{"--listen", "/ip4/127.0.0.1/udp/0/quic-v1", "--timing", "lan"}
 	run := startBootstrap(t, smallRun, net)
-	ctx, dir, bin, addr := run.ctx, run.dir, run.bin, run.addr
-	join := func(name string, rounds, minPeers int) *exec.Cmd {
-		args := append([]string{"--log-level", logLevel(), "node", "join", "--bootstrap", addr, "--data-dir", filepath.Join(dir, name),
-			"--batch", "2", "--seq-len", "32", "--inner-steps", "4", "--rounds", fmt.Sprint(rounds),
-			"--min-peers", fmt.Sprint(minPeers), "--threads", "1"}, net...)
-		return dumpOnTimeout(exec.CommandContext(ctx, bin, args...))
-	}
+	ctx, dir := run.ctx, run.dir
+	join := func(name string, rounds, minPeers int) *exec.Cmd { return run.join(name, rounds, minPeers, net) }
 	re := regexp.MustCompile(`(?m)^round (\d+): .*\(state ([0-9a-f]{16})\)`)
 	states := func(out []byte) map[string]string {
 		m := map[string]string{}
@@ -304,6 +299,15 @@ func TestLateJoinerAdoptsRunState(t *testing.T) {
 	if as["12"] == "" || as["12"] != bs2["12"] {
 		fail("after c left, a and b disagree or stopped: a %v, b %v", as, bs2)
 	}
+}
+
+// join is a small volunteer of r named name (its data directory under
+// r.dir): batch 2 x 32, 4 inner steps, rounds rounds, waiting for minPeers.
+func (r *testRun) join(name string, rounds, minPeers int, net []string) *exec.Cmd {
+	args := append([]string{"--log-level", logLevel(), "node", "join", "--bootstrap", r.addr, "--data-dir", filepath.Join(r.dir, name),
+		"--batch", "2", "--seq-len", "32", "--inner-steps", "4", "--rounds", fmt.Sprint(rounds),
+		"--min-peers", fmt.Sprint(minPeers), "--threads", "1"}, net...)
+	return dumpOnTimeout(exec.CommandContext(r.ctx, r.bin, args...))
 }
 
 // dumpOnTimeout makes a command that outlives the test's context quit with

@@ -23,9 +23,7 @@ func TestNodePull(t *testing.T) {
 	ctx, dir, bin, addr := run.ctx, run.dir, run.bin, run.addr
 	var logs []string
 	for _, name := range []string{"a", "b"} {
-		args := append([]string{"--log-level", logLevel(), "node", "join", "--bootstrap", addr, "--data-dir", filepath.Join(dir, name),
-			"--batch", "2", "--seq-len", "32", "--inner-steps", "4", "--rounds", "1000", "--min-peers", "2", "--threads", "1"}, net...)
-		c := exec.CommandContext(ctx, bin, args...)
+		c := run.join(name, 1000, 2, net)
 		path := filepath.Join(dir, name+".log")
 		f, err := os.Create(path)
 		if err != nil {
