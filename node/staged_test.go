@@ -353,9 +353,9 @@ func TestStagedPickState(t *testing.T) {
 	}
 }
 
-// A member behind the run jumps to where a strict majority of the stage
-// plan's other members are, not to the latest iteration anyone announces.
-func TestStagedMajorityReached(t *testing.T) {
+// A member behind the run jumps to the latest iteration two of the stage
+// plan's other members announce, not to the latest any one announces.
+func TestStagedReachedByTwo(t *testing.T) {
 	for _, tt := range []struct {
 		rounds []uint64
 		want   uint64
@@ -364,10 +364,10 @@ func TestStagedMajorityReached(t *testing.T) {
 		{[]uint64{7}, 7},
 		{[]uint64{7, 1 << 62}, 7},
 		{[]uint64{7, 8, 1 << 62}, 8},
-		{[]uint64{1 << 62, 7, 1 << 62, 9}, 9},
-		{[]uint64{1 << 62, 1 << 62, 1 << 62, 9}, 1 << 62},
+		{[]uint64{39, 39, 41, 41}, 41},
+		{[]uint64{1 << 62, 7, 1 << 62, 9}, 1 << 62}, // the breakdown: two liars
 	} {
-		if got := majorityReached(tt.rounds); got != tt.want {
+		if got := reachedByTwo(tt.rounds); got != tt.want {
 			t.Errorf("%v: %d, want %d", tt.rounds, got, tt.want)
 		}
 	}
