@@ -287,7 +287,8 @@ func Run(ctx context.Context, cfg Config) error {
 // that every listed shard is here to serve.
 func (s *server) prepareData() error {
 	m := &s.run
-	if t := m.Data.Tokenizer; t != "" && t != manifest.TokenizerByte {
+	if m.Data.Tokenized() {
+		t := m.Data.Tokenizer
 		tok, err := data.NewTokenizer(t)
 		if err != nil {
 			return fmt.Errorf("%w: %w", ErrConfig, err)

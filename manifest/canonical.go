@@ -62,8 +62,8 @@ func (m Manifest) Canonical() []byte {
 	w.int("shard_bytes", m.Data.ShardBytes)
 	// Written only when not byte, so that the manifests of runs from before
 	// tokenizers keep their hashes.
-	if t := m.Data.Tokenizer; t != "" && t != TokenizerByte {
-		w.str("tokenizer", t)
+	if m.Data.Tokenized() {
+		w.str("tokenizer", m.Data.Tokenizer)
 	}
 	if m.Data.TokenizerHash != "" {
 		w.str("tokenizer_hash", m.Data.TokenizerHash)

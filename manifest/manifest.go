@@ -326,6 +326,18 @@ func (m Manifest) SeqLen() int {
 	return cfg.MaxT
 }
 
+// TokenizerName is data.tokenizer, "byte" when left out.
+func (d Data) TokenizerName() string {
+	if d.Tokenizer == "" {
+		return TokenizerByte
+	}
+	return d.Tokenizer
+}
+
+// Tokenized reports whether the run's tokenizer is not byte: volunteers
+// tokenize the corpus, and the model takes the tokenizer's vocabulary.
+func (d Data) Tokenized() bool { return d.TokenizerName() != TokenizerByte }
+
 // ModelConfig is the model the run trains: the preset, with the
 // vocabulary of data.tokenizer when it is not byte (the presets' own
 // vocabularies are byte's for the toy models and GPT-2's for the gpt2
@@ -335,8 +347,8 @@ func (m Manifest) ModelConfig() (model.Config, error) {
 	if err != nil {
 		return model.Config{}, err
 	}
-	if t := m.Data.Tokenizer; t != "" && t != TokenizerByte {
-		tok, err := data.NewTokenizer(t)
+	if m.Data.Tokenized() {
+		tok, err := data.NewTokenizer(m.Data.Tokenizer)
 		if err != nil {
 			return model.Config{}, err
 		}

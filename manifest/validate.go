@@ -216,7 +216,7 @@ func (m Manifest) validatePipeline() error {
 	switch {
 	case p.Stages < 1 || p.Stages > layers+1:
 		return bad("pipeline.stages", p.Stages, "out of range [1, %d] (stage 0 and one stage per layer of the %s preset at most)", layers+1, m.Model.Preset)
-	case p.Stages > 1 && m.Data.Tokenizer != "" && m.Data.Tokenizer != TokenizerByte:
+	case p.Stages > 1 && m.Data.Tokenized():
 		return bad("data.tokenizer", m.Data.Tokenizer, "staged runs (pipeline.stages = %d) train on bytes only for now", p.Stages)
 	case !(p.SkipRatio >= 0 && p.SkipRatio < 1):
 		return bad("pipeline.skip_ratio", p.SkipRatio, "out of range [0, 1)")

@@ -93,10 +93,6 @@ func Pull(ctx context.Context, cfg PullConfig) (PullResult, error) {
 	if err != nil {
 		return PullResult{}, err
 	}
-	tokenizer := m.Data.Tokenizer
-	if tokenizer == "" {
-		tokenizer = manifest.TokenizerByte
-	}
 	n := mc.NumParams()
 	say(cfg.Progress, "run %q: %s (%d parameters); waiting for the bootstrap's certified round", runID, m.Model.Preset, n)
 	deadline := time.Now().Add(wait)
@@ -107,7 +103,7 @@ func Pull(ctx context.Context, cfg PullConfig) (PullResult, error) {
 				round, phi, _, from, err := fetchVerifiedState(ctx, pn, log, n, cert.Round, cert.Hash, holders, cfg.Progress)
 				if err == nil && round == cert.Round {
 					ck := &model.Checkpoint{Config: mc, Spec: model.FullSpec(mc), Step: int(round), Params: phi,
-						Meta: map[string]string{model.MetaSeqLen: strconv.Itoa(m.SeqLen()), model.MetaTokenizer: tokenizer, "skein.run_id": runID,
+						Meta: map[string]string{model.MetaSeqLen: strconv.Itoa(m.SeqLen()), model.MetaTokenizer: m.Data.TokenizerName(), "skein.run_id": runID,
 							"skein.round": strconv.FormatUint(round, 10), "skein.state": fmt.Sprintf("%016x", cert.Hash)}}
 					if err := model.SaveCheckpoint(cfg.Out, ck); err != nil {
 						return PullResult{}, err

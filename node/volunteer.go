@@ -999,10 +999,10 @@ func (v *Volunteer) save(wait bool) bool {
 // checkTokenizer refuses a run whose tokenizer this build does not have,
 // or has with another vocabulary (data.tokenizer_hash).
 func checkTokenizer(m manifest.Manifest) error {
-	t := m.Data.Tokenizer
-	if t == "" || t == manifest.TokenizerByte {
+	if !m.Data.Tokenized() {
 		return nil
 	}
+	t := m.Data.Tokenizer
 	tok, err := data.NewTokenizer(t)
 	if err != nil {
 		return fmt.Errorf("%w: data.tokenizer: %w", ErrConfig, err)
