@@ -19,12 +19,7 @@ import (
 // same losses after the round trip.
 func TestExportImportHF(t *testing.T) {
 	c := Config{Name: "tiny-hf", Vocab: 50, PaddedVocab: 64, MaxT: 8, C: 8, Layers: 2, Heads: 2}
-	s, err := NewStage(kernels.NewCPU(1), c, FullSpec(c), 1, 8, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	randomize(s, 11)
-	ck := s.Snapshot(3, nil)
+	s, ck := randomCheckpoint(t, c, 11)
 	dir := t.TempDir()
 	if err := ExportHF(dir, ck, map[string][]byte{"vocab.json": []byte("{}")}); err != nil {
 		t.Fatal(err)
@@ -178,4 +173,16 @@ func TestImportHFBounded(t *testing.T) {
 	if _, err := ImportHF(dir); !errors.Is(err, ErrHF) {
 		t.Fatalf("%v", err)
 	}
+}
+
+// randomCheckpoint is the whole model c, trained at its context, with
+// randomize's O(0.3) weights from seed, and its snapshot.
+func randomCheckpoint(t *testing.T, c Config, seed uint64) (*Stage, *Checkpoint) {
+	t.Helper()
+	s, err := NewStage(kernels.NewCPU(1), c, FullSpec(c), 1, c.MaxT, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	randomize(s, seed)
+	return s, s.Snapshot(0, nil)
 }

@@ -22,12 +22,7 @@ func TestExportMatchesPyTorch(t *testing.T) {
 		t.Skipf("no PyTorch for %s (apt-get install python3-torch): %v %s", py, err, out)
 	}
 	c := Config{Name: "check", Vocab: 50, PaddedVocab: 64, MaxT: 16, C: 16, Layers: 2, Heads: 4}
-	s, err := NewStage(kernels.NewCPU(1), c, FullSpec(c), 1, 16, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	randomize(s, 21)
-	ck := s.Snapshot(0, nil)
+	_, ck := randomCheckpoint(t, c, 21)
 	dir := t.TempDir()
 	if err := ExportHF(dir, ck, nil); err != nil {
 		t.Fatal(err)
