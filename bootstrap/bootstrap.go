@@ -19,6 +19,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
@@ -45,7 +46,11 @@ type Config struct {
 	Manifest manifest.Manifest
 	// Corpus is what to pack for a shards run (empty: the Go standard
 	// library sources).
-	Corpus  []string
+	Corpus []string
+	// Dataset, if set, is a packed dataset directory (skein data pack): the
+	// run trains on it (data.source = "dataset", its shards listed in the
+	// manifest) and the bootstrap serves its shards.
+	Dataset string
 	DataDir string // identity, known peers, shards, history; required, kept across restarts
 	// Listen multiaddrs; default QUIC and TCP on port 4001, all IPv4 interfaces.
 	Listen []string
@@ -149,6 +154,7 @@ type server struct {
 	run    manifest.Manifest
 	seed   *p2p.Seed
 	shards *data.ShardStore
+	tokens *data.PackedSource // the packed dataset served (Config.Dataset)
 	store  *status.Store
 	status *status.Server
 	limits reportLimits
@@ -301,6 +307,9 @@ func (s *server) prepareData() error {
 			return fmt.Errorf("%w: data.tokenizer_hash %s, but this build's %s tokenizer hashes to %s", ErrConfig, m.Data.TokenizerHash, t, hash)
 		}
 	}
+	if s.cfg.Dataset != "" || m.Data.Source == manifest.SourceDataset {
+		return s.prepareDataset()
+	}
 	if m.Data.Source != manifest.SourceShards {
 		return nil
 	}
@@ -340,6 +349,45 @@ func (s *server) prepareData() error {
 	return nil
 }
 
+// prepareDataset opens the packed dataset the run serves and lists its
+// shards in the manifest (or checks them against those it lists).
+func (s *server) prepareDataset() error {
+	m := &s.run
+	if s.cfg.Dataset == "" {
+		return fmt.Errorf("%w: the manifest trains on a packed dataset (data.source = %q); name its directory with --dataset DIR", ErrConfig, manifest.SourceDataset)
+	}
+	if m.Pipeline.Staged() {
+		return fmt.Errorf("%w: staged runs (pipeline.stages = %d) do not train on packed datasets yet", ErrConfig, m.Pipeline.Stages)
+	}
+	began := time.Now()
+	src, err := data.OpenPackedDir(s.cfg.Dataset)
+	if err != nil {
+		return fmt.Errorf("%w: --dataset: %w", ErrConfig, err)
+	}
+	ds := src.Dataset()
+	listed := m.Data.Source == manifest.SourceDataset && len(m.Data.Shards) > 0
+	if listed {
+		want, err := m.Data.Dataset()
+		if err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		if !slices.Equal(want.Train, ds.Train) || !slices.Equal(want.Validation, ds.Validation) {
+			return fmt.Errorf("%w: the manifest lists other shards than the dataset in %s holds", ErrConfig, s.cfg.Dataset)
+		}
+	}
+	if m.Data.Tokenized() && m.Data.TokenizerName() != ds.Tokenizer {
+		return fmt.Errorf("%w: the manifest names tokenizer %s, the dataset in %s was packed with %s", ErrConfig, m.Data.TokenizerName(), s.cfg.Dataset, ds.Tokenizer)
+	}
+	m.Data.SetDataset(ds)
+	if err := m.Validate(); err != nil {
+		return fmt.Errorf("%w: with the dataset: %w", ErrConfig, err)
+	}
+	s.tokens = src
+	fmt.Fprintf(s.out, "skein bootstrap: serving dataset %s: %s, %d train tokens in %d shards, %d validation tokens (checked in %.1fs)\n",
+		s.cfg.Dataset, ds.Tokenizer, ds.SplitTokens(data.Train), len(ds.Train), ds.SplitTokens(data.Validation), time.Since(began).Seconds())
+	return nil
+}
+
 // serve registers the run's protocols: the manifest, the shards over bulk
 // transfer, and telemetry from volunteers.
 func (s *server) serve() error {
@@ -349,12 +397,18 @@ func (s *server) serve() error {
 	}); err != nil {
 		return err
 	}
-	if s.shards != nil {
+	if s.shards != nil || s.tokens != nil {
 		if err := s.seed.ServeBulk(func(_ context.Context, from peer.ID, key string) (io.ReaderAt, int64, error) {
 			if _, member := s.seed.Member(from); !member {
 				return nil, 0, fmt.Errorf("bootstrap: %s is not a member of run %q", from, s.run.RunID)
 			}
+			if name, ok := data.ParseTokenKey(key); ok && s.tokens != nil {
+				return s.tokens.ReaderAt(name)
+			}
 			hash, ok := data.ParseShardKey(key)
+			if ok && s.shards == nil {
+				ok = false
+			}
 			if !ok {
 				return nil, 0, fmt.Errorf("bootstrap: no bulk key %q", key)
 			}

@@ -73,6 +73,23 @@ func jsonlDocuments(name string, b []byte, doc func([]byte)) error {
 	return nil
 }
 
+// llmcCount checks the header of an llm.c .bin file of size bytes named
+// name and returns its token count.
+func llmcCount(name string, hdr []byte, size int64) (int64, error) {
+	magic := int32(binary.LittleEndian.Uint32(hdr[0:]))
+	version := int32(binary.LittleEndian.Uint32(hdr[4:]))
+	n := int64(int32(binary.LittleEndian.Uint32(hdr[8:])))
+	switch {
+	case magic != llmcMagic:
+		return 0, fmt.Errorf("data: %s: magic %d, not llm.c's %d: %w", name, magic, llmcMagic, ErrDataFormat)
+	case version != llmcVersion:
+		return 0, fmt.Errorf("data: %s: llm.c version %d, want %d (uint16 GPT-2 tokens): %w", name, version, llmcVersion, ErrDataFormat)
+	case n < 0 || int64(llmcHeader)+2*n != size:
+		return 0, fmt.Errorf("data: %s: the header says %d tokens, the file holds %d bytes after it: %w", name, n, size-llmcHeader, ErrDataFormat)
+	}
+	return n, nil
+}
+
 // llmcTokens checks b, an llm.c .bin file named name, and returns its
 // tokens' bytes (uint16 little-endian) and their count.
 func llmcTokens(name string, b []byte) ([]byte, int, error) {

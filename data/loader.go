@@ -59,7 +59,28 @@ type Loader struct {
 	perm      Permutation // of the epoch permEpoch
 	permEpoch uint64
 	buf       []int32 // one window
+
+	block *blockDraw // set by UseBlock
 }
+
+// blockDraw is a Loader drawing one block's windows (UseBlock).
+type blockDraw struct {
+	b     Blocks
+	slot  Slot
+	first int
+}
+
+// UseBlock makes the loader draw from slot s's block of b from step first
+// on: sequence i of step first+k is the block's window k*B+i (modulo the
+// block's windows). It is how a member of a run over a packed dataset
+// trains its round's block (see Ledger); the sampling contract above does
+// not apply while it is set. ClearBlock undoes it.
+func (l *Loader) UseBlock(b Blocks, s Slot, first int) {
+	l.block = &blockDraw{b: b, slot: s, first: first}
+}
+
+// ClearBlock makes the loader draw by the sampling contract again.
+func (l *Loader) ClearBlock() { l.block = nil }
 
 // TokenSource is a token stream per split, read at any offset: a Corpus
 // (one token per byte), or a TokenizedCorpus (its files through a
@@ -139,6 +160,9 @@ func NewValidationLoader(c *Corpus, B, T int) (*Loader, error) {
 	return NewLoader(c, Validation, LoaderConfig{Seed: ValidationSeed, Workers: 1, B: B, T: T})
 }
 
+// Source is the token stream the loader reads.
+func (l *Loader) Source() TokenSource { return l.src }
+
 // Config returns the loader's configuration.
 func (l *Loader) Config() LoaderConfig { return l.cfg }
 
@@ -192,6 +216,21 @@ func (l *Loader) Batch(step int, inputs, targets []int32) error {
 		return fmt.Errorf("data: Batch buffers have len(inputs) = %d, len(targets) = %d, want B*T = %d: %w", len(inputs), len(targets), B*T, ErrInvalidConfig)
 	}
 	n := int64(T + 1)
+	if d := l.block; d != nil {
+		if d.b.T != T {
+			return fmt.Errorf("data: blocks of windows of %d tokens for a loader of %d: %w", d.b.T+1, T+1, ErrInvalidConfig)
+		}
+		k := max(step-d.first, 0)
+		for b := range B {
+			off := d.b.WindowOffset(d.slot, k*B+b)
+			if err := l.src.ReadTokens(l.split, l.buf, off); err != nil {
+				return fmt.Errorf("data: reading block %d window at %d of the %v split: %w", d.b.Block(d.slot), off, l.split, err)
+			}
+			copy(inputs[b*T:(b+1)*T], l.buf[:T])
+			copy(targets[b*T:(b+1)*T], l.buf[1:])
+		}
+		return nil
+	}
 	for b := range B {
 		k := l.sample(step, b)
 		epoch := k / l.windows

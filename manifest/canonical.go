@@ -72,7 +72,15 @@ func (m Manifest) Canonical() []byte {
 		w.table("[[data.shards]]")
 		w.str("hash", s.Hash)
 		w.int("bytes", s.Bytes)
-		w.int("files", int64(s.Files))
+		if m.Data.Source != SourceDataset {
+			w.int("files", int64(s.Files))
+			continue
+		}
+		w.int("tokens", s.Tokens)
+		w.int("documents", s.Documents)
+		if s.Split != "" {
+			w.str("split", s.Split)
+		}
 	}
 
 	w.table("[admission]")

@@ -63,6 +63,58 @@ func fullTokenized() Manifest {
 	return m
 }
 
+// fullDataset is fullTokenized() training on a packed dataset: its shards
+// carry tokens, documents and a split instead of files.
+func fullDataset() Manifest {
+	m := fullTokenized()
+	m.Data.Source = SourceDataset
+	for i := range m.Data.Shards {
+		m.Data.Shards[i].Files, m.Data.Shards[i].Tokens, m.Data.Shards[i].Documents = 0, int64(i+1)<<10, int64(i)
+	}
+	m.Data.Shards[2].Split = SplitValidation
+	return m
+}
+
+// The hash of a dataset run covers its shards' tokens, documents and split.
+func TestDatasetHashCoversShardFields(t *testing.T) {
+	base := fullDataset()
+	if err := base.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	roundTrip(t, "fullDataset", base)
+	for k, edit := range map[string]func(m *Manifest){
+		"tokens":    func(m *Manifest) { m.Data.Shards[1].Tokens++ },
+		"documents": func(m *Manifest) { m.Data.Shards[1].Documents++ },
+		"split":     func(m *Manifest) { m.Data.Shards[1].Split = SplitValidation },
+		"order":     func(m *Manifest) { slices.Reverse(m.Data.Shards) },
+	} {
+		m := base
+		m.Data.Shards = slices.Clone(base.Data.Shards)
+		edit(&m)
+		if m.Hash() == base.Hash() {
+			t.Errorf("changing %s leaves the hash unchanged", k)
+		}
+	}
+	// A shards run with dataset fields, and a dataset run with files, are
+	// refused.
+	m := full()
+	m.Data.Shards[0].Tokens = 5
+	if err := m.Validate(); err == nil {
+		t.Error("a shards run took data.shards.tokens")
+	}
+	m = fullDataset()
+	m.Data.Shards = slices.Clone(m.Data.Shards)
+	m.Data.Shards[0].Files = 1
+	if err := m.Validate(); err == nil {
+		t.Error("a dataset run took data.shards.files")
+	}
+	m = fullDataset()
+	m.Data.Shards = m.Data.Shards[2:] // validation only
+	if err := m.Validate(); err == nil {
+		t.Error("a dataset without train shards")
+	}
+}
+
 // fullClosed is full() as a closed run: the keys of an open run that a
 // closed one leaves at their defaults are replaced by run_key.
 func fullClosed() Manifest {
@@ -130,7 +182,7 @@ func TestCanonicalGolden(t *testing.T) {
 // has every key of an open run, fullClosed() those of a closed one.
 func TestCanonicalHasEveryKey(t *testing.T) {
 	var got []string
-	for _, m := range []Manifest{full(), fullClosed(), fullTokenized()} {
+	for _, m := range []Manifest{full(), fullClosed(), fullTokenized(), fullDataset()} {
 		var v map[string]any
 		md, err := toml.Decode(string(m.Canonical()), &v)
 		if err != nil {
@@ -221,6 +273,10 @@ func TestHashCoversEveryField(t *testing.T) {
 		"data.shards.hash":         func(m *Manifest) { m.Data.Shards[1].Hash = strings.Repeat("0", 64) },
 		"data.shards.bytes":        func(m *Manifest) { m.Data.Shards[1].Bytes++ },
 		"data.shards.files":        func(m *Manifest) { m.Data.Shards[1].Files++ },
+		// The dataset fields: TestDatasetHashCoversShardFields.
+		"data.shards.tokens":       nil,
+		"data.shards.documents":    nil,
+		"data.shards.split":        nil,
 		"data.tokenizer":           func(m *Manifest) { m.Data.Tokenizer = "gpt2" },
 		"data.tokenizer_hash":      func(m *Manifest) { m.Data.TokenizerHash = data.GPT2VocabHash },
 		"admission.mode":           func(m *Manifest) { m.Admission.Mode = "closed" },
@@ -250,6 +306,9 @@ func TestHashCoversEveryField(t *testing.T) {
 	edits["data.shards (order)"] = func(m *Manifest) { *m = swapped }
 
 	for k, edit := range edits {
+		if edit == nil {
+			continue
+		}
 		m := base
 		m.Data.Shards = slices.Clone(base.Data.Shards)
 		edit(&m)

@@ -34,7 +34,7 @@ const (
 	Version = 1
 	// MaxSize bounds a manifest's encoding; Parse and Load refuse larger
 	// input before decoding it.
-	MaxSize = 64 << 10
+	MaxSize = 256 << 10
 	// MaxRunIDLen bounds run_id (the same bound as p2p.MaxRunIDLen).
 	MaxRunIDLen = 64
 	// MaxBatch bounds model.batch.
@@ -43,7 +43,7 @@ const (
 	MinGroupSize, MaxGroupSize = 2, 16
 	// MaxShards bounds the number of data.shards entries, so that the
 	// canonical encoding of any valid manifest stays within MaxSize.
-	MaxShards = 256
+	MaxShards = 1024
 	// MaxShardBytes bounds data.shard_bytes and each shard's bytes (1 GiB).
 	MaxShardBytes = 1 << 30
 	// MaxShardFiles bounds each shard's files.
@@ -59,6 +59,13 @@ const (
 
 	SourceShards = "shards" // data.source: the content-addressed shards listed in data.shards
 	SourceLocal  = "local"  // data.source: each volunteer's own default corpus
+	// SourceDataset (data.source) is a packed dataset (skein data pack):
+	// token shards listed in data.shards, served by the bootstrap; each
+	// volunteer fetches only the chunks it trains on (data.Ledger).
+	SourceDataset = "dataset"
+	// SplitValidation marks a data.shards entry of a dataset's validation
+	// split (train shards leave split out).
+	SplitValidation = "validation"
 	// TokenizerByte is data.tokenizer's default: one token per byte.
 	TokenizerByte = "byte"
 
@@ -200,8 +207,16 @@ type Shard struct {
 	Hash string `toml:"hash"`
 	// Bytes is the shard's size, in [1, MaxShardBytes].
 	Bytes int64 `toml:"bytes"`
-	// Files is the number of corpus files in the shard, in [1, MaxShardFiles].
+	// Files is the number of corpus files in the shard, in [1, MaxShardFiles]
+	// (SourceShards; 0 under SourceDataset).
 	Files int `toml:"files"`
+	// Tokens and Documents (SourceDataset) are the shard's tokens, in [1,
+	// data.MaxShardTokens], and the documents starting in it.
+	Tokens    int64 `toml:"tokens"`
+	Documents int64 `toml:"documents"`
+	// Split (SourceDataset) is SplitValidation for a validation shard, empty
+	// for a train shard. Each split is its shards' tokens in list order.
+	Split string `toml:"split"`
 }
 
 // Admission is the [admission] section: who may join. Every member checks
@@ -337,6 +352,51 @@ func (d Data) TokenizerName() string {
 // Tokenized reports whether the run's tokenizer is not byte: volunteers
 // tokenize the corpus, and the model takes the tokenizer's vocabulary.
 func (d Data) Tokenized() bool { return d.TokenizerName() != TokenizerByte }
+
+// Dataset returns a SourceDataset run's data as the index of a packed
+// dataset (its shards in list order; totals summed), for data's readers.
+func (d Data) Dataset() (*data.Dataset, error) {
+	if d.Source != SourceDataset {
+		return nil, fmt.Errorf("manifest: data.source is %q, not %q", d.Source, SourceDataset)
+	}
+	tok, err := data.NewTokenizer(d.TokenizerName())
+	if err != nil {
+		return nil, err
+	}
+	ds := &data.Dataset{Format: data.DatasetFormat, Tokenizer: d.TokenizerName(), TokenizerHash: d.TokenizerHash, Vocab: tok.VocabSize(),
+		Validation: []data.DatasetShard{}}
+	for _, s := range d.Shards {
+		sh := data.DatasetShard{Name: s.Hash, Bytes: s.Bytes, Tokens: s.Tokens, Documents: s.Documents}
+		if s.Split == SplitValidation {
+			ds.Validation = append(ds.Validation, sh)
+		} else {
+			ds.Train = append(ds.Train, sh)
+		}
+		ds.Documents += s.Documents
+		ds.Tokens += s.Tokens
+	}
+	if ds.TokenizerHash == "" {
+		ds.TokenizerHash = tok.(data.Named).VocabHash()
+	}
+	return ds, ds.Check()
+}
+
+// SetDataset makes the run train on the packed dataset ds.
+func (d *Data) SetDataset(ds *data.Dataset) {
+	d.Source, d.Tokenizer, d.TokenizerHash, d.Shards = SourceDataset, ds.Tokenizer, ds.TokenizerHash, nil
+	if d.Tokenizer == TokenizerByte {
+		d.Tokenizer = ""
+	}
+	for _, sp := range []data.Split{data.Train, data.Validation} {
+		for _, sh := range ds.Shards(sp) {
+			s := Shard{Hash: sh.Name, Bytes: sh.Bytes, Tokens: sh.Tokens, Documents: sh.Documents}
+			if sp == data.Validation {
+				s.Split = SplitValidation
+			}
+			d.Shards = append(d.Shards, s)
+		}
+	}
+}
 
 // ModelConfig is the model the run trains: the preset, with the
 // vocabulary of data.tokenizer when it is not byte (the presets' own

@@ -3,6 +3,7 @@ package manifest
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -224,7 +225,7 @@ func TestParseSize(t *testing.T) {
 		t.Errorf("MaxSize bytes: %v", err)
 	}
 	_, err := Parse(pad(MaxSize + 1))
-	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "65537 bytes, more than the limit of 65536") {
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), fmt.Sprintf("%d bytes, more than the limit of %d", MaxSize+1, MaxSize)) {
 		t.Errorf("MaxSize+1 bytes: %v", err)
 	}
 	// Refused before decoding: an oversize input that is not TOML at all
@@ -269,6 +270,7 @@ func TestKnownKeys(t *testing.T) {
 		"wire", "wire.codec",
 		"data", "data.source", "data.val_fraction", "data.shard_bytes",
 		"data.shards", "data.shards.hash", "data.shards.bytes", "data.shards.files",
+		"data.shards.tokens", "data.shards.documents", "data.shards.split",
 		"data.tokenizer", "data.tokenizer_hash",
 		"admission", "admission.mode", "admission.max_members", "admission.max_per_prefix", "admission.run_key",
 		"pipeline", "pipeline.stages", "pipeline.skip_ratio", "pipeline.microbatches", "pipeline.checkfree_plus",

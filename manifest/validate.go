@@ -45,6 +45,14 @@ func (m Manifest) Validate() error {
 	if m.Data.Source == SourceShards && len(m.Data.Shards) == 0 {
 		return bad("data.shards", literal("[]"), "data.source = %q needs at least one shard", SourceShards)
 	}
+	if m.Data.Source == SourceDataset {
+		if len(m.Data.Shards) == 0 {
+			return bad("data.shards", literal("[]"), "data.source = %q needs the dataset's shards (skein bootstrap --dataset DIR fills them in)", SourceDataset)
+		}
+		if _, err := m.Data.Dataset(); err != nil {
+			return bad("data.shards", entries(len(m.Data.Shards)), "not a packed dataset: %v", err)
+		}
+	}
 	return nil
 }
 
@@ -145,8 +153,8 @@ func (d Data) validate() error {
 		return bad("data.tokenizer", d.Tokenizer, "want one of %s", quoteAll(tokenizers))
 	case d.TokenizerHash != "" && !isSHA256Hex(d.TokenizerHash):
 		return bad("data.tokenizer_hash", d.TokenizerHash, "want 64 lowercase hex digits (a SHA-256)")
-	case d.Source != SourceShards && d.Source != SourceLocal:
-		return bad("data.source", d.Source, "want %q or %q", SourceShards, SourceLocal)
+	case d.Source != SourceShards && d.Source != SourceLocal && d.Source != SourceDataset:
+		return bad("data.source", d.Source, "want %q, %q or %q", SourceShards, SourceLocal, SourceDataset)
 	case !(d.ValFraction > 0 && d.ValFraction < 0.5):
 		return bad("data.val_fraction", d.ValFraction, "out of range (0, 0.5)")
 	case d.ShardBytes <= 0 || d.ShardBytes > MaxShardBytes:
@@ -165,8 +173,18 @@ func (d Data) validate() error {
 			return bad(field+".hash", s.Hash, "want 64 lowercase hex digits (a SHA-256)")
 		case s.Bytes <= 0 || s.Bytes > MaxShardBytes:
 			return bad(field+".bytes", s.Bytes, "out of range [1, %d]", MaxShardBytes)
-		case s.Files <= 0 || s.Files > MaxShardFiles:
+		case d.Source != SourceDataset && (s.Files <= 0 || s.Files > MaxShardFiles):
 			return bad(field+".files", s.Files, "out of range [1, %d]", MaxShardFiles)
+		case d.Source != SourceDataset && (s.Tokens != 0 || s.Documents != 0 || s.Split != ""):
+			return bad(field, literal("tokens, documents, split"), "apply to data.source = %q only", SourceDataset)
+		case d.Source == SourceDataset && s.Files != 0:
+			return bad(field+".files", s.Files, "a dataset's token shards hold no files; leave it out")
+		case d.Source == SourceDataset && (s.Tokens <= 0 || s.Tokens > data.MaxShardTokens):
+			return bad(field+".tokens", s.Tokens, "out of range [1, %d]", data.MaxShardTokens)
+		case d.Source == SourceDataset && (s.Documents < 0 || s.Documents > s.Tokens):
+			return bad(field+".documents", s.Documents, "out of range [0, %d] (its tokens)", s.Tokens)
+		case s.Split != "" && s.Split != SplitValidation:
+			return bad(field+".split", s.Split, "want %q or nothing (train)", SplitValidation)
 		}
 		if j, dup := seen[s.Hash]; dup {
 			return bad(field+".hash", s.Hash, "the same shard as data.shards[%d]", j)

@@ -106,7 +106,7 @@ func TestValidate(t *testing.T) {
 		{"wire.codec", `"bf16", "fp16", "fp32", "int4", "int8", "minmax8"`, func(m *Manifest) { m.Wire.Codec = "zstd" }},
 		{"wire.codec", "want one of", func(m *Manifest) { m.Wire.Codec = "MinMax8" }},
 		{"wire.codec", "want one of", func(m *Manifest) { m.Wire.Codec = "" }},
-		{"data.source", `want "shards" or "local"`, func(m *Manifest) { m.Data.Source = "http" }},
+		{"data.source", `want "shards", "local" or "dataset"`, func(m *Manifest) { m.Data.Source = "http" }},
 		{"data.val_fraction", "(0, 0.5)", func(m *Manifest) { m.Data.ValFraction = 0 }},
 		{"data.val_fraction", "(0, 0.5)", func(m *Manifest) { m.Data.ValFraction = 0.5 }},
 		{"data.val_fraction", "(0, 0.5)", func(m *Manifest) { m.Data.ValFraction = nan }},
@@ -116,7 +116,7 @@ func TestValidate(t *testing.T) {
 			m.Data.Shards = withShards(1).Data.Shards
 		}},
 		{"data.shards", "needs at least one shard", func(m *Manifest) { m.Data.Source = SourceShards }},
-		{"data.shards", "at most 256 entries", func(m *Manifest) { *m = withShards(MaxShards + 1) }},
+		{"data.shards", "at most 1024 entries", func(m *Manifest) { *m = withShards(MaxShards + 1) }},
 		{"data.shards[0].hash", "64 lowercase hex", func(m *Manifest) {
 			*m = withShards(1)
 			m.Data.Shards[0].Hash = strings.ToUpper(m.Data.Shards[0].Hash[:62]) + "AB"

@@ -65,14 +65,14 @@ func (v *Volunteer) initDiLoCo() (err error) {
 	if v.dl, err = optimizer.NewDiLoCo(d, v.coll, v.theta); err != nil {
 		return err
 	}
-	if v.resumeLocal(v.dl) {
+	if v.resumeLocal(v.adoptable()) {
 		v.setWeights()
 		say(v.cfg.Progress, "resumed local checkpoint at round %d", v.dl.Round)
 	}
 	v.serve(v.dl.State())
 	// The chain of round certificates starts at the state resumed (or the
 	// run's start state), trusted because this member holds it.
-	anchor := &replica.Certificate{Run: v.pn.RunID(), Round: v.dl.Round, Hash: v.dl.StateHash()}
+	anchor := &replica.Certificate{Run: v.pn.RunID(), Round: v.dl.Round, Hash: v.hashNow()}
 	certPath := ""
 	if v.ckPath != "" {
 		certPath = v.ckPath + ".cert"
@@ -219,6 +219,7 @@ func (v *Volunteer) contribute(ctx context.Context, ph phase) error {
 		v.adopted(ctx, ph) // the run's state if newer; else back to phi
 		return nil
 	}
+	v.advanceLedger(st)
 	v.install(ctx) // OuterStep left theta = phi
 	v.certs.vote(v.dl.Round, v.stateHash, st.Group)
 	if v.resynced(ctx) { // the others finished this round with another result
@@ -297,7 +298,7 @@ func (v *Volunteer) publish(ctx context.Context) {
 
 // announce gossips this member's round and state hash in its metadata.
 func (v *Volunteer) announce(ctx context.Context) {
-	v.stateHash = v.dl.StateHash()
+	v.stateHash = v.hashNow()
 	v.gossipRound(ctx, v.dl.Round, v.stateHash)
 }
 
@@ -320,7 +321,7 @@ func (v *Volunteer) resynced(ctx context.Context) bool {
 		return false
 	}
 	v.log.Warn("state differs from the round's certificate; re-syncing", "round", v.dl.Round)
-	if err := adoptFrom(ctx, v.pn, v.log, v.dl, v.n, holders(cert, announcements(v.pn)), cert.Hash, v.cfg.Progress); err != nil {
+	if _, err := adoptState(ctx, v.pn, v.log, v.adoptable(), v.n, v.dl.Round, cert.Hash, holders(cert, announcements(v.pn)), v.cfg.Progress); err != nil {
 		v.log.Warn("re-sync failed", "err", err)
 		return false
 	}
@@ -373,7 +374,7 @@ func (v *Volunteer) catchUp(ctx context.Context) error {
 	if cert == nil {
 		return nil
 	}
-	if _, err := adoptState(ctx, v.pn, v.log, v.dl, v.n, cert.Round, cert.Hash, holders(cert, others), v.cfg.Progress); err != nil {
+	if _, err := adoptState(ctx, v.pn, v.log, v.adoptable(), v.n, cert.Round, cert.Hash, holders(cert, others), v.cfg.Progress); err != nil {
 		return err
 	}
 	v.log.Info("adopted the run's certified state", "round", v.dl.Round)

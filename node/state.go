@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/libp2p/go-libp2p/core/peer"
+	"github.com/skein-ml/skein/data"
 	"github.com/skein-ml/skein/internal/atomicfile"
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/p2p"
@@ -203,6 +204,21 @@ func resumeState(path string, stage *model.Stage, st outerState) (int, error) {
 			return 0, fmt.Errorf("%w: %s: %w: value %v at %d", ErrBadState, path, trainer.ErrNonFinite, x[i], i)
 		}
 	}
+	if ts, ok := st.(tailSetter); ok {
+		// The tail saved beside the state (a dataset run's ledger); a
+		// checkpoint without one gets the empty ledger, whose state the
+		// run's certificates will not name: the member then takes the run's.
+		tail, err := os.ReadFile(path + ".tail")
+		if errors.Is(err, fs.ErrNotExist) {
+			tail, err = (&data.Ledger{Round: round}).MarshalBinary()
+		}
+		if err != nil {
+			return 0, err
+		}
+		if err := ts.SetTail(round, tail); err != nil {
+			return 0, err
+		}
+	}
 	if err := stage.Restore(ck); err != nil {
 		return 0, err
 	}
@@ -247,9 +263,16 @@ func (v *Volunteer) resumeLocal(st outerState) bool {
 // word), installs it in st and says whose index it followed.
 func adoptState(ctx context.Context, pn *p2p.Node, log *slog.Logger, st outerState, n int, minRound uint64, want uint64,
 	ids []transport.PeerID, progress io.Writer) (transport.PeerID, error) {
-	round, phi, mom, from, err := fetchVerifiedState(ctx, pn, log, n, minRound, want, ids, progress)
+	round, phi, mom, tail, from, err := fetchVerifiedStateTail(ctx, pn, log, n, minRound, want, ids, progress)
 	if err != nil {
 		return "", err
+	}
+	if ts, ok := st.(tailSetter); ok {
+		if err := ts.SetTail(round, tail); err != nil {
+			return "", err
+		}
+	} else if tail != nil {
+		return "", fmt.Errorf("%w: the run's state has a tail this member does not keep", ErrBadState)
 	}
 	if err := st.SetState(round, phi, mom); err != nil {
 		return "", err

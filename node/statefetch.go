@@ -27,24 +27,31 @@ import (
 // the latest, stateKeyAt(r) for round r exactly), little-endian:
 //
 //	0   4   magic "SKSI"
-//	4   4   version (2)
+//	4   4   version (3)
 //	8   8   round: the next round to run
 //	16  8   n: parameters
 //	24  4   chunk size in bytes (optimizer.StateChunkBytes)
 //	28  4   k: chunks (optimizer.StateChunks(n))
-//	32  32k SHA-256 of each chunk of the body
+//	32  32  SHA-256 of the tail, or zeros for none
+//	64  32k SHA-256 of each chunk of the body
 //	..  8n  body: phi then the outer momentum (fp32)
+//	..      tail: the rest of the state, at most maxTailBytes (a run over a
+//	        packed dataset: its data.Ledger); absent when the hash is zero
 //
 // The index (everything before the body) names the state: its root
-// (optimizer.StateRoot) is the hash members gossip, signed. A joiner checks
+// (optimizer.StateRootWith, the tail's hash as its extra) is the hash
+// members gossip, signed. A joiner checks
 // the index against the hash a quorum announces, then every chunk of the
 // body against the index, so a chunk that arrives corrupt, or forged by a
 // member, is taken again from another member instead of failing the whole
 // download. The local checkpoint keeps its own format (encodeState).
 const (
 	servedMagic   = "SKSI"
-	servedVersion = 2
-	servedHeader  = 32
+	servedVersion = 3
+	servedHeader  = 64
+	// maxTailBytes bounds a served state's tail (a data.Ledger at its
+	// bounds is about 2.1 MB).
+	maxTailBytes = 4 << 20
 )
 
 // servedIndexSize is the size of the index of a state of n parameters.
@@ -80,14 +87,29 @@ func parseStateKey(key string) (round uint64, latest, ok bool) {
 // encodeServed encodes a state for serving and returns it with its root,
 // the state hash.
 func encodeServed(round uint64, phi, mom []float32) ([]byte, uint64) {
+	return encodeServedWith(round, phi, mom, nil)
+}
+
+// tailHash is the index's hash of a tail: zeros for none.
+func tailHash(tail []byte) [sha256.Size]byte {
+	if tail == nil {
+		return [sha256.Size]byte{}
+	}
+	return sha256.Sum256(tail)
+}
+
+// encodeServedWith is encodeServed for a state with a tail.
+func encodeServedWith(round uint64, phi, mom []float32, tail []byte) ([]byte, uint64) {
 	chunks := optimizer.StateChunkHashes(phi, mom)
-	b := make([]byte, 0, servedSize(len(phi)))
+	extra := tailHash(tail)
+	b := make([]byte, 0, servedSize(len(phi))+int64(len(tail)))
 	b = append(b, servedMagic...)
 	b = binary.LittleEndian.AppendUint32(b, servedVersion)
 	b = binary.LittleEndian.AppendUint64(b, round)
 	b = binary.LittleEndian.AppendUint64(b, uint64(len(phi)))
 	b = binary.LittleEndian.AppendUint32(b, optimizer.StateChunkBytes)
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(chunks)))
+	b = append(b, extra[:]...)
 	for _, c := range chunks {
 		b = append(b, c[:]...)
 	}
@@ -96,34 +118,43 @@ func encodeServed(round uint64, phi, mom []float32) ([]byte, uint64) {
 			b = binary.LittleEndian.AppendUint32(b, math.Float32bits(x))
 		}
 	}
-	return b, optimizer.StateRoot(round, len(phi), chunks)
+	b = append(b, tail...)
+	return b, optimizer.StateRootWith(round, len(phi), chunks, extra)
 }
 
 // parseServedIndex checks the index of a served state of exactly n
 // parameters (the caller's model: nothing is sized from the sender's word)
 // and returns its round and chunk hashes.
 func parseServedIndex(b []byte, n int) (round uint64, chunks [][sha256.Size]byte, err error) {
+	round, chunks, _, err = parseServedIndexExtra(b, n)
+	return round, chunks, err
+}
+
+// parseServedIndexExtra is parseServedIndex that also returns the tail's
+// hash (zeros for none).
+func parseServedIndexExtra(b []byte, n int) (round uint64, chunks [][sha256.Size]byte, extra [sha256.Size]byte, err error) {
 	k := optimizer.StateChunks(n)
 	if int64(len(b)) != servedIndexSize(n) {
-		return 0, nil, fmt.Errorf("%w: index of %d bytes, a state of %d parameters has %d", ErrBadState, len(b), n, servedIndexSize(n))
+		return 0, nil, extra, fmt.Errorf("%w: index of %d bytes, a state of %d parameters has %d", ErrBadState, len(b), n, servedIndexSize(n))
 	}
 	switch {
 	case string(b[:4]) != servedMagic:
-		return 0, nil, fmt.Errorf("%w: bad magic %q", ErrBadState, b[:4])
+		return 0, nil, extra, fmt.Errorf("%w: bad magic %q", ErrBadState, b[:4])
 	case binary.LittleEndian.Uint32(b[4:]) != servedVersion:
-		return 0, nil, fmt.Errorf("%w: version %d, want %d", ErrBadState, binary.LittleEndian.Uint32(b[4:]), servedVersion)
+		return 0, nil, extra, fmt.Errorf("%w: version %d, want %d", ErrBadState, binary.LittleEndian.Uint32(b[4:]), servedVersion)
 	case binary.LittleEndian.Uint64(b[16:]) != uint64(n):
-		return 0, nil, fmt.Errorf("%w: %d parameters, want %d", ErrBadState, binary.LittleEndian.Uint64(b[16:]), n)
+		return 0, nil, extra, fmt.Errorf("%w: %d parameters, want %d", ErrBadState, binary.LittleEndian.Uint64(b[16:]), n)
 	case binary.LittleEndian.Uint32(b[24:]) != optimizer.StateChunkBytes:
-		return 0, nil, fmt.Errorf("%w: chunks of %d bytes, want %d", ErrBadState, binary.LittleEndian.Uint32(b[24:]), optimizer.StateChunkBytes)
+		return 0, nil, extra, fmt.Errorf("%w: chunks of %d bytes, want %d", ErrBadState, binary.LittleEndian.Uint32(b[24:]), optimizer.StateChunkBytes)
 	case binary.LittleEndian.Uint32(b[28:]) != uint32(k):
-		return 0, nil, fmt.Errorf("%w: %d chunks, want %d", ErrBadState, binary.LittleEndian.Uint32(b[28:]), k)
+		return 0, nil, extra, fmt.Errorf("%w: %d chunks, want %d", ErrBadState, binary.LittleEndian.Uint32(b[28:]), k)
 	}
 	chunks = make([][sha256.Size]byte, k)
 	for i := range chunks {
 		copy(chunks[i][:], b[servedHeader+sha256.Size*i:])
 	}
-	return binary.LittleEndian.Uint64(b[8:]), chunks, nil
+	copy(extra[:], b[32:64])
+	return binary.LittleEndian.Uint64(b[8:]), chunks, extra, nil
 }
 
 // decodeBody decodes a verified body of n parameters and refuses
@@ -182,7 +213,9 @@ type stateDownload struct {
 	// round and chunks come from the index the download follows.
 	round  uint64
 	chunks [][sha256.Size]byte
-	ok     []bool // chunks of the body that match the index
+	extra  [sha256.Size]byte // the tail's hash
+	ok     []bool            // chunks of the body that match the index
+	tail   []byte            // the tail, once fetched and checked
 }
 
 // fetchVerifiedState downloads the shared state of n parameters from the
@@ -204,6 +237,14 @@ type stateDownload struct {
 // taken whole instead.
 func fetchVerifiedState(ctx context.Context, pn *p2p.Node, log *slog.Logger, n int, minRound, want uint64,
 	ids []transport.PeerID, progress io.Writer) (round uint64, phi, mom []float32, from transport.PeerID, err error) {
+	round, phi, mom, _, from, err = fetchVerifiedStateTail(ctx, pn, log, n, minRound, want, ids, progress)
+	return round, phi, mom, from, err
+}
+
+// fetchVerifiedStateTail is fetchVerifiedState that also returns the
+// state's tail (nil for none), checked against the index's hash of it.
+func fetchVerifiedStateTail(ctx context.Context, pn *p2p.Node, log *slog.Logger, n int, minRound, want uint64,
+	ids []transport.PeerID, progress io.Writer) (round uint64, phi, mom []float32, tail []byte, from transport.PeerID, err error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
@@ -211,7 +252,7 @@ func fetchVerifiedState(ctx context.Context, pn *p2p.Node, log *slog.Logger, n i
 	for _, m := range ids {
 		id, err := peer.Decode(string(m))
 		if err != nil {
-			return 0, nil, nil, "", fmt.Errorf("node: bad peer ID %q: %w", m, err)
+			return 0, nil, nil, nil, "", fmt.Errorf("node: bad peer ID %q: %w", m, err)
 		}
 		peers = append(peers, id)
 	}
@@ -219,10 +260,10 @@ func fetchVerifiedState(ctx context.Context, pn *p2p.Node, log *slog.Logger, n i
 		d := &stateDownload{pn: pn, log: log, n: n, blob: make(memWriterAt, servedSize(n))}
 		first, err := d.fetch(ctx, peers, minRound, want, true, progress)
 		if err != nil {
-			return 0, nil, nil, "", err
+			return 0, nil, nil, nil, "", err
 		}
 		phi, mom, err = decodeBody(d.blob[servedIndexSize(n):], n)
-		return d.round, phi, mom, ids[first], err
+		return d.round, phi, mom, d.tail, ids[first], err
 	}
 	blob := make(memWriterAt, servedSize(n))
 	for start := 0; ; {
@@ -230,10 +271,10 @@ func fetchVerifiedState(ctx context.Context, pn *p2p.Node, log *slog.Logger, n i
 		first, err := d.fetch(ctx, peers[start:], minRound, 0, false, progress)
 		if err == nil {
 			phi, mom, err = decodeBody(d.blob[servedIndexSize(n):], n)
-			return d.round, phi, mom, ids[start+first], err
+			return d.round, phi, mom, d.tail, ids[start+first], err
 		}
 		if first < 0 || ctx.Err() != nil || start+first+1 >= len(peers) {
-			return 0, nil, nil, "", err
+			return 0, nil, nil, nil, "", err
 		}
 		log.Debug("a member's state could not be fetched whole; trying the next member", "peer", peers[start+first], "err", err)
 		start += first + 1
@@ -271,6 +312,9 @@ func (d *stateDownload) fetch(ctx context.Context, peers []peer.ID, minRound, wa
 	bad := d.missing()
 	d.tr.finish(bad == 0)
 	if bad == 0 {
+		if err := d.fetchTail(ctx, from); err != nil {
+			return first, err
+		}
 		return first, nil
 	}
 	if err := ctx.Err(); err != nil {
@@ -297,7 +341,7 @@ func (d *stateDownload) index(ctx context.Context, peers []peer.ID, minRound, wa
 			}
 			continue
 		}
-		round, chunks, err := parseServedIndex(buf, d.n)
+		round, chunks, extra, err := parseServedIndexExtra(buf, d.n)
 		if err == nil && round < minRound {
 			err = fmt.Errorf("node: %s serves round %d, want %d or later", shortPeer(id), round, minRound)
 		}
@@ -305,7 +349,7 @@ func (d *stateDownload) index(ctx context.Context, peers []peer.ID, minRound, wa
 			err = fmt.Errorf("%w: %s serves round %d for a certificate of round %d", ErrBadState, shortPeer(id), round, minRound)
 		}
 		if err == nil && want != 0 {
-			if got := optimizer.StateRoot(round, d.n, chunks); got != want {
+			if got := optimizer.StateRootWith(round, d.n, chunks, extra); got != want {
 				err = fmt.Errorf("%w: %s serves a state (round %d) with hash %016x, the run announces %016x", ErrBadState, shortPeer(id), round, got, want)
 			}
 		}
@@ -314,10 +358,38 @@ func (d *stateDownload) index(ctx context.Context, peers []peer.ID, minRound, wa
 			continue
 		}
 		copy(d.blob, buf)
-		d.round, d.chunks, d.ok = round, chunks, make([]bool, len(chunks))
+		d.round, d.chunks, d.extra, d.ok = round, chunks, extra, make([]bool, len(chunks))
 		return i, nil
 	}
 	return 0, lastErr
+}
+
+// fetchTail takes the state's tail, when its index names one, from the
+// first of from that serves bytes matching the index's hash of it.
+func (d *stateDownload) fetchTail(ctx context.Context, from []peer.ID) error {
+	if d.extra == ([sha256.Size]byte{}) {
+		return nil
+	}
+	lastErr := errors.New("node: no member to take the state's tail from")
+	for _, src := range from {
+		buf := make(memWriterAt, maxTailBytes)
+		fctx, cancel := context.WithTimeout(ctx, fetchTimeout(maxTailBytes))
+		got, err := d.pn.Fetch(fctx, src, stateKeyAt(d.round), shifted{buf, servedSize(d.n)}, p2p.FetchOptions{Offset: servedSize(d.n), Length: -1, MaxLength: maxTailBytes})
+		cancel()
+		if err == nil && sha256.Sum256(buf[:got]) != d.extra {
+			err = fmt.Errorf("%w: %s serves a tail that does not match the state's index", ErrBadState, shortPeer(src))
+			d.log.Warn("a member served a state tail that does not match its hash", "offender", src, "round", d.round)
+		}
+		if err == nil {
+			d.tail = slices.Clone(buf[:got])
+			return nil
+		}
+		lastErr = err
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+	}
+	return fmt.Errorf("node: round %d's state tail: %w", d.round, lastErr)
 }
 
 // spread fetches the body in contiguous spans of chunks, one per source,

@@ -252,3 +252,45 @@ func TestServedChunksMatchIndex(t *testing.T) {
 		t.Fatalf("body does not decode back: %v", err)
 	}
 }
+
+// A state's tail (a dataset run's ledger) is part of the hash the run
+// announces: a member serving the honest index and body with another tail
+// is refused and named, and the tail is taken from an honest member.
+func TestFetchStateTail(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a libp2p swarm")
+	}
+	sw := p2ptest.NewSwarm(t, 3, p2ptest.Options{})
+	me, liar, honest := sw.Nodes[0], sw.Nodes[1], sw.Nodes[2]
+	n := 1000
+	phi, mom := make([]float32, n), make([]float32, n)
+	for i := range phi {
+		phi[i], mom[i] = float32(i)/float32(n), -1
+	}
+	tail := []byte("the ledger of round 5")
+	good, want := encodeServedWith(5, phi, mom, tail)
+	if plain, h := encodeServed(5, phi, mom); h == want || len(plain) != len(good)-len(tail) {
+		t.Fatal("the tail does not change the state's hash")
+	}
+	forged := slices.Clone(good)
+	forged[len(forged)-1] ^= 1
+	for node, blob := range map[*p2p.Node][]byte{liar: forged, honest: good} {
+		s := servedState{blob, 5}
+		node.ServeBulk(func(_ context.Context, _ peer.ID, key string) (io.ReaderAt, int64, error) { return s.open(key) }, 0)
+	}
+	id := func(n *p2p.Node) transport.PeerID { return transport.PeerID(n.ID().String()) }
+	rec := &logRecorder{}
+	_, _, _, got, _, err := fetchVerifiedStateTail(context.Background(), me, slog.New(rec), n, 5, want, []transport.PeerID{id(liar), id(honest)}, nil)
+	if err != nil || string(got) != string(tail) {
+		t.Fatalf("tail %q, err %v", got, err)
+	}
+	rec.mu.Lock()
+	logged := strings.Join(rec.msgs, "\n")
+	rec.mu.Unlock()
+	if !strings.Contains(logged, "offender="+liar.ID().String()) {
+		t.Fatalf("the forged tail's server is not named:\n%s", logged)
+	}
+	if _, _, _, _, _, err := fetchVerifiedStateTail(context.Background(), me, nil, n, 5, want, []transport.PeerID{id(liar)}, nil); !errors.Is(err, ErrBadState) {
+		t.Fatalf("only the liar: %v", err)
+	}
+}

@@ -151,6 +151,16 @@ type RoundReport struct {
 	// Adopted: this volunteer did not contribute to the round (it joined
 	// late, fell behind or was excluded) and took the run's state after it.
 	Adopted bool
+	// Data, in a run over a packed dataset, is where the run is in its
+	// data after the round (nil otherwise).
+	Data *DataProgress
+}
+
+// DataProgress is a run's position in its packed dataset.
+type DataProgress struct {
+	Epoch   uint64  // the epoch being trained
+	Trained float64 // the share of its blocks trained (DiLoCo: certified rounds only)
+	Block   uint64  // the block this member trained in the round
 }
 
 // roundTries is how often a volunteer offers one pseudo-gradient to a round
@@ -315,6 +325,16 @@ type Volunteer struct {
 	// tempShards is a shard directory made for a volunteer without a data
 	// directory; Close removes it.
 	tempShards string
+	// A run over a packed dataset (dataset.go): the chunk cache, the
+	// train split's blocks, the data ledger (DiLoCo; nil otherwise), the
+	// slot of the phase in progress and the background fetches.
+	tokens     *data.PackedSource
+	blocks     data.Blocks
+	ledger     *data.Ledger
+	slot       data.Slot
+	dataCtx    context.Context
+	dataCancel context.CancelFunc
+	prefetch   prefetcher
 	reporter   *reporter
 	metrics    *metricsServer
 	device     string
@@ -439,8 +459,15 @@ func NewVolunteer(ctx context.Context, cfg VolunteerConfig) (_ *Volunteer, err e
 		return nil, fmt.Errorf("%w: run %q asks for DiLoCo without Nesterov momentum (optimizer.nesterov = false); volunteers run Nesterov DiLoCo only",
 			ErrUnsupported, m.RunID)
 	}
-	corpus, err := v.openCorpus(ctx)
-	if err != nil {
+	var corpus *data.Corpus
+	if m.Data.Source == manifest.SourceDataset {
+		if m.Pipeline.Staged() {
+			return nil, fmt.Errorf("%w: run %q is staged and trains on a packed dataset; staged volunteers read a corpus only for now", ErrUnsupported, m.RunID)
+		}
+		if v.tokens, err = v.openDataset(ctx); err != nil {
+			return nil, err
+		}
+	} else if corpus, err = v.openCorpus(ctx); err != nil {
 		return nil, err
 	}
 	if m.Pipeline.Staged() {
@@ -459,21 +486,35 @@ func NewVolunteer(ctx context.Context, cfg VolunteerConfig) (_ *Volunteer, err e
 	if m.Optimizer.Kind == manifest.KindNoLoCo {
 		hostCopies = nolocoHostCopies
 	}
+	closeCorpus := func() {
+		if corpus != nil {
+			corpus.Close()
+		}
+	}
 	if err := checkTokenizer(m); err != nil {
-		corpus.Close()
+		closeCorpus()
 		return nil, err
 	}
+	var source data.TokenSource
+	if v.tokens != nil {
+		source = v.tokens
+	}
 	if v.su, err = trainer.NewSetup(trainer.SetupConfig{Preset: m.Model.Preset, Tokenizer: m.Data.Tokenizer, Batch: m.Model.Batch, SeqLen: m.SeqLen(),
-		Seed: m.Model.Seed, Dev: v.dev, Corpus: corpus, Worker: trainer.WorkerSlot(v.pn.ID().String(), slots),
+		Seed: m.Model.Seed, Dev: v.dev, Corpus: corpus, Source: source, Worker: trainer.WorkerSlot(v.pn.ID().String(), slots),
 		Workers: slots, AdamW: a, ValBatches: cfg.ValBatches, HostCopies: hostCopies,
 		MemAvailable: uint64(cfg.MaxMemoryMiB) << 20}); err != nil {
-		corpus.Close()
+		closeCorpus()
 		if errors.Is(err, trainer.ErrMemory) && cfg.MaxMemoryMiB > 0 {
 			err = fmt.Errorf("%w (the cap this volunteer was given: --max-memory %d MiB)", err, cfg.MaxMemoryMiB)
 		}
 		return nil, err
 	}
 	v.corpus = corpus
+	if v.tokens != nil {
+		if err := v.initBlocks(); err != nil {
+			return nil, err
+		}
+	}
 	v.n = v.su.Stage.NumParams()
 	v.theta = make([]float32, v.n)
 	v.su.Dev.CopyOut(v.theta, v.su.Stage.Params)
@@ -621,6 +662,9 @@ func (v *Volunteer) serveBulk(_ context.Context, from peer.ID, key string) (io.R
 	if hash, ok := data.ParseShardKey(key); ok && v.shards != nil {
 		return v.shards.Open(hash)
 	}
+	if name, ok := data.ParseTokenKey(key); ok && v.tokens != nil {
+		return v.tokens.ReaderAt(name) // the chunks this volunteer holds
+	}
 	if v.st != nil {
 		if m.Meta.Role != p2p.RoleVolunteer {
 			return nil, 0, fmt.Errorf("node: a stage's weights are for volunteers, not %s (%s)", from, m.Meta.Role)
@@ -647,7 +691,7 @@ func (v *Volunteer) serveBulk(_ context.Context, from peer.ID, key string) (io.R
 // serve makes a state what this volunteer serves to joiners and returns
 // its hash.
 func (v *Volunteer) serve(round uint64, phi, mom []float32) uint64 {
-	blob, hash := encodeServed(round, phi, mom)
+	blob, hash := encodeServedWith(round, phi, mom, v.tail())
 	v.mu.Lock()
 	v.served = servedState{blob: blob, round: round}
 	v.mu.Unlock()
@@ -717,6 +761,7 @@ func (v *Volunteer) close() error {
 	if v.localCorpus != nil {
 		v.localCorpus.Close()
 	}
+	v.closeDataset()
 	var err error
 	if v.pn != nil {
 		err = v.pn.Close() // graceful leave
@@ -805,6 +850,7 @@ func (p phase) meanLoss() float32 {
 // trainPhase runs the round's inner steps.
 func (v *Volunteer) trainPhase(ctx context.Context) (phase, error) {
 	ph := phase{began: time.Now()}
+	v.assignBlock()
 	for s := 0; s < v.run.Optimizer.InnerSteps; s++ {
 		if ctx.Err() != nil {
 			break
@@ -903,6 +949,12 @@ func (v *Volunteer) report(rep RoundReport, ph phase, group int) {
 	// counted in neither.
 	wall := time.Since(ph.began).Seconds()
 	rep.ValLoss = v.validate()
+	if v.tokens != nil {
+		rep.Data = &DataProgress{Block: v.blocks.Block(v.slot)}
+		if e, done, ok := v.dataProgress(); ok {
+			rep.Data.Epoch, rep.Data.Trained = e, done
+		}
+	}
 	tokens := uint64(ph.steps * v.su.TokensPerStep())
 	tps := 0.0
 	if ph.computeSec > 0 {
@@ -926,8 +978,14 @@ func (v *Volunteer) report(rep RoundReport, ph phase, group int) {
 			say(v.cfg.Progress, "first round computed %.1fs after starting: round %d, %d after the run's round when this volunteer began",
 				time.Since(v.joinedAt).Seconds(), rep.Round, int64(rep.Round)-int64(v.runAtStart))
 		}
-		say(v.cfg.Progress, "round %d: loss %.4f%s, %s tok/s, %d in group, %.1f kB sent, %.1fs%s", rep.Round,
-			rep.Loss, val, trainer.HumanRate(tps), group, float64(rep.Stats.BytesSent)/1e3, wall, state)
+		epoch := ""
+		if d := rep.Data; d != nil && v.ledger != nil {
+			epoch = fmt.Sprintf(", epoch %d %.1f%% trained (block %d)", d.Epoch, 100*d.Trained, d.Block)
+		} else if d != nil {
+			epoch = fmt.Sprintf(", block %d", d.Block)
+		}
+		say(v.cfg.Progress, "round %d: loss %.4f%s, %s tok/s, %d in group, %.1f kB sent, %.1fs%s%s", rep.Round,
+			rep.Loss, val, trainer.HumanRate(tps), group, float64(rep.Stats.BytesSent)/1e3, wall, epoch, state)
 	}
 	v.lastSent = telemetry.Report{Round: rep.Round, StateHash: rep.StateHash, Adopted: rep.Adopted,
 		TrainLoss: measured(rep.Loss), ValLoss: measured(rep.ValLoss), Tokens: tokens, TokensPerSec: tps,
@@ -982,7 +1040,16 @@ func (v *Volunteer) save(wait bool) bool {
 	}
 	err := v.ckw.SaveWith(v.su.Stage, v.innerStep, map[string]string{model.MetaTokenizer: v.su.Tokenizer}, func(ck *model.Checkpoint) func() error {
 		round, phi, mom := st.State()
-		return func() error { return writeState(v.ckPath, ck, round, phi, mom) }
+		tail := v.tail()
+		return func() error {
+			if err := writeState(v.ckPath, ck, round, phi, mom); err != nil {
+				return err
+			}
+			if tail == nil {
+				return nil
+			}
+			return atomicfile.WriteFile(v.ckPath+".tail", tail, 0o644)
+		}
 	})
 	if err != nil {
 		v.log.Error("saving checkpoint", "err", err)

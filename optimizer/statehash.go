@@ -54,6 +54,14 @@ const stateRootDomain = "skein/state/2"
 // preimage of a 64-bit prefix costs about 2^64 hashes). It never comes out
 // 0, which gossip reads as "no state".
 func StateRoot(round uint64, n int, chunks [][sha256.Size]byte) uint64 {
+	return StateRootWith(round, n, chunks, [sha256.Size]byte{})
+}
+
+// StateRootWith is StateRoot over a state that carries more than phi and
+// the momentum: extra is the SHA-256 of the rest (a run over a packed
+// dataset: its data ledger, data.Ledger), hashed after the chunk hashes. A
+// zero extra is no extra: StateRoot.
+func StateRootWith(round uint64, n int, chunks [][sha256.Size]byte, extra [sha256.Size]byte) uint64 {
 	h := sha256.New()
 	h.Write([]byte(stateRootDomain))
 	var b [20]byte
@@ -63,6 +71,9 @@ func StateRoot(round uint64, n int, chunks [][sha256.Size]byte) uint64 {
 	h.Write(b[:])
 	for _, c := range chunks {
 		h.Write(c[:])
+	}
+	if extra != ([sha256.Size]byte{}) {
+		h.Write(extra[:])
 	}
 	if v := binary.BigEndian.Uint64(h.Sum(nil)); v != 0 {
 		return v

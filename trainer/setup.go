@@ -2,6 +2,7 @@ package trainer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 
@@ -29,6 +30,10 @@ type SetupConfig struct {
 	// sources of the local Go installation).
 	Corpus      *data.Corpus
 	CorpusPaths []string
+	// Source, if set, is the token stream instead of a corpus (a packed
+	// dataset, already in the tokenizer's ids: data.PackedSource); Corpus
+	// and CorpusPaths are then ignored.
+	Source data.TokenSource
 	// Tokenizer names the tokenizer (data.NewTokenizer; "" is byte). Any
 	// other than byte tokenizes the corpus in memory first
 	// (data.Tokenize) and gives the model its vocabulary (padded to a
@@ -119,7 +124,9 @@ func NewSetup(cfg SetupConfig) (*Setup, error) {
 		return nil, err
 	}
 	s := &Setup{Model: mc, T: T, Tokenizer: tokName, Corpus: cfg.Corpus, valBatches: cfg.ValBatches, Dev: dev}
-	if s.Corpus == nil {
+	if cfg.Source != nil {
+		s.Corpus = nil
+	} else if s.Corpus == nil {
 		if s.Corpus, err = OpenCorpus(cfg.CorpusPaths); err != nil {
 			return nil, err
 		}
@@ -130,8 +137,8 @@ func NewSetup(cfg SetupConfig) (*Setup, error) {
 		return nil, err
 	}
 	workers := max(cfg.Workers, 1)
-	var src data.TokenSource
-	if tokName != "byte" {
+	src := cfg.Source
+	if src == nil && tokName != "byte" {
 		if s.Tokens, err = data.Tokenize(context.Background(), s.Corpus, tok, cfg.Progress); err != nil {
 			return fail(err)
 		}
@@ -152,6 +159,9 @@ func NewSetup(cfg SetupConfig) (*Setup, error) {
 			s.Val, err = data.NewTokenLoader(src, data.Validation, vcfg)
 		} else {
 			s.Val, err = data.NewValidationLoader(s.Corpus, cfg.Batch, T)
+		}
+		if errors.Is(err, data.ErrCorpusTooSmall) && cfg.Source != nil {
+			s.Val, err = nil, nil // a dataset packed without a validation split
 		}
 		if err != nil {
 			return fail(err)

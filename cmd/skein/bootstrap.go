@@ -19,6 +19,8 @@ func bootstrapCommand() *cli.Command {
 			Usage: "the run's manifest (TOML: run id, model, optimizer, data; see manifest); default: the demo run, tiny model, corpus packed into shards"}),
 		altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "corpus", EnvVars: envVars("corpus"),
 			Usage: "files or directories packed into the run's shards when the manifest's data source is \"shards\" and lists none (default: the Go standard library sources)"}),
+		altsrc.NewPathFlag(&cli.PathFlag{Name: "dataset", EnvVars: envVars("dataset"),
+			Usage: "train on the packed dataset in DIR (`skein data pack`): serve its shards, list them in the manifest (data.source = \"dataset\"); each volunteer fetches only the chunks it trains on"}),
 		altsrc.NewStringFlag(&cli.StringFlag{Name: "http", EnvVars: envVars("http"),
 			Usage: "serve the public status page, its JSON/SSE API and /metrics on ADDR (e.g. :8080); read-only, safe to expose"}),
 		altsrc.NewPathFlag(&cli.PathFlag{Name: "data-dir", Value: "skein-bootstrap", EnvVars: envVars("data-dir"),
@@ -61,7 +63,7 @@ func bootstrapCommand() *cli.Command {
 					return fmt.Errorf("--manifest: %w", err)
 				}
 			}
-			cfg.Corpus, cfg.HTTPAddr = c.StringSlice("corpus"), c.String("http")
+			cfg.Corpus, cfg.HTTPAddr, cfg.Dataset = c.StringSlice("corpus"), c.String("http"), c.Path("dataset")
 			cfg.Listen, cfg.Advertise = c.StringSlice("listen"), c.String("advertise")
 			if v := c.String("token"); v != "" {
 				if cfg.Token, err = readToken(v); err != nil {

@@ -60,6 +60,7 @@ func newApp() *cli.App {
 			statusCommand(),
 			tokenCommand(),
 			tokenizeCommand(),
+			dataCommand(),
 			evalCommand(),
 			sampleCommand(),
 			exportCommand(),
