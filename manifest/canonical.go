@@ -68,6 +68,12 @@ func (m Manifest) Canonical() []byte {
 	if m.Data.TokenizerHash != "" {
 		w.str("tokenizer_hash", m.Data.TokenizerHash)
 	}
+	if m.Data.Epochs != 0 {
+		w.int("epochs", m.Data.Epochs)
+	}
+	if m.Data.MaxTokens != 0 {
+		w.int("max_tokens", m.Data.MaxTokens)
+	}
 	for _, s := range m.Data.Shards {
 		w.table("[[data.shards]]")
 		w.str("hash", s.Hash)

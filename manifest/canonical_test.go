@@ -72,6 +72,7 @@ func fullDataset() Manifest {
 		m.Data.Shards[i].Files, m.Data.Shards[i].Tokens, m.Data.Shards[i].Documents = 0, int64(i+1)<<10, int64(i)
 	}
 	m.Data.Shards[2].Split = SplitValidation
+	m.Data.Epochs, m.Data.MaxTokens = 3, 1<<40
 	return m
 }
 
@@ -86,6 +87,8 @@ func TestDatasetHashCoversShardFields(t *testing.T) {
 		"tokens":    func(m *Manifest) { m.Data.Shards[1].Tokens++ },
 		"documents": func(m *Manifest) { m.Data.Shards[1].Documents++ },
 		"split":     func(m *Manifest) { m.Data.Shards[1].Split = SplitValidation },
+		"epochs":    func(m *Manifest) { m.Data.Epochs++ },
+		"maxTokens": func(m *Manifest) { m.Data.MaxTokens = 0 },
 		"order":     func(m *Manifest) { slices.Reverse(m.Data.Shards) },
 	} {
 		m := base
@@ -277,6 +280,8 @@ func TestHashCoversEveryField(t *testing.T) {
 		"data.shards.tokens":       nil,
 		"data.shards.documents":    nil,
 		"data.shards.split":        nil,
+		"data.epochs":              nil,
+		"data.max_tokens":          nil,
 		"data.tokenizer":           func(m *Manifest) { m.Data.Tokenizer = "gpt2" },
 		"data.tokenizer_hash":      func(m *Manifest) { m.Data.TokenizerHash = data.GPT2VocabHash },
 		"admission.mode":           func(m *Manifest) { m.Admission.Mode = "closed" },

@@ -199,6 +199,12 @@ type Data struct {
 	// (data.Named.VocabHash): a volunteer whose tokenizer of that name
 	// hashes otherwise is refused. The bootstrap fills it in.
 	TokenizerHash string `toml:"tokenizer_hash"`
+	// Epochs and MaxTokens (SourceDataset) end the run once it has trained
+	// that many epochs of the train split, or that many tokens (counted in
+	// certified rounds); 0 is no limit. A volunteer that sees the end saves
+	// its checkpoint and leaves.
+	Epochs    int64 `toml:"epochs"`
+	MaxTokens int64 `toml:"max_tokens"`
 }
 
 // Shard is one [[data.shards]] entry.

@@ -270,7 +270,7 @@ func TestKnownKeys(t *testing.T) {
 		"wire", "wire.codec",
 		"data", "data.source", "data.val_fraction", "data.shard_bytes",
 		"data.shards", "data.shards.hash", "data.shards.bytes", "data.shards.files",
-		"data.shards.tokens", "data.shards.documents", "data.shards.split",
+		"data.shards.tokens", "data.shards.documents", "data.shards.split", "data.epochs", "data.max_tokens",
 		"data.tokenizer", "data.tokenizer_hash",
 		"admission", "admission.mode", "admission.max_members", "admission.max_per_prefix", "admission.run_key",
 		"pipeline", "pipeline.stages", "pipeline.skip_ratio", "pipeline.microbatches", "pipeline.checkfree_plus",

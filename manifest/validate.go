@@ -164,6 +164,12 @@ func (d Data) validate() error {
 			"must be empty when data.source = %q (set data.source = %q to train on them)", SourceLocal, SourceShards)
 	case len(d.Shards) > MaxShards:
 		return bad("data.shards", entries(len(d.Shards)), "at most %d entries", MaxShards)
+	case d.Epochs < 0 || d.Epochs > 1<<32:
+		return bad("data.epochs", d.Epochs, "out of range [0, %d] (0: no limit)", int64(1)<<32)
+	case d.MaxTokens < 0:
+		return bad("data.max_tokens", d.MaxTokens, "must be >= 0 (0: no limit)")
+	case (d.Epochs != 0 || d.MaxTokens != 0) && d.Source != SourceDataset:
+		return bad("data.source", d.Source, "data.epochs and data.max_tokens end runs over a packed dataset (data.source = %q) only", SourceDataset)
 	}
 	seen := make(map[string]int, len(d.Shards))
 	for i, s := range d.Shards {

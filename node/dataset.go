@@ -256,6 +256,34 @@ func (v *Volunteer) dataProgress() (epoch uint64, done float64, ok bool) {
 	return v.ledger.Epoch, v.ledger.Progress(v.blocks), true
 }
 
+// trainedTokens is the tokens the run has trained by the ledger (whole
+// epochs and the blocks of the current one), or by this member's estimate
+// of the phases all members ran (NoLoCo).
+func (v *Volunteer) trainedTokens() (epoch uint64, tokens int64) {
+	if v.ledger != nil {
+		return v.ledger.Epoch, (int64(v.ledger.Epoch)*int64(v.blocks.N) + int64(v.ledger.Trained)) * v.blocks.BlockTokens()
+	}
+	s := v.nolocoSlot(v.innerStep)
+	return s.Epoch, (int64(s.Epoch)*int64(v.blocks.N) + int64(s.Pos)) * v.blocks.BlockTokens()
+}
+
+// runComplete says why the run has ended (data.epochs or data.max_tokens
+// reached), or "" while it goes on.
+func (v *Volunteer) runComplete() string {
+	d := v.run.Data
+	if v.tokens == nil || (d.Epochs == 0 && d.MaxTokens == 0) {
+		return ""
+	}
+	epoch, tokens := v.trainedTokens()
+	switch {
+	case d.Epochs > 0 && epoch >= uint64(d.Epochs):
+		return fmt.Sprintf("%d epochs trained (data.epochs)", epoch)
+	case d.MaxTokens > 0 && tokens >= d.MaxTokens:
+		return fmt.Sprintf("%d tokens trained, the limit is %d (data.max_tokens)", tokens, d.MaxTokens)
+	}
+	return ""
+}
+
 // closeDataset stops fetches in flight.
 func (v *Volunteer) closeDataset() {
 	if v.dataCancel != nil {

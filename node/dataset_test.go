@@ -137,4 +137,23 @@ func TestDatasetVolunteers(t *testing.T) {
 			t.Fatalf("%s cached %d bytes of a %d-byte dataset\n%s", tv.name, got, total, tv.output())
 		}
 	}
+
+	// A run that ends after a number of tokens: the volunteers leave by
+	// themselves once the ledger has counted them.
+	r.t.Run("max_tokens", func(t *testing.T) {
+		m := info.Manifest
+		m.RunID = "dataset-end"
+		m.Data.MaxTokens = 5 * blocksPerEpoch.BlockTokens() // three rounds of two members
+		info, _ := startBootstrap(ctx, t, bootstrap.Config{Manifest: m, Dataset: ds, Logger: testLogger("bootstrap")})
+		r := &nolocoRun{t: t, m: info.Manifest, addr: info.Addrs[0], ctx: ctx}
+		a, b := r.join("a", "", 0, 2, nil), r.join("b", "", 0, 2, nil)
+		for _, tv := range []*testVolunteer{a, b} {
+			if err := r.wait(tv, long); err != nil {
+				t.Fatalf("%v\n%s", err, tv.output())
+			}
+			if !strings.Contains(tv.output(), "the run is complete") || tv.lastRound() != 3 {
+				t.Fatalf("%s did not end the run after 3 rounds:\n%s", tv.name, tv.output())
+			}
+		}
+	})
 }

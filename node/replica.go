@@ -56,6 +56,10 @@ func (v *Volunteer) runReplica(ctx context.Context) error {
 		if err := o.contribute(ctx, ph); err != nil || ctx.Err() != nil {
 			return err
 		}
+		if why := v.runComplete(); why != "" {
+			say(v.cfg.Progress, "the run is complete: %s; leaving", why)
+			return nil
+		}
 	}
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"math"
@@ -23,6 +24,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/skein-ml/skein/data"
 	"github.com/skein-ml/skein/internal/atomicfile"
 	"github.com/skein-ml/skein/kernels"
 	"github.com/skein-ml/skein/model"
@@ -63,6 +65,10 @@ type TrainConfig struct {
 	// Tokenizer names the tokenizer (data.TokenizerNames; "" is byte): any
 	// other tokenizes the corpus in memory at the start.
 	Tokenizer string
+	// Dataset, if set, is a packed dataset directory (skein data pack) to
+	// train on instead of Corpus; its tokenizer is the run's (Tokenizer
+	// must be empty or the same).
+	Dataset string
 
 	// Out is the run directory (checkpoint and metrics.jsonl); empty means
 	// nothing is written.
@@ -189,19 +195,45 @@ func Train(ctx context.Context, cfg TrainConfig) (*TrainResult, error) {
 			}
 		}
 	}
-	su, err := NewSetup(SetupConfig{Preset: cfg.Preset, Batch: cfg.Batch, SeqLen: cfg.SeqLen, Seed: cfg.Seed,
+	var packed *data.PackedSource
+	var fingerprint string
+	if cfg.Dataset != "" {
+		var err error
+		if packed, err = data.OpenPackedDir(cfg.Dataset); err != nil {
+			return nil, err
+		}
+		ds := packed.Dataset()
+		if cfg.Tokenizer != "" && cfg.Tokenizer != ds.Tokenizer {
+			return nil, fmt.Errorf("%w: --tokenizer %s, but the dataset in %s was packed with %s", ErrConfig, cfg.Tokenizer, cfg.Dataset, ds.Tokenizer)
+		}
+		cfg.Tokenizer = ds.Tokenizer
+		h := fnv.New64a()
+		for _, sh := range append(append([]data.DatasetShard(nil), ds.Train...), ds.Validation...) {
+			h.Write([]byte(sh.Name))
+		}
+		fingerprint = "dataset:" + strconv.FormatUint(h.Sum64(), 16)
+		log.Info("dataset", "dir", cfg.Dataset, "tokenizer", ds.Tokenizer, "train_tokens", ds.SplitTokens(data.Train),
+			"val_tokens", ds.SplitTokens(data.Validation))
+	}
+	scfg := SetupConfig{Preset: cfg.Preset, Batch: cfg.Batch, SeqLen: cfg.SeqLen, Seed: cfg.Seed,
 		Threads: cfg.Threads, Dev: cfg.Dev, CorpusPaths: cfg.Corpus, AdamW: acfg, ValBatches: valBatches,
-		Tokenizer: cfg.Tokenizer, Progress: tokProgress})
+		Tokenizer: cfg.Tokenizer, Progress: tokProgress}
+	if packed != nil {
+		scfg.Source, scfg.Progress = packed, nil
+	}
+	su, err := NewSetup(scfg)
 	if err != nil {
 		return nil, err
 	}
 	defer su.Close()
 	mc, T, corpus, stage, dev := su.Model, su.T, su.Corpus, su.Stage, su.Dev
-	st := corpus.Stats()
-	log.Info("corpus", "train_files", st.Train.Files, "train_bytes", st.Train.Bytes,
-		"val_files", st.Validation.Files, "val_bytes", st.Validation.Bytes)
-	id := runIdentity{Preset: mc.Name, Seed: cfg.Seed, Batch: cfg.Batch, SeqLen: T,
-		Corpus: strconv.FormatUint(corpus.Fingerprint(), 16)}
+	if corpus != nil {
+		st := corpus.Stats()
+		log.Info("corpus", "train_files", st.Train.Files, "train_bytes", st.Train.Bytes,
+			"val_files", st.Validation.Files, "val_bytes", st.Validation.Bytes)
+		fingerprint = strconv.FormatUint(corpus.Fingerprint(), 16)
+	}
+	id := runIdentity{Preset: mc.Name, Seed: cfg.Seed, Batch: cfg.Batch, SeqLen: T, Corpus: fingerprint}
 	if su.Tokenizer != "byte" {
 		id.Tokenizer = su.Tokenizer
 	}

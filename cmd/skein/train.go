@@ -34,6 +34,8 @@ func trainCommand() *cli.Command {
 		altsrc.NewStringFlag(&cli.StringFlag{Name: "device", Value: "auto", EnvVars: envVars("device"), Usage: "what to train on: auto (GPU 0 if one answers, else the CPU, saying why), cpu, or cuda:N[,fp32] (GEMMs in TF32 unless fp32)"}),
 		altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "corpus", EnvVars: envVars("corpus"),
 			Usage: "files or directories to train on (repeatable; default: the Go standard library sources of this Go installation)"}),
+		altsrc.NewPathFlag(&cli.PathFlag{Name: "dataset", EnvVars: envVars("dataset"),
+			Usage: "train on the packed dataset in DIR (`skein data pack`) instead of --corpus; its tokenizer is the run's"}),
 		altsrc.NewPathFlag(&cli.PathFlag{Name: "out", Value: d.Out, EnvVars: envVars("out"), Usage: "run directory for checkpoint.safetensors and metrics.jsonl"}),
 		altsrc.NewBoolFlag(&cli.BoolFlag{Name: "resume", EnvVars: envVars("resume"), Usage: "continue from <out>/checkpoint.safetensors if it exists"}),
 		altsrc.NewBoolFlag(&cli.BoolFlag{Name: "force", EnvVars: envVars("force"), Usage: "start over, replacing <out>/checkpoint.safetensors (without --resume or --force an existing checkpoint is refused)"}),
@@ -70,6 +72,11 @@ func runTrain(c *cli.Context) error {
 	cfg.Dev = dev
 	mc, _ := model.Preset(cfg.Preset)
 	tokenizer := "byte"
+	if cfg.Dataset != "" {
+		if ds, err := data.ReadDataset(cfg.Dataset); err == nil {
+			cfg.Tokenizer = ds.Tokenizer
+		}
+	}
 	if t := cfg.Tokenizer; t != "" && t != "byte" {
 		tokenizer = t
 		if tok, err := data.NewTokenizer(t); err == nil {
@@ -118,6 +125,14 @@ func trainConfig(c *cli.Context) (trainer.TrainConfig, error) {
 	cfg.Threads = c.Int("threads")
 	cfg.Corpus = c.StringSlice("corpus")
 	cfg.Tokenizer = c.String("tokenizer")
+	if cfg.Dataset = c.Path("dataset"); cfg.Dataset != "" {
+		if len(cfg.Corpus) > 0 {
+			return trainer.TrainConfig{}, fmt.Errorf("--dataset and --corpus: train on one or the other")
+		}
+		if !c.IsSet("tokenizer") {
+			cfg.Tokenizer = "" // the dataset's
+		}
+	}
 	cfg.Out = c.Path("out")
 	cfg.Resume = c.Bool("resume")
 	cfg.Force = c.Bool("force")
