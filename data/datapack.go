@@ -594,19 +594,31 @@ func (p *packRun) addRead(n int64) {
 	p.mu.Unlock()
 }
 
-// encode tokenizes a batch's texts in place and picks each document's
-// split.
+// encode tokenizes a batch's texts in place, into one buffer, and picks
+// each document's split.
 func (p *packRun) encode(b *docBatch) {
+	app, _ := p.cfg.Tokenizer.(Appender)
+	n := 0
+	for _, d := range b.docs {
+		n += len(d.text)/3 + 2
+	}
+	buf := make([]int32, 0, n)
 	for i := range b.docs {
 		d := &b.docs[i]
 		d.split = p.split(d)
-		if d.tokens == nil {
-			ids := p.cfg.Tokenizer.Encode(d.text)
-			if p.eot >= 0 {
-				ids = append([]int32{p.eot}, ids...)
-			}
-			d.tokens, d.text = ids, nil
+		if d.tokens != nil {
+			continue
 		}
+		start := len(buf)
+		if p.eot >= 0 {
+			buf = append(buf, p.eot)
+		}
+		if app != nil {
+			buf = app.AppendEncode(buf, d.text)
+		} else {
+			buf = append(buf, p.cfg.Tokenizer.Encode(d.text)...)
+		}
+		d.tokens, d.text = buf[start:len(buf):len(buf)], nil
 	}
 }
 
@@ -668,9 +680,9 @@ func (p *packRun) read(ctx context.Context, in packInput, emit func(document) er
 		if in.size > MaxDocumentBytes {
 			return p.bad(fmt.Errorf("data: %s: a text file of %d bytes is one document, more than %d: %w: %w", in.name, in.size, MaxDocumentBytes, ErrBadRecord, ErrDataFormat))
 		}
-		b, err := io.ReadAll(io.LimitReader(f, MaxDocumentBytes+1))
-		if err != nil {
-			return fmt.Errorf("data: %s: %w", in.name, err)
+		b := make([]byte, in.size)
+		if _, err := io.ReadFull(f, b); err != nil {
+			return fmt.Errorf("data: %s: %w (did it change while packing?)", in.name, err)
 		}
 		p.addRead(int64(len(b)))
 		if ok, err := checkText("", b); !ok || len(b) == 0 {
@@ -837,22 +849,36 @@ type shardWriter struct {
 	vocabHash   [32]byte
 	shardTokens int64
 	chunkTokens int
-	buf         []int32
-	docs        int64 // documents starting in buf
-	tokens      int64 // written and buffered
+	body        []byte // the shard's tokens, encoded
+	n           int    // tokens in body
+	docs        int64  // documents starting in body
+	tokens      int64  // written and buffered
 	shards      []DatasetShard
 }
 
 // add appends one document's tokens.
 func (w *shardWriter) add(ids []int32) error {
 	w.docs++
+	width := tokenWidth(w.vocab)
+	if w.body == nil {
+		w.body = make([]byte, 0, min(w.shardTokens*int64(width), 1<<20)) // grows as needed
+	}
 	for len(ids) > 0 {
-		room := int(w.shardTokens) - len(w.buf)
+		room := int(w.shardTokens) - w.n
 		n := min(room, len(ids))
-		w.buf = append(w.buf, ids[:n]...)
+		if width == 2 {
+			for _, t := range ids[:n] {
+				w.body = binary.LittleEndian.AppendUint16(w.body, uint16(t))
+			}
+		} else {
+			for _, t := range ids[:n] {
+				w.body = binary.LittleEndian.AppendUint32(w.body, uint32(t))
+			}
+		}
+		w.n += n
 		w.tokens += int64(n)
 		ids = ids[n:]
-		if len(w.buf) == int(w.shardTokens) {
+		if w.n == int(w.shardTokens) {
 			if err := w.flush(); err != nil {
 				return err
 			}
@@ -863,24 +889,15 @@ func (w *shardWriter) add(ids []int32) error {
 
 // flush writes the buffered tokens as a shard.
 func (w *shardWriter) flush() error {
-	if len(w.buf) == 0 {
+	if w.n == 0 {
 		return nil
 	}
 	width := tokenWidth(w.vocab)
-	body := make([]byte, width*len(w.buf))
-	if width == 2 {
-		for i, t := range w.buf {
-			binary.LittleEndian.PutUint16(body[2*i:], uint16(t))
-		}
-	} else {
-		for i, t := range w.buf {
-			binary.LittleEndian.PutUint32(body[4*i:], uint32(t))
-		}
-	}
-	h := TokenShardHeader{Width: width, Vocab: w.vocab, VocabHash: w.vocabHash, Tokens: int64(len(w.buf)),
+	body := w.body
+	h := TokenShardHeader{Width: width, Vocab: w.vocab, VocabHash: w.vocabHash, Tokens: int64(w.n),
 		Documents: w.docs, ChunkTokens: w.chunkTokens}
-	for k := 0; k*w.chunkTokens < len(w.buf); k++ {
-		lo, hi := k*w.chunkTokens*width, min((k+1)*w.chunkTokens, len(w.buf))*width
+	for k := 0; k*w.chunkTokens < w.n; k++ {
+		lo, hi := k*w.chunkTokens*width, min((k+1)*w.chunkTokens, w.n)*width
 		h.Chunks = append(h.Chunks, sha256.Sum256(body[lo:hi]))
 	}
 	hdr := h.Marshal()
@@ -895,7 +912,7 @@ func (w *shardWriter) flush() error {
 	if err != nil {
 		return fmt.Errorf("data: writing shard %s: %w", name, err)
 	}
-	w.shards = append(w.shards, DatasetShard{Name: name, Bytes: int64(len(hdr) + len(body)), Tokens: int64(len(w.buf)), Documents: w.docs})
-	w.buf, w.docs = w.buf[:0], 0
+	w.shards = append(w.shards, DatasetShard{Name: name, Bytes: int64(len(hdr) + len(body)), Tokens: int64(w.n), Documents: w.docs})
+	w.body, w.n, w.docs = w.body[:0], 0, 0
 	return nil
 }

@@ -75,6 +75,14 @@ func (g *GPT2Tokenizer) Encode(p []byte) []int32 {
 	return g.v.appendOrdinary(make([]int32, 0, len(p)/3+8), p, c)
 }
 
+// AppendEncode appends the ids of p to dst (Encode without the
+// allocation).
+func (g *GPT2Tokenizer) AppendEncode(dst []int32, p []byte) []int32 {
+	c := g.v.caches.Get().(*mergeCache)
+	defer g.v.caches.Put(c)
+	return g.v.appendOrdinary(dst, p, c)
+}
+
 // EncodeSpecial returns the ids of p with every <|endoftext|> in p as
 // GPT2EndOfText; the text between them is encoded as by Encode, each stretch
 // on its own (tiktoken's encode with allowed_special="all").

@@ -32,6 +32,12 @@ type Named interface {
 	VocabHash() string
 }
 
+// Appender is a Tokenizer that can append ids to a slice the caller owns.
+type Appender interface {
+	// AppendEncode appends the ids of p (Encode's) to dst.
+	AppendEncode(dst []int32, p []byte) []int32
+}
+
 // SpecialEncoder is a Tokenizer with special tokens, such as GPT-2's
 // <|endoftext|>.
 type SpecialEncoder interface {
@@ -107,6 +113,14 @@ func (ByteTokenizer) Encode(p []byte) []int32 {
 		ids[i] = int32(c)
 	}
 	return ids
+}
+
+// AppendEncode appends the ids of p to dst.
+func (ByteTokenizer) AppendEncode(dst []int32, p []byte) []int32 {
+	for _, c := range p {
+		dst = append(dst, int32(c))
+	}
+	return dst
 }
 
 // replacement is U+FFFD in UTF-8.
