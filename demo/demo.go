@@ -41,6 +41,9 @@ type Config struct {
 	// Corpus is what the bootstrap packs (empty: the Go standard library
 	// sources).
 	Corpus []string
+	// Dataset, if set, is a packed dataset directory (skein data pack) the
+	// run trains on instead (bootstrap --dataset).
+	Dataset string
 	// Duration ends the run (0: until TargetLoss or ctx).
 	Duration time.Duration
 	// TargetLoss ends the run once the validation loss reaches it (0: none).
@@ -323,6 +326,9 @@ func (cfg *Config) startBootstrap(ctx context.Context, kids *children, out io.Wr
 		"--data-dir", filepath.Join(cfg.Dir, "bootstrap"), "--http", cfg.HTTPAddr}
 	for _, c := range cfg.Corpus {
 		bsArgs = append(bsArgs, "--corpus", c)
+	}
+	if cfg.Dataset != "" {
+		bsArgs = append(bsArgs, "--dataset", cfg.Dataset)
 	}
 	log := filepath.Join(cfg.Dir, "bootstrap.log")
 	bs, err := kids.start(cfg.Binary, log, true, append(bsArgs, netFlags...)...)

@@ -138,6 +138,41 @@ func TestDatasetVolunteers(t *testing.T) {
 		}
 	}
 
+	// NoLoCo on the dataset: each member takes the block at its rank among
+	// the volunteers it sees, so two members that see each other train
+	// disjoint blocks in every phase.
+	r.t.Run("noloco", func(t *testing.T) {
+		m := info.Manifest
+		m.RunID = "dataset-noloco"
+		o := &m.Optimizer
+		o.Kind, o.InnerLR, o.Warmup, o.TotalSteps = manifest.KindNoLoCo, 2e-3, 8, 1000
+		o.OuterLR, o.OuterMomentum, o.GroupSize, o.Gamma = 0.7, 0.5, 2, 0.7
+		info, _ := startBootstrap(ctx, t, bootstrap.Config{Manifest: m, Dataset: ds, Logger: testLogger("bootstrap")})
+		r := &nolocoRun{t: t, m: info.Manifest, addr: info.Addrs[0], ctx: ctx}
+		a, b := r.join("a", "", 4, 2, nil), r.join("b", "", 4, 2, nil)
+		byRound := map[uint64]map[uint64]string{}
+		for _, tv := range []*testVolunteer{a, b} {
+			if err := r.wait(tv, long); err != nil {
+				t.Fatalf("%v\n%s", err, tv.output())
+			}
+			for _, rep := range tv.reports() {
+				if rep.Adopted || rep.Data == nil {
+					continue
+				}
+				if byRound[rep.Round] == nil {
+					byRound[rep.Round] = map[uint64]string{}
+				}
+				if o, dup := byRound[rep.Round][rep.Data.Block]; dup {
+					t.Fatalf("step %d: %s and %s trained block %d\n%s\n%s", rep.Round, o, tv.name, rep.Data.Block, a.output(), b.output())
+				}
+				byRound[rep.Round][rep.Data.Block] = tv.name
+			}
+		}
+		if len(byRound) < 3 {
+			t.Fatalf("%d steps with data reports\n%s", len(byRound), a.output())
+		}
+	})
+
 	// A run that ends after a number of tokens: the volunteers leave by
 	// themselves once the ledger has counted them.
 	r.t.Run("max_tokens", func(t *testing.T) {

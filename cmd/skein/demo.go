@@ -56,6 +56,7 @@ func demoCommand() *cli.Command {
 			&cli.IntFlag{Name: "threads", Value: d.Threads, Usage: "CPU threads per volunteer"},
 			&cli.IntFlag{Name: "inner-steps", Value: d.Manifest.Optimizer.InnerSteps, Usage: "inner steps per round (H); 10 with --stages unless set"},
 			&cli.StringSliceFlag{Name: "corpus", Usage: "files or directories to train on, packed into the run's shards (default: the Go standard library sources)"},
+			&cli.PathFlag{Name: "dataset", Usage: "train on the packed dataset in DIR (`skein data pack`) instead of --corpus: each volunteer fetches only the chunks of its blocks"},
 			&cli.PathFlag{Name: "dir", Usage: "directory for the children's data and logs (default: a new temporary directory)"},
 			&cli.StringFlag{Name: "child-log-level", Value: "warn", Usage: "log level of the children (their logs go to --dir)"},
 			&cli.BoolFlag{Name: "chaos", Usage: "chaos soak: kill -9 and restart a third of the volunteers every --chaos-every, pause one (SIGSTOP) between waves, then check the run's invariants (exit status 1 if one broke)"},
@@ -151,6 +152,14 @@ func demoCommand() *cli.Command {
 					return err
 				}
 				cfg.Corpus = append(cfg.Corpus, abs)
+			}
+			if p := c.Path("dataset"); p != "" {
+				if len(cfg.Corpus) > 0 {
+					return fmt.Errorf("--dataset and --corpus: train on one or the other")
+				}
+				if cfg.Dataset, err = filepath.Abs(p); err != nil {
+					return err
+				}
 			}
 			if c.Int("stages") > 0 {
 				return stagedDemo(c, cfg)
