@@ -990,7 +990,11 @@ func (v *Volunteer) report(rep RoundReport, ph phase, group int) {
 	v.lastSent = telemetry.Report{Round: rep.Round, StateHash: rep.StateHash, Adopted: rep.Adopted,
 		TrainLoss: measured(rep.Loss), ValLoss: measured(rep.ValLoss), Tokens: tokens, TokensPerSec: tps,
 		BytesSent: uint64(max(sent, 0)), BytesRecv: uint64(max(recv, 0)), ComputeSeconds: ph.computeSec, WallSeconds: wall,
-		Members: rep.Members, Device: v.device, Version: v.cfg.Version, UnixMS: time.Now().UnixMilli()}
+		Members: rep.Members, Device: v.device, Version: v.cfg.Version, UnixMS: time.Now().UnixMilli(),
+		HasData: rep.Data != nil && v.ledger != nil} // a NoLoCo member keeps no ledger: no progress to show
+	if v.lastSent.HasData {
+		v.lastSent.Epoch, v.lastSent.EpochTrained = rep.Data.Epoch, float32(min(max(rep.Data.Trained, 0), 1))
+	}
 	if v.cfg.Hostile == HostileTelemetry {
 		v.reporter.send(lyingReport(v.lastSent))
 	} else {

@@ -23,6 +23,13 @@ type Report struct {
 	Device  string // e.g. "cpu (8 threads)"; at most MaxString bytes
 	Version string // the volunteer's skein version; at most MaxString bytes
 	UnixMS  int64  // the volunteer's clock when it sent the report
+
+	// HasData: the run trains on a packed dataset and Epoch and
+	// EpochTrained are the volunteer's view of its data ledger after the
+	// round (both 0 when false).
+	HasData      bool
+	Epoch        uint64  // the epoch being trained, 0 first
+	EpochTrained float32 // the share of the epoch's blocks trained, in [0, 1]
 }
 
 // MaxString bounds Device and Version on the wire.

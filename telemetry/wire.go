@@ -27,9 +27,15 @@ const (
 	wireVersion = 1
 	// fixedSize is the length of the fields before Device's length byte.
 	fixedSize = 86
+	// dataSize is the length of Epoch and EpochTrained, after Version when
+	// flags bit 1 (HasData) is set.
+	dataSize = 12
 	// minSize and maxSize bound a version 1 report.
 	minSize = fixedSize + 2
-	maxSize = minSize + 2*MaxString
+	maxSize = minSize + 2*MaxString + dataSize
+	// Bits of the flags byte.
+	flagAdopted = 1 << 0
+	flagHasData = 1 << 1
 	// nanBits is the one float32 NaN the wire format carries.
 	nanBits = 0x7fc00000
 )
@@ -51,6 +57,12 @@ func (r Report) Validate() error {
 		return badValue("Members", r.Members, fmt.Sprintf("out of range [0, %d]", MaxMembers))
 	case r.UnixMS < 0:
 		return badValue("UnixMS", r.UnixMS, "must be >= 0")
+	case !(r.EpochTrained >= 0 && r.EpochTrained <= 1):
+		return badValue("EpochTrained", r.EpochTrained, "must be in [0, 1]")
+	case !r.HasData && r.Epoch != 0:
+		return badValue("Epoch", r.Epoch, "must be 0 without HasData")
+	case !r.HasData && math.Float32bits(r.EpochTrained) != 0:
+		return badValue("EpochTrained", r.EpochTrained, "must be 0 without HasData")
 	}
 	if err := checkString("Device", r.Device); err != nil {
 		return err
@@ -61,7 +73,7 @@ func (r Report) Validate() error {
 // MarshalBinary encodes r in the version 1 layout (see the package doc),
 // after Validate.
 func (r Report) MarshalBinary() ([]byte, error) {
-	return r.AppendBinary(make([]byte, 0, minSize+len(r.Device)+len(r.Version)))
+	return r.AppendBinary(make([]byte, 0, minSize+len(r.Device)+len(r.Version)+dataSize))
 }
 
 // AppendBinary appends r's encoding to b, as MarshalBinary; on error b is
@@ -73,7 +85,10 @@ func (r Report) AppendBinary(b []byte) ([]byte, error) {
 	le := binary.LittleEndian
 	var flags byte
 	if r.Adopted {
-		flags |= 1
+		flags |= flagAdopted
+	}
+	if r.HasData {
+		flags |= flagHasData
 	}
 	b = append(b, wireVersion)
 	b = le.AppendUint64(b, r.Round)
@@ -93,6 +108,10 @@ func (r Report) AppendBinary(b []byte) ([]byte, error) {
 	b = append(b, r.Device...)
 	b = append(b, byte(len(r.Version)))
 	b = append(b, r.Version...)
+	if r.HasData {
+		b = le.AppendUint64(b, r.Epoch)
+		b = le.AppendUint32(b, math.Float32bits(r.EpochTrained))
+	}
 	return b, nil
 }
 
@@ -115,10 +134,11 @@ func (r *Report) UnmarshalBinary(b []byte) error {
 	x.Round = le.Uint64(b[1:])
 	x.StateHash = le.Uint64(b[9:])
 	flags := b[17]
-	if flags&^1 != 0 {
-		return fmt.Errorf("%w: flags %#x: only bit 0 (Adopted) is defined", ErrBadReport, flags)
+	if flags&^(flagAdopted|flagHasData) != 0 {
+		return fmt.Errorf("%w: flags %#x: only bits 0 (Adopted) and 1 (HasData) are defined", ErrBadReport, flags)
 	}
-	x.Adopted = flags&1 != 0
+	x.Adopted = flags&flagAdopted != 0
+	x.HasData = flags&flagHasData != 0
 	var err error
 	if x.TrainLoss, err = readLoss("TrainLoss", le.Uint32(b[18:])); err != nil {
 		return err
@@ -144,6 +164,14 @@ func (r *Report) UnmarshalBinary(b []byte) error {
 	}
 	if x.Version, rest, err = readString("Version", rest); err != nil {
 		return err
+	}
+	if x.HasData {
+		if len(rest) < dataSize {
+			return fmt.Errorf("%w: data progress: %d bytes left, want %d", ErrBadReport, len(rest), dataSize)
+		}
+		x.Epoch = le.Uint64(rest)
+		x.EpochTrained = math.Float32frombits(le.Uint32(rest[8:]))
+		rest = rest[dataSize:]
 	}
 	if len(rest) != 0 {
 		return fmt.Errorf("%w: %d bytes after the report", ErrBadReport, len(rest))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"math"
 	"strings"
@@ -28,9 +29,14 @@ func sampleReports() []Report {
 			ValLoss: math.SmallestNonzeroFloat32, Tokens: math.MaxUint64, TokensPerSec: math.MaxFloat64,
 			BytesSent: math.MaxUint64, BytesRecv: math.MaxUint64, ComputeSeconds: math.MaxFloat64,
 			WallSeconds: math.SmallestNonzeroFloat64, Members: MaxMembers, UnixMS: math.MaxInt64,
-			Device: strings.Repeat("d", MaxString), Version: strings.Repeat("é", MaxString/2)},
+			Device: strings.Repeat("d", MaxString), Version: strings.Repeat("é", MaxString/2),
+			HasData: true, Epoch: math.MaxUint64, EpochTrained: 1},
 		{Adopted: true, TrainLoss: nan, ValLoss: nan, TokensPerSec: math.Copysign(0, -1),
-			ComputeSeconds: math.Copysign(0, -1), Device: "NVIDIA H100 80GB HBM3 ✓", Version: "dev (go1.26) ~ [x] \"q\" \\"},
+			ComputeSeconds: math.Copysign(0, -1), Device: "NVIDIA H100 80GB HBM3 ✓", Version: "dev (go1.26) ~ [x] \"q\" \\",
+			HasData: true, EpochTrained: float32(math.Copysign(0, -1))},
+		{Round: 40, StateHash: 0x0123456789abcdef, TrainLoss: 3.25, ValLoss: 3.5, Tokens: 8192, Members: 3,
+			Device: "cpu", Version: "v0.5.0", UnixMS: 1_760_000_000_000,
+			HasData: true, Epoch: 2, EpochTrained: 0.4375},
 	}
 }
 
@@ -42,7 +48,17 @@ func same(a, b Report) bool {
 		f32(a.TrainLoss, b.TrainLoss) && f32(a.ValLoss, b.ValLoss) && a.Tokens == b.Tokens &&
 		f64(a.TokensPerSec, b.TokensPerSec) && a.BytesSent == b.BytesSent && a.BytesRecv == b.BytesRecv &&
 		f64(a.ComputeSeconds, b.ComputeSeconds) && f64(a.WallSeconds, b.WallSeconds) &&
-		a.Members == b.Members && a.Device == b.Device && a.Version == b.Version && a.UnixMS == b.UnixMS
+		a.Members == b.Members && a.Device == b.Device && a.Version == b.Version && a.UnixMS == b.UnixMS &&
+		a.HasData == b.HasData && a.Epoch == b.Epoch && f32(a.EpochTrained, b.EpochTrained)
+}
+
+// wireSize is the length of r's encoding by the package doc's table.
+func wireSize(r Report) int {
+	n := 88 + len(r.Device) + len(r.Version)
+	if r.HasData {
+		n += 12
+	}
+	return n
 }
 
 func mustMarshal(t testing.TB, r Report) []byte {
@@ -57,7 +73,7 @@ func mustMarshal(t testing.TB, r Report) []byte {
 func TestRoundTrip(t *testing.T) {
 	for i, r := range sampleReports() {
 		b := mustMarshal(t, r)
-		if want := minSize + len(r.Device) + len(r.Version); len(b) != want || len(b) > MaxReportSize {
+		if want := wireSize(r); len(b) != want || len(b) > maxSize || maxSize > MaxReportSize {
 			t.Errorf("report %d: %d bytes, want %d (at most %d)", i, len(b), want, MaxReportSize)
 		}
 		var got Report
@@ -100,6 +116,41 @@ func TestLayout(t *testing.T) {
 	want = append(want, r.Version...)
 	if got := mustMarshal(t, r); !bytes.Equal(got, want) {
 		t.Errorf("layout:\ngot  %x\nwant %x", got, want)
+	}
+
+	// With data progress: flags bit 1, and 12 bytes after Version.
+	r.HasData, r.Epoch, r.EpochTrained = true, 3, 0.625
+	want[17] = 3
+	want = le.AppendUint64(want, 3)
+	want = le.AppendUint32(want, math.Float32bits(0.625))
+	if got := mustMarshal(t, r); !bytes.Equal(got, want) {
+		t.Errorf("layout with data:\ngot  %x\nwant %x", got, want)
+	}
+}
+
+// oldReport is sampleReports()[1] with Adopted set, as the encoder wrote it
+// before reports carried data progress.
+const oldReport = "010c000000000000000df0fecaefbeadde01000020400000c07f00c800000000000000000000004a9340000010000000000000003000000000000000000000c044400000000000a046400400000000dc2074970100000f6370752028382074687265616473290676302e332e31"
+
+// TestOldReport: a report from before the data fields (flags bit 1 clear,
+// nothing after Version) still decodes, without data, and encodes to the
+// same bytes.
+func TestOldReport(t *testing.T) {
+	b, err := hex.DecodeString(oldReport)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got Report
+	if err := got.UnmarshalBinary(b); err != nil {
+		t.Fatal(err)
+	}
+	want := sampleReports()[1]
+	want.Adopted = true
+	if !same(got, want) || got.HasData {
+		t.Errorf("got %+v, want %+v", got, want)
+	}
+	if b2 := mustMarshal(t, got); !bytes.Equal(b2, b) {
+		t.Errorf("re-encoding differs:\ngot  %x\nwant %x", b2, b)
 	}
 }
 
@@ -165,6 +216,13 @@ func TestMarshalRefuses(t *testing.T) {
 		{"Members = -1", func(r *Report) { r.Members = -1 }},
 		{"Members = 65537", func(r *Report) { r.Members = MaxMembers + 1 }},
 		{"UnixMS = -1", func(r *Report) { r.UnixMS = -1 }},
+		{"EpochTrained = NaN: must be in [0, 1]", func(r *Report) { r.HasData, r.EpochTrained = true, float32(nan) }},
+		{"EpochTrained = 1.5: must be in [0, 1]", func(r *Report) { r.HasData, r.EpochTrained = true, 1.5 }},
+		{"EpochTrained = -0.25: must be in [0, 1]", func(r *Report) { r.HasData, r.EpochTrained = true, -0.25 }},
+		{"EpochTrained = +Inf: must be in [0, 1]", func(r *Report) { r.HasData, r.EpochTrained = true, inf32 }},
+		{"Epoch = 2: must be 0 without HasData", func(r *Report) { r.Epoch = 2 }},
+		{"EpochTrained = 0.5: must be 0 without HasData", func(r *Report) { r.EpochTrained = 0.5 }},
+		{"EpochTrained = -0: must be 0 without HasData", func(r *Report) { r.EpochTrained = float32(math.Copysign(0, -1)) }},
 		{"Device: 65 bytes, more than MaxString 64", func(r *Report) { r.Device = strings.Repeat("x", MaxString+1) }},
 		{"Version: 66 bytes", func(r *Report) { r.Version = strings.Repeat("é", MaxString/2+1) }},
 		{"Device = \"cpu\\xff\": not valid UTF-8", func(r *Report) { r.Device = "cpu\xff" }},
@@ -222,8 +280,11 @@ func TestUnmarshalRefuses(t *testing.T) {
 	}{
 		{"version 2, want 1", func(b []byte) []byte { b[0] = 2; return b }},
 		{"version 0, want 1", func(b []byte) []byte { b[0] = 0; return b }},
-		{"flags 0x2: only bit 0", func(b []byte) []byte { b[17] = 2; return b }},
+		{"flags 0x4: only bits 0 (Adopted) and 1 (HasData)", func(b []byte) []byte { b[17] = 4; return b }},
 		{"flags 0x81", func(b []byte) []byte { b[17] = 0x81; return b }},
+		{"flags 0x7", func(b []byte) []byte { b[17] = 7; return b }},
+		{"data progress: 0 bytes left, want 12", func(b []byte) []byte { b[17] = 2; return b }},
+		{"data progress: 11 bytes left, want 12", func(b []byte) []byte { b[17] = 2; return append(b, make([]byte, 11)...) }},
 		{"TrainLoss = NaN with bits 0x7fc00001", func(b []byte) []byte { le.PutUint32(b[18:], 0x7fc00001); return b }},
 		{"ValLoss = NaN with bits 0xffc00000", func(b []byte) []byte { le.PutUint32(b[22:], 0xffc00000); return b }},
 		{"ValLoss = NaN with bits 0x7f800001", func(b []byte) []byte { le.PutUint32(b[22:], 0x7f800001); return b }},
@@ -256,6 +317,37 @@ func TestUnmarshalRefuses(t *testing.T) {
 			t.Errorf("%s: the report was changed by a failed decode", c.want)
 		}
 	}
+
+	// The data progress of a report that has it: the last 12 bytes.
+	withData := sampleReports()[4]
+	trained := func(bits uint32) func(b []byte) []byte {
+		return func(b []byte) []byte { le.PutUint32(b[len(b)-4:], bits); return b }
+	}
+	dataCases := []struct {
+		want string
+		edit func(b []byte) []byte
+	}{
+		{"EpochTrained = NaN: must be in [0, 1]", trained(nanBits)},
+		{"EpochTrained = NaN: must be in [0, 1]", trained(0xffc00001)},
+		{"EpochTrained = 1.0000001: must be in [0, 1]", trained(math.Float32bits(1) + 1)},
+		{"EpochTrained = 2: must be in [0, 1]", trained(math.Float32bits(2))},
+		{"EpochTrained = -1e-45: must be in [0, 1]", trained(0x80000001)},
+		{"EpochTrained = +Inf", trained(math.Float32bits(float32(math.Inf(1))))},
+		{"data progress: 11 bytes left, want 12", func(b []byte) []byte { return b[:len(b)-1] }},
+		{"4 bytes after the report", func(b []byte) []byte { return append(b, 0, 0, 0, 0) }},
+	}
+	for _, c := range dataCases {
+		b := c.edit(mustMarshal(t, withData))
+		r := withData
+		r.Epoch = 99
+		err := r.UnmarshalBinary(b)
+		if !errors.Is(err, ErrBadReport) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: got %v", c.want, err)
+		}
+		if r.Epoch != 99 {
+			t.Errorf("%s: the report was changed by a failed decode", c.want)
+		}
+	}
 }
 
 func FuzzReport(f *testing.F) {
@@ -265,6 +357,15 @@ func FuzzReport(f *testing.F) {
 	b := mustMarshal(f, sampleReports()[1])
 	f.Add(b[:len(b)-1])
 	f.Add(append(b, 0))
+	b[17] |= flagHasData // data progress announced, not there
+	f.Add(b)
+	f.Add(append(b, make([]byte, dataSize)...))
+	d := mustMarshal(f, sampleReports()[4])
+	f.Add(d[:len(d)-dataSize]) // data progress cut off
+	f.Add(d[:len(d)-1])
+	if h, err := hex.DecodeString(oldReport); err == nil {
+		f.Add(h)
+	}
 	f.Add([]byte{})
 	f.Add([]byte{1})
 	f.Add(make([]byte, minSize))

@@ -27,6 +27,9 @@ type fakeSwarm struct {
 
 	mu    sync.Mutex // round is read by the server's members callback
 	round uint64
+	// data: the reports carry data progress (a run over a packed dataset
+	// of 10 rounds an epoch).
+	data bool
 }
 
 var fakeDevices = []string{"cuda: NVIDIA RTX 4090", "cpu (16 threads)", "cuda: NVIDIA A100 80GB", "cpu (8 threads)"}
@@ -77,6 +80,9 @@ func (f *fakeSwarm) rounds(n int) {
 				Members: len(f.peers), Device: fakeDevices[i%len(fakeDevices)], Version: "v0.4.0",
 				UnixMS: at.UnixMilli(),
 			}
+			if f.data {
+				rep.HasData, rep.Epoch, rep.EpochTrained = true, r/10, float32(r%10)/10
+			}
 			if err := f.store.Record(p, rep, at.Add(time.Duration(i)*time.Millisecond)); err != nil {
 				f.t.Fatalf("record round %d: %v", r, err)
 			}
@@ -126,6 +132,7 @@ func TestBrowserStatusPage(t *testing.T) {
 		{`[...document.querySelectorAll('#members tbody tr code')].map(e => e.textContent).join(' ')`, "Hx3q00No"},
 		{`document.querySelector('#timeline li').textContent`, "failed"},
 		{`document.getElementById('stat-saved').textContent`, "less"},
+		{`String(document.getElementById('stat-epoch').hidden)`, "true"}, // no dataset yet
 	} {
 		got, err := browsertest.EvalJS[string](ctx, c.expr)
 		if err != nil || !strings.Contains(got, c.want) {
@@ -141,10 +148,13 @@ func TestBrowserStatusPage(t *testing.T) {
 	if _, err := browsertest.EvalJS[chromedp.Void](ctx, `window.__sameDocument = true`); err != nil {
 		t.Fatal(err)
 	}
+	swarm.data = true // and now carry data progress: round 16 is epoch 1, 60% trained
 	swarm.rounds(4)
 	srv.Notify() // the member list moved to round 16
 	browsertest.WaitJS(t, ctx, `document.getElementById('stat-round').textContent === '16' &&
 		+document.getElementById('loss-chart').dataset.trainPoints === 16`, 10*time.Second)
+	browsertest.WaitJS(t, ctx, `!document.getElementById('stat-epoch').hidden &&
+		document.getElementById('stat-epoch').textContent === 'epoch 1 · 60.0% trained'`, 5*time.Second)
 	if same, err := browsertest.EvalJS[bool](ctx, `window.__sameDocument === true`); err != nil || !same {
 		t.Errorf("the page reloaded instead of updating live (%v)", err)
 	}

@@ -120,6 +120,9 @@ func FormatText(w io.Writer, s Snapshot) {
 	}
 	fmt.Fprintf(w, "round %d   val loss %s   tokens %s   %s tok/s   %s/s sent   members online %d\n",
 		s.Round, val, countText(float64(s.TokensTrained)), countText(s.TokensPerSec), bytesText(s.BytesPerSec), s.MembersOnline)
+	if d := s.Data; d != nil {
+		fmt.Fprintf(w, "epoch %d, %.1f%% trained\n", d.Epoch, 100*min(max(d.Trained, 0), 1))
+	}
 	fmt.Fprintf(w, "traffic %s sent, %s received", bytesText(float64(s.BytesSent)), bytesText(float64(s.BytesRecv)))
 	if s.TrafficSaved > 0 {
 		fmt.Fprintf(w, "; fp32 data-parallel would have sent %s (%s x less)", bytesText(float64(s.FP32DPBytes)), ratioText(s.TrafficSaved))

@@ -45,45 +45,47 @@
 //     and its reports. Run totals and round aggregates keep what evicted
 //     reports contributed.
 //   - Per round, an aggregate (counts, bytes, first and last time, up to 8
-//     distinct state hashes with their votes, the state hash, losses and
-//     tokens of the first 16 reports, and the round's certified state). At
-//     most MaxRounds rounds: a new round evicts the lowest one (the oldest
-//     history is dropped, not downsampled; the page's curve is downsampled
-//     to at most 1000 points when it is drawn).
+//     distinct state hashes with their votes, the state hash, losses,
+//     tokens and data progress of the first 16 reports, and the round's
+//     certified state). At most MaxRounds rounds: a new round evicts the
+//     lowest one (the oldest history is dropped, not downsampled; the page's
+//     curve is downsampled to at most 1000 points when it is drawn).
 //   - The last MaxEvents membership events.
 //
 // The store is a single bbolt file; reopening it gives back the same history.
-// An in-memory mirror of the peers, of the round series (about 50 bytes a
+// An in-memory mirror of the peers, of the round series (about 64 bytes a
 // round) and of the latest events serves snapshots without disk reads,
 // except the state-hash votes of the few rounds that the members are in.
 //
 // # What is believed
 //
 // A round's loss is the median over its reporters whose state is the
-// round's certified state, and its tokens their sum; the run's tokens are
-// the sum over rounds. The certified state is the round certificate's
-// (StoreConfig.Certified: the bootstrap's, in a whole-model DiLoCo run) or,
-// for a round without one, the hash a strict majority of the round's
-// reporters announced, that majority also more than half of the current
-// reporters (so a lone reporter certifies
+// round's certified state, its tokens their sum, and its data progress (a
+// run over a packed dataset) the lower median of their (epoch, share
+// trained) pairs; the run's tokens are the sum over rounds. The certified
+// state is the round certificate's (StoreConfig.Certified: the bootstrap's,
+// in a whole-model DiLoCo run) or, for a round without one, the hash a
+// strict majority of the round's reporters announced, that majority also
+// more than half of the current reporters (so a lone reporter certifies
 // nothing in a run of several; hash 0, NoLoCo's and a staged run's, counts
 // as a hash). The curve shows certified rounds only. A report more than
 // MaxRoundLead rounds past the highest certified round (past the current
 // reporters' round while no certified round is recent) is refused
 // (ErrRoundAhead), and one claiming more than MaxRoundTokens tokens (the
 // bootstrap sets what the manifest allows a member in a round) too
-// (ErrTooManyTokens): one liar among five moves no loss out of the honest
-// range, adds at most one member's tokens a round and draws no point ahead
-// of the run.
+// (ErrTooManyTokens): one liar among five moves no loss or data progress
+// out of the honest range, adds at most one member's tokens a round and
+// draws no point ahead of the run.
 //
 // # Sanitizing
 //
 // A non-finite or absurd number is dropped (a loss that is NaN, infinite,
 // negative or above 1e6 counts as not measured) or clamped (tokens, bytes,
-// rates, seconds, member counts: see the limits in sanitize.go), so JSON
-// encoding never fails and sums cannot overflow (they saturate). Strings lose
-// control, format and invalid UTF-8 characters and are cut to
-// telemetry.MaxString bytes; peer IDs must be printable ASCII of at most 128
-// bytes. Nothing private is kept or shown: no IP addresses or multiaddrs of
-// volunteers, only a short form of their peer IDs (ShortID).
+// rates, seconds, member counts, the share of an epoch trained: see the
+// limits in sanitize.go), so JSON encoding never fails and sums cannot
+// overflow (they saturate). Strings lose control, format and invalid UTF-8
+// characters and are cut to telemetry.MaxString bytes; peer IDs must be
+// printable ASCII of at most 128 bytes. Nothing private is kept or shown:
+// no IP addresses or multiaddrs of volunteers, only a short form of their
+// peer IDs (ShortID).
 package status

@@ -1,6 +1,7 @@
 package status
 
 import (
+	"cmp"
 	"math"
 	"slices"
 	"strings"
@@ -150,6 +151,16 @@ func median(xs []float64) float64 {
 	return (xs[m-1] + xs[m]) / 2
 }
 
+// medianProgress returns the lower median of the samples' data progress,
+// ordered by epoch then share trained (xs is reordered; at least one): one
+// liar among three or more cannot move it out of the range of the others.
+func medianProgress(xs []sample) sample {
+	slices.SortFunc(xs, func(a, b sample) int {
+		return cmp.Or(cmp.Compare(a.Epoch, b.Epoch), cmp.Compare(a.Trained, b.Trained))
+	})
+	return xs[(len(xs)-1)/2]
+}
+
 // addSat adds without wrapping around.
 func addSat(a, b uint64) uint64 {
 	if s := a + b; s >= a {
@@ -189,5 +200,9 @@ func sanitize(rep telemetry.Report, atMS int64) report {
 		r.Train, r.HasTrain = loss(rep.TrainLoss)
 	}
 	r.Val, r.HasVal = loss(rep.ValLoss)
+	if rep.HasData {
+		r.HasData, r.Epoch = true, rep.Epoch
+		r.EpochTrained = clampFloat(float64(rep.EpochTrained), 1)
+	}
 	return r
 }

@@ -120,6 +120,9 @@ func TestServerStatusJSON(t *testing.T) {
 			t.Errorf("/api/status lacks %q", k)
 		}
 	}
+	if _, ok := fields["data"]; ok {
+		t.Errorf("/api/status of a run without a dataset has \"data\": %v", fields["data"])
+	}
 	row := fields["members"].([]any)[0].(map[string]any)
 	for _, k := range []string{"peer", "online", "role", "device", "tokens_per_sec", "last_seen", "bytes_sent", "bytes_recv", "round", "state_hash", "agreement"} {
 		if _, ok := row[k]; !ok {
@@ -384,6 +387,15 @@ func TestFetchAndFormat(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("FormatText lacks %q", want)
 		}
+	}
+	if strings.Contains(out, "epoch") {
+		t.Errorf("FormatText of a run without a dataset mentions an epoch")
+	}
+	snap.Data = &DataProgress{Epoch: 0, Trained: 0.125}
+	b.Reset()
+	FormatText(&b, snap)
+	if !strings.Contains(b.String(), "\nepoch 0, 12.5% trained\n") {
+		t.Errorf("FormatText with data progress:\n%s", b.String())
 	}
 
 	big := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

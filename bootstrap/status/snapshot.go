@@ -61,6 +61,9 @@ type Snapshot struct {
 	TrainLoss    *float64 `json:"train_loss,omitempty"`
 	ValLoss      *float64 `json:"val_loss,omitempty"`
 	ValLossRound uint64   `json:"val_loss_round,omitempty"`
+	// Data is the data progress of the latest certified round up to Round
+	// that has one: a run over a packed dataset; absent otherwise.
+	Data *DataProgress `json:"data,omitempty"`
 	// TokensTrained is the sum over rounds of the tokens of the reporters
 	// in each round's certified state.
 	TokensTrained uint64  `json:"tokens_trained"`
@@ -86,6 +89,14 @@ type Snapshot struct {
 	// Pipeline is a staged run's stages, their replicas and the paths of
 	// its latest iteration (WithPipeline); absent for a data-parallel run.
 	Pipeline *Pipeline `json:"pipeline,omitempty"`
+}
+
+// DataProgress is how far a run over a packed dataset is through its data:
+// the lower median, ordered by epoch then share, of what the data ledgers
+// of the round's reporters in its certified state say.
+type DataProgress struct {
+	Epoch   uint64  `json:"epoch"`   // the epoch being trained, 0 first
+	Trained float64 `json:"trained"` // share of the epoch's blocks trained, in [0, 1], 4 decimals
 }
 
 // Pipeline is a staged run as the page draws it: which members serve each
@@ -276,18 +287,22 @@ func (s *Store) Snapshot(info RunInfo, members func() []Member, now time.Time) (
 		snap.TrafficSaved = math.Round(finite(dp/float64(t.BytesSent))*100) / 100
 	}
 
-	// Losses of the latest round up to the current one that has them.
+	// Losses and data progress of the latest round up to the current one
+	// that has them.
 	end, found := s.findRound(snap.Round)
 	if found {
 		end++
 	}
-	for i := end - 1; i >= 0 && (snap.TrainLoss == nil || snap.ValLoss == nil); i-- {
+	for i := end - 1; i >= 0 && (snap.TrainLoss == nil || snap.ValLoss == nil || snap.Data == nil); i-- {
 		p := &s.rounds[i]
 		if snap.TrainLoss == nil {
 			snap.TrainLoss = lossPtr(p.Train)
 		}
 		if snap.ValLoss == nil && !math.IsNaN(p.Val) {
 			snap.ValLoss, snap.ValLossRound = lossPtr(p.Val), p.Round
+		}
+		if snap.Data == nil {
+			snap.Data = p.data()
 		}
 	}
 	snap.Curve = curve(s.rounds)

@@ -1,10 +1,14 @@
 package status
 
 import (
+	"encoding/json"
 	"errors"
 	"math"
+	"strings"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/skein-ml/skein/telemetry"
 )
@@ -217,5 +221,167 @@ func TestCurveDownsamples(t *testing.T) {
 	}
 	if len(c) != 834 || c[0].Round != 3 || *c[0].Train != 2 || c[0].Val != nil { // buckets of 3 rounds
 		t.Errorf("first point %+v", c[0])
+	}
+}
+
+// TestSnapshotDataProgress: the data progress of a round is the lower
+// median, by epoch then share, of its reporters in the certified state, so
+// one liar among three agreeing members cannot move it; the snapshot shows
+// the latest round up to its round that has one, and it survives a reopen.
+//
+// Round 1: A and B say epoch 0, 12.5%; C (same state) lies, epoch 7, 90%;
+// D is in another state and says epoch 9. Round 2: A and B 30%, C lies low
+// (1%). Round 3: A, B and D (now in the certified state) send no data
+// progress, C sends some from another state: the round has none, so the
+// snapshot shows round 2's.
+func TestSnapshotDataProgress(t *testing.T) {
+	s, path := openStore(t, testConfig())
+	const H, G = 0x1111, 0x2222
+	A, B, C, D := peerID(1), peerID(2), peerID(3), peerID(4)
+	rep := func(round, hash uint64, data bool, epoch uint64, trained float32) telemetry.Report {
+		r := telemetry.Report{Round: round, StateHash: hash, TrainLoss: 3, ValLoss: float32(math.NaN()),
+			Tokens: 100, WallSeconds: 10, Members: 3}
+		if data {
+			r.HasData, r.Epoch, r.EpochTrained = true, epoch, trained
+		}
+		return r
+	}
+	record := func(peer string, r telemetry.Report) {
+		t.Helper()
+		if err := s.Record(peer, r, t0.Add(time.Duration(r.Round)*time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	record(A, rep(1, H, true, 0, 0.125))
+	record(B, rep(1, H, true, 0, 0.125))
+	record(C, rep(1, H, true, 7, 0.9))
+	record(D, rep(1, G, true, 9, 0.5))
+	record(A, rep(2, H, true, 0, 0.3))
+	record(B, rep(2, H, true, 0, 0.3))
+	record(C, rep(2, H, true, 0, 0.01))
+	record(A, rep(3, H, false, 0, 0))
+	record(B, rep(3, H, false, 0, 0))
+	record(D, rep(3, H, false, 0, 0))
+	record(C, rep(3, G, true, 5, 0.5))
+
+	now := t0.Add(3*time.Minute + time.Second)
+	check := func(s *Store, when string) {
+		t.Helper()
+		snap, err := s.Snapshot(RunInfo{RunID: "data"}, liveMembers(1, 2, 3, 4), now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if snap.Round != 3 || snap.Data == nil || *snap.Data != (DataProgress{Epoch: 0, Trained: 0.3}) {
+			t.Errorf("%s: round %d, data %+v; want round 3, epoch 0, 0.3 trained (round 2's median)", when, snap.Round, snap.Data)
+		}
+		body, err := json.Marshal(snap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(body), `"data":{"epoch":0,"trained":0.3}`) {
+			t.Errorf("%s: JSON %s lacks the data progress", when, body)
+		}
+		h, err := s.History(0, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []*DataProgress{{Epoch: 0, Trained: 0.125}, {Epoch: 0, Trained: 0.3}, nil}
+		if len(h) != 3 || !h[2].Certified || h[2].MajorityHash != "0000000000001111" {
+			t.Fatalf("%s: history %+v, want 3 rounds, round 3 certified in state H", when, h)
+		}
+		for i, w := range want {
+			if got := h[i].Data; (got == nil) != (w == nil) || got != nil && *got != *w {
+				t.Errorf("%s: round %d data %+v, want %+v", when, h[i].Round, got, w)
+			}
+		}
+	}
+	check(s, "before reopen")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s2, err := Open(path, testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	check(s2, "after reopen")
+}
+
+// TestSnapshotWithoutData: a run without a dataset has no data progress,
+// and its JSON no "data" field; neither has a round record written before
+// the store kept data progress.
+func TestSnapshotWithoutData(t *testing.T) {
+	s, path := openStore(t, testConfig())
+	feedRun(t, s, 3, 1, 4)
+	// Round 9 as the store wrote it before it kept data progress.
+	old := `{"round":9,"first":1772366490000,"last":1772366490002,"reporters":2,"contributors":2,"train_n":2,"val_n":0,` +
+		`"sent":2097152,"recv":2097152,"dp_units":1,"hashes":[{"h":42,"n":2}],` +
+		`"samples":[{"h":42,"t":2.5,"v":-1,"k":4096},{"h":42,"t":2.75,"v":-1,"k":4096}],"certified":true,"cert_hash":42}`
+	if err := s.db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketRounds).Put(beKey(9), []byte(old)) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(path, testConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	snap, err := s.Snapshot(RunInfo{RunID: "plain"}, liveMembers(0, 1, 2), t0.Add(45*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.Data != nil {
+		t.Errorf("data progress %+v in a run without data", snap.Data)
+	}
+	body, err := json.Marshal(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(body), `"data"`) {
+		t.Errorf("JSON has a data field: %s", body)
+	}
+	h, err := s.History(0, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(h) != 5 || h[4].Round != 9 || h[4].TrainLoss == nil || *h[4].TrainLoss != 2.625 || h[4].Tokens != 8192 {
+		t.Fatalf("history with the old record: %+v", h)
+	}
+	for _, r := range h {
+		if r.Data != nil {
+			t.Errorf("round %d: data progress %+v", r.Round, r.Data)
+		}
+	}
+	body, err = json.Marshal(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(body), `"data"`) {
+		t.Errorf("history JSON has a data field: %s", body)
+	}
+}
+
+// TestSanitizeData: data progress out of range is clamped, and none is kept
+// without HasData.
+func TestSanitizeData(t *testing.T) {
+	for _, c := range []struct {
+		in      telemetry.Report
+		has     bool
+		epoch   uint64
+		trained float64
+	}{
+		{telemetry.Report{HasData: true, Epoch: 3, EpochTrained: 0.5}, true, 3, 0.5},
+		{telemetry.Report{HasData: true, Epoch: 1, EpochTrained: float32(math.NaN())}, true, 1, 0},
+		{telemetry.Report{HasData: true, EpochTrained: float32(math.Inf(1))}, true, 0, 1},
+		{telemetry.Report{HasData: true, EpochTrained: 1.5}, true, 0, 1},
+		{telemetry.Report{HasData: true, EpochTrained: -0.5}, true, 0, 0},
+		{telemetry.Report{Epoch: 5, EpochTrained: 0.5}, false, 0, 0},
+	} {
+		r := sanitize(c.in, 0)
+		if r.HasData != c.has || r.Epoch != c.epoch || r.EpochTrained != c.trained {
+			t.Errorf("sanitize(%+v): data %v epoch %d trained %v, want %v %d %v", c.in, r.HasData, r.Epoch, r.EpochTrained, c.has, c.epoch, c.trained)
+		}
 	}
 }

@@ -125,6 +125,10 @@ type RoundStats struct {
 	// MajorityVotes is how many of them carried MajorityHash (0 if none):
 	// HashVotes - MajorityVotes members ended the round with another state.
 	MajorityVotes int `json:"majority_votes"`
+	// Data is the lower median of the data progress of those reporters in
+	// the certified state that reported one (a run over a packed dataset);
+	// absent if none did.
+	Data *DataProgress `json:"data,omitempty"`
 }
 
 // Bucket and key names of the bbolt file.
@@ -165,6 +169,11 @@ type report struct {
 	Device         string  `json:"device,omitempty"`
 	Version        string  `json:"version,omitempty"`
 	SentMS         int64   `json:"sent_ms,omitempty"` // the volunteer's clock
+	// HasData, Epoch and EpochTrained: the volunteer's data progress (a
+	// run over a packed dataset; absent in reports stored before it).
+	HasData      bool    `json:"has_data,omitempty"`
+	Epoch        uint64  `json:"epoch,omitempty"`
+	EpochTrained float64 `json:"epoch_trained,omitempty"`
 }
 
 // dpUnits is the report's share of fp32 data-parallel traffic, in units of
@@ -197,12 +206,16 @@ type hashVote struct {
 }
 
 // sample is what one report adds to its round's curve point: its state
-// and its values (a loss of -1: not measured).
+// and its values (a loss of -1: not measured; Data false: no data
+// progress, as in every sample stored before it was kept).
 type sample struct {
-	Hash   uint64  `json:"h,omitempty"`
-	Train  float32 `json:"t"`
-	Val    float32 `json:"v"`
-	Tokens uint64  `json:"k,omitempty"`
+	Hash    uint64  `json:"h,omitempty"`
+	Train   float32 `json:"t"`
+	Val     float32 `json:"v"`
+	Tokens  uint64  `json:"k,omitempty"`
+	Data    bool    `json:"d,omitempty"`
+	Epoch   uint64  `json:"e,omitempty"`
+	Trained float32 `json:"p,omitempty"` // share of the epoch
 }
 
 func (r *report) sample() sample {
@@ -212,6 +225,9 @@ func (r *report) sample() sample {
 	}
 	if r.HasVal {
 		x.Val = float32(r.Val)
+	}
+	if r.HasData {
+		x.Data, x.Epoch, x.Trained = true, r.Epoch, float32(r.EpochTrained)
 	}
 	return x
 }
@@ -322,7 +338,8 @@ func (rr *roundRecord) stats() RoundStats {
 	p := rr.point()
 	s := RoundStats{Round: rr.Round, First: msTime(rr.First), Last: msTime(rr.Last),
 		Reporters: rr.Reporters, Contributors: rr.Contributors, Certified: rr.Certified, ValReporters: rr.ValN,
-		TrainLoss: lossPtr(p.Train), ValLoss: lossPtr(p.Val), Tokens: p.Tokens, BytesSent: rr.BytesSent, BytesRecv: rr.BytesRecv}
+		TrainLoss: lossPtr(p.Train), ValLoss: lossPtr(p.Val), Tokens: p.Tokens, BytesSent: rr.BytesSent, BytesRecv: rr.BytesRecv,
+		Data: p.data()}
 	h, votes, of, ok := rr.majority()
 	s.HashVotes = of
 	if ok {
@@ -333,15 +350,27 @@ func (rr *roundRecord) stats() RoundStats {
 
 // point is the in-memory mirror of a round, for the loss curve and the
 // totals: what the reporters in the round's certified state say (nothing
-// while it has none). Train and Val are NaN when none of them measured it.
+// while it has none). Train and Val are NaN when none of them measured it;
+// HasData is false when none of them reported data progress.
 type point struct {
 	Round     uint64
 	Last      int64
 	Train     float64 // median
 	Val       float64 // median
 	Tokens    uint64  // sum
+	Epoch     uint64  // with Trained: the lower median of the (epoch, trained) pairs
 	Reporters int32
+	Trained   float32
 	Certified bool
+	HasData   bool
+}
+
+// data is p's data progress as served, nil without one.
+func (p *point) data() *DataProgress {
+	if !p.HasData {
+		return nil
+	}
+	return &DataProgress{Epoch: p.Epoch, Trained: math.Round(float64(p.Trained)*1e4) / 1e4}
 }
 
 func (rr *roundRecord) point() point {
@@ -351,6 +380,7 @@ func (rr *roundRecord) point() point {
 		return p
 	}
 	var train, val []float64
+	var data []sample
 	n := 0
 	for _, x := range rr.Samples {
 		if x.Hash != rr.CertHash {
@@ -364,6 +394,13 @@ func (rr *roundRecord) point() point {
 		if x.Val >= 0 {
 			val = append(val, float64(x.Val))
 		}
+		if x.Data {
+			data = append(data, x)
+		}
+	}
+	if len(data) > 0 {
+		m := medianProgress(data)
+		p.Epoch, p.Trained, p.HasData = m.Epoch, m.Trained, true
 	}
 	// Reporters past maxSamples count at the sampled ones' mean.
 	if all := rr.votes(rr.CertHash); all > n && n > 0 {

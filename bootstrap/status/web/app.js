@@ -129,6 +129,17 @@
 
     setValue('stat-tokens', count(s.tokens_trained));
     $('stat-tokens-sub').textContent = count(s.reports) + ' reports';
+    // A run over a packed dataset: how far it is through the data. A
+    // narrow card breaks the line at the dot only.
+    const d = s.data;
+    const epoch = $('stat-epoch');
+    epoch.hidden = !(d && isFinite(d.epoch) && isFinite(d.trained));
+    epoch.replaceChildren();
+    if (!epoch.hidden) {
+      epoch.appendChild(el('span', 'nowrap', 'epoch ' + d.epoch));
+      epoch.appendChild(document.createTextNode(' · '));
+      epoch.appendChild(el('span', 'nowrap', (100 * Math.min(Math.max(d.trained, 0), 1)).toFixed(1) + '% trained'));
+    }
     setValue('stat-tps', count(s.tokens_per_sec), 'tok/s');
     setValue('stat-bps', bytes(s.bytes_per_sec), '/s');
     $('stat-bps-sub').textContent = bytes(s.bytes_sent) + ' in total';
