@@ -127,9 +127,12 @@ type SparseEncoder struct {
 	zenc  *zstd.Encoder
 	body  []byte
 	keys  []uint64 // the boundary bin's
-	sel   []uint64 // the sent elements' keys, in index order
-	mags  []uint64 // the same, by magnitude
-	merge []uint64
+	sel   []uint64 // the elements above the boundary bin
+	out   []uint64 // the sent elements' keys, in index order
+	mags  []uint64 // scratch for the halves
+	merge []uint64 // scratch for the boundary bin's selection
+	cand  []int32  // candidate positions of a chunk
+	guess int      // the previous chunk's boundary exponent
 }
 
 // NewSparseEncoder returns an encoder for cfg.
@@ -142,7 +145,8 @@ func NewSparseEncoder(cfg SparseConfig) (*SparseEncoder, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &SparseEncoder{cfg: cfg, zenc: z, keys: make([]uint64, 0, cfg.Chunk), sel: make([]uint64, 0, cfg.K), mags: make([]uint64, 0, cfg.K)}, nil
+	return &SparseEncoder{cfg: cfg, zenc: z, keys: make([]uint64, 0, cfg.Chunk), sel: make([]uint64, 0, cfg.K),
+		mags: make([]uint64, 0, cfg.K), cand: make([]int32, cfg.Chunk)}, nil
 }
 
 // Config is the encoder's configuration.
@@ -153,17 +157,18 @@ func (e *SparseEncoder) Config() SparseConfig { return e.cfg }
 // A non-finite element, or one past 2^126 in magnitude, is an error
 // (ErrNonFinite).
 func (e *SparseEncoder) Append(dst []byte, x []float32, sent []float32) ([]byte, error) {
-	return e.appendFrame(dst, x, sent, false)
+	return e.appendFrame(dst, x, nil, sent, false)
 }
 
 // AppendSubtract is Append that subtracts what the receivers decode from x
 // in place, leaving x the residual: error feedback without a second
 // tensor. On error x may be partly updated.
 func (e *SparseEncoder) AppendSubtract(dst []byte, x []float32) ([]byte, error) {
-	return e.appendFrame(dst, x, nil, true)
+	return e.appendFrame(dst, x, nil, nil, true)
 }
 
-func (e *SparseEncoder) appendFrame(dst []byte, x []float32, sent []float32, sub bool) ([]byte, error) {
+// appendFrame encodes x (after x += add when add is not nil).
+func (e *SparseEncoder) appendFrame(dst []byte, x, add []float32, sent []float32, sub bool) ([]byte, error) {
 	n := len(x)
 	if n == 0 {
 		return dst, fmt.Errorf("%w: an empty tensor", ErrConfig)
@@ -186,7 +191,11 @@ func (e *SparseEncoder) appendFrame(dst []byte, x []float32, sent []float32, sub
 		if sent != nil {
 			out = sent[base : base+m]
 		}
-		if e.body, err = e.chunk(e.body, x[base:base+m], min(k, m), out, sub, base); err != nil {
+		var a []float32
+		if add != nil {
+			a = add[base : base+m]
+		}
+		if e.body, err = e.chunk(e.body, x[base:base+m], a, min(k, m), out, sub, base); err != nil {
 			return dst, err
 		}
 	}
@@ -212,59 +221,88 @@ func (e *SparseEncoder) appendFrame(dst []byte, x []float32, sent []float32, sub
 
 // chunk appends the body of one chunk: its k largest elements. Either sent
 // (when not nil) receives what the receiver decodes, or, with sub, the
-// decoded values are subtracted from x in place (error feedback).
-func (e *SparseEncoder) chunk(b []byte, x []float32, k int, sent []float32, sub bool, base int) ([]byte, error) {
+// decoded values are subtracted from x in place (error feedback). add, if
+// not nil, is added to x first (x += add, the feedback's accumulation,
+// done here while the chunk is in cache).
+func (e *SparseEncoder) chunk(b []byte, x, add []float32, k int, sent []float32, sub bool, base int) ([]byte, error) {
 	m := len(x)
+	if add != nil {
+		for i, d := range add[:m] {
+			x[i] += d
+		}
+	}
 	// Radix select of the k-th largest magnitude: a histogram of the
-	// exponent byte, then the candidates of the boundary bin by key.
+	// exponent byte; meanwhile the positions whose exponent is at least
+	// the previous chunk's boundary less one (a guess, almost always
+	// right: neighbouring chunks have alike magnitudes) are kept, so that
+	// the second pass runs over them only.
 	var hist [256]int32
+	guess := max(e.guess-1, 0)
+	cand := e.cand[:m]
+	nc := 0
 	for i, v := range x {
 		a := math.Float32bits(v) &^ (1 << 31)
 		if a > 0x7e800000 { // |v| > 2^126, NaN and Inf included
 			return b, fmt.Errorf("%w: element %d is %v, beyond the sparse codec's 2^126", ErrNonFinite, base+i, v)
 		}
-		hist[a>>23]++
+		ex := int(a >> 23)
+		hist[ex]++
+		cand[nc] = int32(i)
+		if ex >= guess {
+			nc++
+		}
 	}
 	above, bin := 0, 255
 	for ; bin > 0 && above+int(hist[bin]) < k; bin-- {
 		above += int(hist[bin])
 	}
-	// One pass: the elements above the boundary bin (all sent, in index
-	// order) and the keys of the boundary bin (larger magnitude first, the
-	// lower index between equals).
-	keys, sel := e.keys[:0], e.sel[:0]
-	for i, v := range x {
-		a := math.Float32bits(v) &^ (1 << 31)
-		if int(a>>23) < bin {
-			continue
+	e.guess = bin
+	if bin < guess { // the guess missed: every position is a candidate
+		for i := range cand {
+			cand[i] = int32(i)
 		}
+		nc = m
+	}
+	// The elements above the boundary bin (all sent) and the keys of the
+	// boundary bin (larger magnitude first, the lower index between
+	// equals), both in index order.
+	keys, sel := e.keys[:0], e.sel[:0]
+	for _, i := range cand[:nc] {
+		a := math.Float32bits(x[i]) &^ (1 << 31)
 		key := uint64(a)<<32 | uint64(math.MaxUint32-uint32(i))
-		if int(a>>23) > bin {
+		switch ex := int(a >> 23); {
+		case ex > bin:
 			sel = append(sel, key)
-		} else {
+		case ex == bin:
 			keys = append(keys, key)
 		}
 	}
-	// The boundary bin's k - above largest, merged into index order (keys
-	// order by index descending within a magnitude, so sort the chosen by
-	// their low halves).
-	chosen := selectTop(keys, k-above)
-	slices.SortFunc(chosen, func(p, q uint64) int { return cmpU32(uint32(q), uint32(p)) })
-	sel = mergeByIndex(append(e.merge[:0], sel...), chosen, sel[:0])
-	e.keys, e.sel = keys, sel
+	// The boundary bin's k - above largest: those at or above the
+	// (k-above)-th largest key, taken in index order.
+	scratch := append(e.merge[:0], keys...)
+	cutoff := slices.Min(selectTop(scratch, k-above))
+	e.merge = scratch
+	chosen := keys[:0]
+	for _, key := range keys {
+		if key >= cutoff {
+			chosen = append(chosen, key)
+		}
+	}
+	sel = mergeByIndex(sel, chosen, e.out[:0])
+	e.keys, e.out = keys, sel
 	if len(sel) != k {
 		panic(fmt.Sprintf("compression: selected %d of %d", len(sel), k))
 	}
-	// Magnitude halves: the h largest of the k are hi.
+	// Magnitude halves: the h largest of the k are hi; the scales sum the
+	// magnitudes in index order.
 	h := (k + 1) / 2
 	byMag := append(e.mags[:0], sel...)
-	slices.Sort(byMag)
-	slices.Reverse(byMag)
+	cutKey := slices.Min(selectTop(byMag, h)) // hi iff key >= cutKey
 	e.mags = byMag
 	var shi, slo float64
-	for j, key := range byMag {
+	for _, key := range sel {
 		a := float64(math.Float32frombits(uint32(key >> 32)))
-		if j < h {
+		if key >= cutKey {
 			shi += a
 		} else {
 			slo += a
@@ -275,7 +313,6 @@ func (e *SparseEncoder) chunk(b []byte, x []float32, k int, sent []float32, sub 
 	if k > h {
 		lo = float32(slo / float64(k-h))
 	}
-	cutKey := byMag[h-1] // hi iff key >= cutKey
 	l, nc, nl, nh := efParams(m, k)
 	b = binary.LittleEndian.AppendUint32(b, math.Float32bits(lo))
 	b = binary.LittleEndian.AppendUint32(b, math.Float32bits(hi))
@@ -541,7 +578,6 @@ func decodeSparseChunk(b []byte, dst []float32, k, base int, add bool) error {
 type SparseFeedback struct {
 	e    []float32
 	beta float32
-	save []float32 // e before the message, restored on error
 }
 
 // NewSparseFeedback returns zeroed feedback for tensors of n elements with
@@ -557,27 +593,21 @@ func NewSparseFeedback(n int, beta float32) (*SparseFeedback, error) {
 func (f *SparseFeedback) Residual() []float32 { return f.e }
 
 // Encode appends the frame of beta*e + delta to dst and keeps what it did
-// not send, in one pass over the tensor plus the encoder's. A delta with
-// a non-finite element is refused before e changes; on an encoder error
-// e is left as beta*e + delta.
+// not send, in one pass over the tensor (the accumulation happens chunk by
+// chunk inside the encoder, while the chunk is in cache). On an error (a
+// non-finite element: ErrNonFinite) the residual is left part updated and
+// the message was not sent: Reset it.
 func (f *SparseFeedback) Encode(enc *SparseEncoder, dst []byte, delta []float32) ([]byte, error) {
 	if len(delta) != len(f.e) {
 		return dst, fmt.Errorf("%w: delta of %d elements, feedback of %d", ErrConfig, len(delta), len(f.e))
 	}
-	for i, d := range delta {
-		if math.Float32bits(d)&0x7f800000 == 0x7f800000 {
-			return dst, fmt.Errorf("%w: delta element %d is %v", ErrNonFinite, i, d)
+	if f.beta != 1 {
+		for i := range f.e {
+			f.e[i] = float32(f.beta * f.e[i]) // rounded alone: no fused multiply-add
 		}
 	}
-	e := f.e
-	if f.beta == 1 {
-		for i, d := range delta {
-			e[i] += d
-		}
-	} else {
-		for i, d := range delta {
-			e[i] = float32(f.beta*e[i]) + d // rounded before the add: no fused multiply-add
-		}
-	}
-	return enc.AppendSubtract(dst, e)
+	return enc.appendFrame(dst, f.e, delta, nil, true)
 }
+
+// Reset zeroes the residual.
+func (f *SparseFeedback) Reset() { clear(f.e) }
