@@ -87,6 +87,18 @@ func Arms() []Arm {
 		{Name: "diloco-h50-robust", Description: "DiLoCo H=50, int8, butterfly default robust rule (trim 1, norms clipped at 4x the median)", configure: func(c *SwarmConfig) {
 			c.Algorithm, c.InnerSteps, c.Robust = DiLoCo, 50, optimizer.DefaultRobust()
 		}},
+		// The sparse codec (issue [3/4]): SparseLoCo's density (64 of every
+		// 4096) and 2-bit values with error feedback, all-gathered and
+		// averaged (not robust yet).
+		{Name: "diloco-h50-sparse", Description: "DiLoCo H=50, sparse top-64/4096 2-bit + error feedback, all-gather plain mean (not robust yet)", configure: func(c *SwarmConfig) {
+			sc := compression.DefaultSparseConfig()
+			c.Algorithm, c.InnerSteps, c.Sparse = DiLoCo, 50, &sc
+		}},
+		{Name: "diloco-h50-sparse-ef", Description: "DiLoCo H=50, sparse top-64/4096 2-bit, error feedback (decay 0.95) in place of the outer momentum (outer SGD, lr 1), all-gather plain mean, SparseLoCo's outer rule", configure: func(c *SwarmConfig) {
+			sc := compression.DefaultSparseConfig()
+			c.Algorithm, c.InnerSteps, c.Sparse, c.SparseBeta = DiLoCo, 50, &sc, 0.95
+			c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 1, 0
+		}},
 		{Name: "diloco-h50-mean-attack", Description: "DiLoCo H=50, int8, butterfly plain mean, one worker scales its pseudo-gradient by 1000", configure: func(c *SwarmConfig) {
 			c.Algorithm, c.InnerSteps, c.Attack = DiLoCo, 50, 1000
 		}},

@@ -57,6 +57,12 @@ type SwarmConfig struct {
 	// Robust is the butterfly's aggregation rule (trim, norm clip); the
 	// zero value is the plain mean, as in the papers.
 	Robust optimizer.RobustConfig
+	// Sparse, if set (DiLoCo), replaces the butterfly with an all-gather of
+	// sparse messages with error feedback and a plain mean (sparse.go):
+	// the sparse codec's quality, not yet its robust aggregation.
+	Sparse *compression.SparseConfig
+	// SparseBeta is the sparse error feedback's decay (0: 1, none).
+	SparseBeta float32
 	// Attack, when non-zero, makes the last worker hostile: before every
 	// round it multiplies its pseudo-gradient by Attack (for example 1000,
 	// or -1 to flip its sign). Worker 0, the one evaluated, stays honest.
@@ -196,6 +202,7 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 
 	// Outer machinery for the distributed algorithms.
 	var net *transport.MemNetwork
+	var hub *sparseHub
 	var dilocos []*optimizer.DiLoCo
 	var nolocos []*optimizer.NoLoCo
 	rctx, cancel := context.WithCancel(ctx)
@@ -205,8 +212,25 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 		defer net.Close()
 		for i, w := range workers {
 			p := net.Join(transport.PeerID(fmt.Sprintf("worker-%02d", i)))
-			switch cfg.Algorithm {
-			case DiLoCo:
+			switch {
+			case cfg.Algorithm == DiLoCo && cfg.Sparse != nil:
+				if hub == nil {
+					hub = newSparseHub(nw)
+				}
+				beta := cfg.SparseBeta
+				if beta == 0 {
+					beta = 1
+				}
+				g, err := newSparseGather(hub, i, len(w.theta), *cfg.Sparse, beta)
+				if err != nil {
+					return nil, err
+				}
+				d, err := optimizer.NewDiLoCo(cfg.DiLoCo, g, w.theta)
+				if err != nil {
+					return nil, err
+				}
+				dilocos = append(dilocos, d)
+			case cfg.Algorithm == DiLoCo:
 				bc := optimizer.DefaultButterflyConfig(len(w.theta), swarmSigner{p.Self()}, swarmTick.Seconds())
 				bc.Codec, bc.Robust = cfg.Codec, cfg.Robust
 				// Every worker in every round, as in the papers: the leader
@@ -224,7 +248,7 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 					return nil, err
 				}
 				dilocos = append(dilocos, d)
-			case NoLoCo:
+			case cfg.Algorithm == NoLoCo:
 				n, err := optimizer.NewNoLoCo(rctx, cfg.NoLoCo, p, w.theta)
 				if err != nil {
 					return nil, err
@@ -280,10 +304,13 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 			return res, err
 		}
 	}
-	if net != nil {
+	if net != nil && hub == nil {
 		for i := range workers {
 			res.BytesSent += net.BytesSent(transport.PeerID(fmt.Sprintf("worker-%02d", i)))
 		}
+	}
+	if hub != nil {
+		res.BytesSent = hub.sent
 	}
 	res.Seconds = time.Since(began).Seconds()
 	res.FinalValLoss = res.Curve[len(res.Curve)-1].ValLoss

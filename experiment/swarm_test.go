@@ -54,3 +54,34 @@ func TestRunSwarmDeterministic(t *testing.T) {
 		}
 	}
 }
+
+// The sparse all-gather arm trains, is deterministic, and sends a small
+// fraction of the minmax8 butterfly's bytes.
+func TestRunSwarmSparse(t *testing.T) {
+	cfg := smallSwarm(DiLoCo)
+	sc := compression.SparseConfig{Chunk: 1024, K: 16, Level: 1}
+	cfg.Sparse = &sc
+	a, err := RunSwarm(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !(a.FinalValLoss < a.Curve[0].ValLoss) {
+		t.Errorf("validation loss %v -> %v did not fall", a.Curve[0].ValLoss, a.FinalValLoss)
+	}
+	b, err := RunSwarm(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range a.Curve {
+		if a.Curve[i] != b.Curve[i] {
+			t.Fatalf("eval %d: %+v vs %+v", i, a.Curve[i], b.Curve[i])
+		}
+	}
+	dense, err := RunSwarm(context.Background(), smallSwarm(DiLoCo))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.BytesSent <= 0 || a.BytesSent*10 > dense.BytesSent {
+		t.Fatalf("sparse sent %d bytes, the minmax8 butterfly %d", a.BytesSent, dense.BytesSent)
+	}
+}

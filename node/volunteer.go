@@ -984,8 +984,14 @@ func (v *Volunteer) report(rep RoundReport, ph phase, group int) {
 		} else if d != nil {
 			epoch = fmt.Sprintf(", block %d", d.Block)
 		}
-		say(v.cfg.Progress, "round %d: loss %.4f%s, %s tok/s, %d in group, %.1f kB sent, %.1fs%s%s", rep.Round,
-			rep.Loss, val, trainer.HumanRate(tps), group, float64(rep.Stats.BytesSent)/1e3, wall, epoch, state)
+		// bits/param: everything this host sent since the last round line
+		// (every protocol, framing included) over the parameter count.
+		bits := ""
+		if v.n > 0 {
+			bits = fmt.Sprintf(", bits/param %.2f", 8*float64(max(sent, 0))/float64(v.n))
+		}
+		say(v.cfg.Progress, "round %d: loss %.4f%s, %s tok/s, %d in group, %.1f kB sent%s, %.1fs%s%s", rep.Round,
+			rep.Loss, val, trainer.HumanRate(tps), group, float64(rep.Stats.BytesSent)/1e3, bits, wall, epoch, state)
 	}
 	v.lastSent = telemetry.Report{Round: rep.Round, StateHash: rep.StateHash, Adopted: rep.Adopted,
 		TrainLoss: measured(rep.Loss), ValLoss: measured(rep.ValLoss), Tokens: tokens, TokensPerSec: tps,
