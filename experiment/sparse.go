@@ -61,7 +61,9 @@ func newSparseGather(h *sparseHub, self, n int, cfg compression.SparseConfig, be
 	return &sparseGather{hub: h, self: self, enc: enc, dec: dec, fb: fb, buf: make([]float32, n)}, nil
 }
 
-func (g *sparseGather) Self() transport.PeerID { return transport.PeerID(fmt.Sprintf("worker-%02d", g.self)) }
+func (g *sparseGather) Self() transport.PeerID {
+	return transport.PeerID(fmt.Sprintf("worker-%02d", g.self))
+}
 
 // AllReduceMean implements optimizer.Collective.
 func (g *sparseGather) AllReduceMean(ctx context.Context, round uint64, x, out []float32) (optimizer.RoundStats, error) {
