@@ -99,6 +99,12 @@ func Arms() []Arm {
 			c.Algorithm, c.InnerSteps, c.Sparse, c.SparseBeta = DiLoCo, 50, &sc, 0.95
 			c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 1, 0
 		}},
+		{Name: "diloco-h50-sparse128-ef", Description: "diloco-h50-sparse-ef at twice the density: top-128/4096", configure: func(c *SwarmConfig) {
+			sc := compression.DefaultSparseConfig()
+			sc.K = 128
+			c.Algorithm, c.InnerSteps, c.Sparse, c.SparseBeta = DiLoCo, 50, &sc, 0.95
+			c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 1, 0
+		}},
 		{Name: "diloco-h50-mean-attack", Description: "DiLoCo H=50, int8, butterfly plain mean, one worker scales its pseudo-gradient by 1000", configure: func(c *SwarmConfig) {
 			c.Algorithm, c.InnerSteps, c.Attack = DiLoCo, 50, 1000
 		}},
