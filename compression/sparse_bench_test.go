@@ -59,6 +59,18 @@ func BenchmarkSparseVsMinMax8(b *testing.B) {
 		}
 		b.ReportMetric(float64(8*len(out))/n, "bits/param")
 	})
+	b.Run("sparse-decode", func(b *testing.B) {
+		enc, _ := NewSparseEncoder(DefaultSparseConfig())
+		msg, _ := enc.Append(nil, x, nil)
+		dec, _ := NewSparseDecoder()
+		sum := make([]float32, n)
+		b.SetBytes(4 * n) // of fp32 output, as the projection counts it
+		for b.Loop() {
+			if err := dec.DecodeAdd(msg, sum); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	b.Run("minmax8", func(b *testing.B) {
 		cfg := DefaultConfig()
 		cfg.Codec, cfg.Workers = MinMax8, 1

@@ -105,6 +105,16 @@ func Arms() []Arm {
 			c.Algorithm, c.InnerSteps, c.Sparse, c.SparseBeta = DiLoCo, 50, &sc, 0.95
 			c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 1, 0
 		}},
+		// The shared support (issue [3/4]): the butterfly, its robust rule and
+		// minmax8 on the compacted vector of each round's support.
+		{Name: "diloco-h50-support", Description: "DiLoCo H=50, shared support 64/4096 (half by momentum) + error feedback, butterfly default robust rule, minmax8", configure: func(c *SwarmConfig) {
+			s := optimizer.DefaultSupport()
+			c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support = DiLoCo, 50, optimizer.DefaultRobust(), &s
+		}},
+		{Name: "diloco-h50-support-attack", Description: "diloco-h50-support with one worker scaling its pseudo-gradient by 1000", configure: func(c *SwarmConfig) {
+			s := optimizer.DefaultSupport()
+			c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support, c.Attack = DiLoCo, 50, optimizer.DefaultRobust(), &s, 1000
+		}},
 		{Name: "diloco-h50-mean-attack", Description: "DiLoCo H=50, int8, butterfly plain mean, one worker scales its pseudo-gradient by 1000", configure: func(c *SwarmConfig) {
 			c.Algorithm, c.InnerSteps, c.Attack = DiLoCo, 50, 1000
 		}},

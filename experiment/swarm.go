@@ -231,7 +231,11 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 				}
 				dilocos = append(dilocos, d)
 			case cfg.Algorithm == DiLoCo:
-				bc := optimizer.DefaultButterflyConfig(len(w.theta), swarmSigner{p.Self()}, swarmTick.Seconds())
+				nx := len(w.theta)
+				if s := cfg.DiLoCo.Support; s != nil {
+					nx = s.SupportLen(nx) // the collective sees the compacted vector
+				}
+				bc := optimizer.DefaultButterflyConfig(nx, swarmSigner{p.Self()}, swarmTick.Seconds())
 				bc.Codec, bc.Robust = cfg.Codec, cfg.Robust
 				// Every worker in every round, as in the papers: the leader
 				// waits for all (in-process inner phases end at about the

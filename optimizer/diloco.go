@@ -33,6 +33,9 @@ type DiLoCoConfig struct {
 	// feedback before it enters the collective (for example int4 + EF); the
 	// residual carries to the next round and is saved with the checkpoint.
 	Feedback *compression.Config
+	// Support, if set, sends only each round's shared support (support.go)
+	// with error feedback; it excludes Feedback.
+	Support *SupportConfig
 }
 
 // DefaultDiLoCo returns the paper's outer settings: Nesterov, eta 0.7, mu 0.9.
@@ -51,6 +54,12 @@ func (c DiLoCoConfig) Validate() error {
 		return fmt.Errorf("%w: max delta norm %v must be >= 0", ErrConfig, c.MaxDeltaNorm)
 	case c.NormGrowth < 0 || (c.NormGrowth > 0 && c.NormGrowth < 1):
 		return fmt.Errorf("%w: norm growth %v must be 0 (off) or >= 1", ErrConfig, c.NormGrowth)
+	}
+	if c.Support != nil {
+		if c.Feedback != nil {
+			return fmt.Errorf("%w: a shared support and dense error feedback together", ErrConfig)
+		}
+		return c.Support.Validate()
 	}
 	if c.Feedback != nil {
 		return c.Feedback.Validate()
@@ -90,6 +99,12 @@ type DiLoCo struct {
 	efBuf      bytes.Buffer
 	efEncOnly  bool // quantize the contribution without feedback (for comparisons)
 
+	// shared support (DiLoCoConfig.Support): the residual (local), the
+	// round's support and the compacted contribution and average
+	resid        []float32
+	sup          []int32
+	cdelta, cavg []float32
+
 	// norms of the last accepted averages (NormGrowth), oldest first
 	norms []float64
 
@@ -112,6 +127,10 @@ func NewDiLoCo(cfg DiLoCoConfig, coll Collective, phi []float32) (*DiLoCo, error
 	n := len(phi)
 	d := &DiLoCo{cfg: cfg, coll: coll, Phi: append([]float32(nil), phi...), Mom: make([]float32, n),
 		delta: make([]float32, n), avg: make([]float32, n)}
+	if s := cfg.Support; s != nil {
+		k := s.SupportLen(n)
+		d.resid, d.sup, d.cdelta, d.cavg = make([]float32, n), make([]int32, 0, k), make([]float32, k), make([]float32, k)
+	}
 	if cfg.Feedback != nil {
 		if cfg.Feedback.MaxElements < int64(n) {
 			return nil, fmt.Errorf("%w: feedback codec accepts %d elements, the model has %d", ErrConfig, cfg.Feedback.MaxElements, n)
@@ -155,6 +174,15 @@ func (d *DiLoCo) prepare(start, theta []float32) error {
 		return fmt.Errorf("%w: own pseudo-gradient norm %v (bound %v)", ErrRejected, n, d.cfg.MaxDeltaNorm)
 	}
 	switch {
+	case d.cfg.Support != nil:
+		// The round's support, from the certified momentum; this member's
+		// contribution there is its residual plus delta.
+		decay := d.cfg.Support.Decay
+		d.sup = d.cfg.Support.Support(d.sup[:0], d.Mom, d.Round)
+		for j, p := range d.sup {
+			d.cdelta[j] = float32(decay*d.resid[p]) + d.delta[p]
+		}
+		return nil
 	case d.ef != nil:
 		d.efBuf.Reset()
 		if err := d.ef.Encode(d.efEnc, &d.efBuf, d.delta, d.seed()); err != nil {
@@ -185,6 +213,12 @@ func (d *DiLoCo) seed() uint64 {
 }
 
 func (d *DiLoCo) apply() error {
+	if d.cfg.Support != nil {
+		clear(d.avg)
+		for j, p := range d.sup {
+			d.avg[p] = d.cavg[j]
+		}
+	}
 	n := l2(d.avg)
 	if math.IsNaN(n) || math.IsInf(n, 0) || (d.cfg.MaxDeltaNorm > 0 && n > d.cfg.MaxDeltaNorm) {
 		return fmt.Errorf("%w: averaged pseudo-gradient norm %v (bound %v)", ErrRejected, n, d.cfg.MaxDeltaNorm)
@@ -199,6 +233,22 @@ func (d *DiLoCo) apply() error {
 	}
 	NesterovStep(d.Phi, d.Mom, d.avg, float32(d.cfg.OuterLR), float32(d.cfg.Momentum))
 	d.Round++
+	if s := d.cfg.Support; s != nil {
+		// What was sent leaves the residual; the rest waits for a later
+		// round's support.
+		if s.Decay == 1 {
+			for i, v := range d.delta {
+				d.resid[i] += v
+			}
+		} else {
+			for i, v := range d.delta {
+				d.resid[i] = float32(s.Decay*d.resid[i]) + v
+			}
+		}
+		for _, p := range d.sup {
+			d.resid[p] = 0
+		}
+	}
 	return nil
 }
 
@@ -291,10 +341,14 @@ func (d *DiLoCo) reduce(ctx context.Context, round, hash uint64) (RoundStats, er
 	if d.coll == nil {
 		return RoundStats{}, fmt.Errorf("optimizer: DiLoCo without a collective")
 	}
-	if sc, ok := d.coll.(stateCollective); ok {
-		return sc.AllReduceFrom(ctx, round, hash, d.delta, d.avg)
+	x, out := d.delta, d.avg
+	if d.cfg.Support != nil {
+		x, out = d.cdelta, d.cavg
 	}
-	return d.coll.AllReduceMean(ctx, round, d.delta, d.avg)
+	if sc, ok := d.coll.(stateCollective); ok {
+		return sc.AllReduceFrom(ctx, round, hash, x, out)
+	}
+	return d.coll.AllReduceMean(ctx, round, x, out)
 }
 
 // Flush waits for a delayed round in flight, applies it and sets theta to

@@ -67,6 +67,28 @@ const (
 	MinMax8Ratio = 3.88
 )
 
+// WireCodec is a codec's figures as the projection uses them: how much
+// smaller than fp32 a pseudo-gradient gets, and how fast one core encodes
+// and decodes it (bytes of fp32 input per second).
+type WireCodec struct {
+	Name                 string
+	Ratio                float64 // fp32 bytes / wire bytes
+	EncodeBps, DecodeBps float64
+}
+
+// MinMax8Codec is today's collective codec (the figures above).
+var MinMax8Codec = WireCodec{Name: "minmax8", Ratio: MinMax8Ratio, EncodeBps: MinMax8EncodeBps, DecodeBps: MinMax8DecodeBps}
+
+// SparseCodec is the sparse codec at 64 of every 4096 (BENCHMARKS.md, "The
+// sparse codec"): 0.174 bits per parameter (32/0.174 = 184x smaller than
+// fp32), encoded (selection and error feedback included) at 1.23 GB/s of
+// fp32 input on one core; decoded at SparseDecodeBps.
+var SparseCodec = WireCodec{Name: "sparse", Ratio: 32 / 0.1739, EncodeBps: 1.23e9, DecodeBps: SparseDecodeBps}
+
+// SparseDecodeBps is the sparse codec's decode-and-add speed on one core,
+// per byte of fp32 output: BenchmarkSparseVsMinMax8/sparse-decode.
+const SparseDecodeBps = 2.0e9
+
 // ButterflyMeasured is the "Collective: the butterfly against the ring"
 // table: one round of 1M parameters (1 MB per member, 8-bit), every member
 // behind a 50 Mbit/s uplink with 30 ms one-way latency, 2 owners per part,

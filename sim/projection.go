@@ -52,6 +52,20 @@ type ProjectionConfig struct {
 	// members are drawn in.
 	Network string
 	Seed    uint64
+	// Codec is the collective's codec (zero: MinMax8Codec).
+	Codec WireCodec
+	// Overlap runs each round's exchange during the next inner phase (the
+	// one-step-delayed outer step): a round then lasts as long as the
+	// longer of the two.
+	Overlap bool
+}
+
+// codecOf is cfg's codec, MinMax8Codec by default.
+func (c ProjectionConfig) codecOf() WireCodec {
+	if c.Codec.Ratio == 0 {
+		return MinMax8Codec
+	}
+	return c.Codec
 }
 
 // MaxProjectionMembers bounds Members: the population is sampled, not
@@ -160,7 +174,7 @@ func Project(cfg ProjectionConfig) (Projection, error) {
 	proj := Projection{
 		Config:      cfg,
 		Inner:       float64(cfg.InnerSteps) * stepSeconds(cfg, pop.medianSpeed),
-		WireBytes:   cfg.Params * 4 / MinMax8Ratio * WireOverhead,
+		WireBytes:   cfg.Params * 4 / cfg.codecOf().Ratio * WireOverhead,
 		Calibration: calibrate(),
 	}
 	for _, m := range cfg.Members {
@@ -169,6 +183,11 @@ func Project(cfg ProjectionConfig) (Projection, error) {
 			for _, d := range Designs {
 				pt := col.point(d, proj.Inner, churn/3600)
 				pt.Members, pt.Churn = m, churn
+				if cfg.Overlap {
+					// The exchange (and its waits) hides behind the next
+					// inner phase as far as it is shorter.
+					pt.Round = max(proj.Inner, pt.Round-proj.Inner)
+				}
 				pt.Utilisation = proj.Inner / pt.Round
 				proj.Points = append(proj.Points, pt)
 			}
@@ -196,6 +215,7 @@ type population struct {
 	latency     [][]float64 // region to region, s
 	goodput     float64
 	medianSpeed float64
+	wc          WireCodec // the collective's codec
 }
 
 func drawPopulation(cfg ProjectionConfig, base *Network, n int) (*population, error) {
@@ -205,7 +225,7 @@ func drawPopulation(cfg ProjectionConfig, base *Network, n int) (*population, er
 	for i, r := range spec.Regions {
 		region[r] = i
 	}
-	p := &population{latency: base.latency, goodput: base.goodput, members: make([]member, 0, n)}
+	p := &population{latency: base.latency, goodput: base.goodput, members: make([]member, 0, n), wc: cfg.codecOf()}
 	speeds := make([]float64, 0, n)
 	for draws := 0; len(p.members) < n; draws++ {
 		if draws > 100*n {
@@ -355,7 +375,7 @@ func readyCost(inner, deaths float64) float64 {
 }
 
 // codec is the time to encode n fp32 bytes and to decode as many.
-func codec(n float64) float64 { return n/MinMax8EncodeBps + n/MinMax8DecodeBps }
+func (p *population) codec(n float64) float64 { return n/p.wc.EncodeBps + n/p.wc.DecodeBps }
 
 // ring is a pipelined ring all-reduce run by every ring of rings at once
 // (each ring holding one shard of wire/fp32 bytes): 2(n-1) steps of a
@@ -382,7 +402,7 @@ func (p *population) ringSteps(rings [][]int, wire, fp32 float64, reduce bool) f
 			hop = max(hop, p.lat(a, b)+chunk/p.rate(a, b))
 		}
 		if reduce {
-			hop += codec(fp32 / float64(n))
+			hop += p.codec(fp32 / float64(n))
 		}
 		step = max(step, hop)
 	}
@@ -439,7 +459,7 @@ func (p *population) noloco(wire, fp32 float64, seed uint64) []pairing {
 		for _, b := range partner[a] {
 			tc = max(tc, send(a, b), send(b, a))
 		}
-		out[a] = pairing{tc: tc + codec(2*fp32), partners: len(partner[a])} // encode weights and delta, decode the partner's
+		out[a] = pairing{tc: tc + p.codec(2*fp32), partners: len(partner[a])} // encode weights and delta, decode the partner's
 	}
 	return out
 }
@@ -457,7 +477,7 @@ func (p *population) butterfly(wire, fp32 float64) float64 {
 	for i, m := range p.members {
 		up[i], down[i] = p.goodput*m.up, p.goodput*m.down
 	}
-	return butterflyTime(up, down, p.maxLatency(), wire, fp32)
+	return butterflyTime(up, down, p.maxLatency(), wire, fp32, p.wc)
 }
 
 // ButterflySeconds is the model of one butterfly all-reduce (as in the
@@ -472,10 +492,10 @@ func ButterflySeconds(up, down []float64, latency, pace, wire, fp32 float64) flo
 	if len(up) < 2 || len(up) != len(down) {
 		return 0
 	}
-	return butterflyTime(up, down, latency+pace, wire, fp32)
+	return butterflyTime(up, down, latency+pace, wire, fp32, MinMax8Codec)
 }
 
-func butterflyTime(up, down []float64, lat, wire, fp32 float64) float64 {
+func butterflyTime(up, down []float64, lat, wire, fp32 float64, wc WireCodec) float64 {
 	M := float64(len(up))
 	share := (M - 1) / M
 	var scatter, gather float64
@@ -483,7 +503,7 @@ func butterflyTime(up, down []float64, lat, wire, fp32 float64) float64 {
 		scatter = max(scatter, 2*share*wire/up[i], 2*share*wire/down[i])
 		gather = max(gather, share*wire/up[i], share*wire/down[i])
 	}
-	return 5*lat + scatter + gather + fp32/MinMax8EncodeBps + (2*share+1)*fp32/MinMax8DecodeBps
+	return 5*lat + scatter + gather + fp32/wc.EncodeBps + (2*share+1)*fp32/wc.DecodeBps
 }
 
 // maxLatency is the longest one-way latency between two members: over the
@@ -521,7 +541,7 @@ func calibrate() []Calibration {
 		wire := 1e6 * WireOverhead
 		out = append(out, Calibration{
 			Members:    row.Members,
-			Model:      butterflyTime(up, down, 0.030, wire, 4e6),
+			Model:      butterflyTime(up, down, 0.030, wire, 4e6, MinMax8Codec),
 			Measured:   row.Seconds,
 			ModelMB:    3 * float64(row.Members-1) / float64(row.Members) * wire / 1e6,
 			MeasuredMB: row.MBSentMember,

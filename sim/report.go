@@ -56,14 +56,21 @@ func (p Projection) Markdown() string {
 	return b.String()
 }
 
+func overlapNote(on bool) string {
+	if on {
+		return " (overlapped: each round's exchange runs during the next inner phase, so a round lasts max(inner phase, exchange and its waits))"
+	}
+	return ""
+}
+
 func (p Projection) writeAssumptions(b *strings.Builder) {
 	c := p.Config
 	fmt.Fprintf(b, "## Model\n\n")
 	fmt.Fprintf(b, "- **Model and round.** %.0fM parameters; each member's pseudo-gradient is %.1f MB on the wire "+
-		"(minmax8, %.2fx smaller than fp32, plus %.0f%% framing: `sim/measured.go`). An inner phase is H = %d steps of %.0f tokens "+
+		"(%s, %.2fx smaller than fp32, plus %.0f%% framing: `sim/measured.go`). An inner phase is H = %d steps of %.0f tokens "+
 		"at the population's median speed: %.0f s (the measured small-preset step, %.1f ms, scaled by parameters and tokens). "+
-		"Every member computes for that long; utilisation is that time over the expected round.\n",
-		c.Params/1e6, p.WireBytes/1e6, MinMax8Ratio, (WireOverhead-1)*100, c.InnerSteps, c.TokensPerStep, p.Inner, RefStepSeconds*1e3)
+		"Every member computes for that long; utilisation is that time over the expected round%s.\n",
+		c.Params/1e6, p.WireBytes/1e6, c.codecOf().Name, c.codecOf().Ratio, (WireOverhead-1)*100, c.InnerSteps, c.TokensPerStep, p.Inner, RefStepSeconds*1e3, overlapNote(c.Overlap))
 	fmt.Fprintf(b, "- **Members.** Drawn (seed %d) from `sim.VolunteerClasses` in the regions and one-way latencies of the "+
 		"`%s` network; members with an uplink under %.0f Mbit/s are not admitted. Links: latency = access + region + access, "+
 		"rate = %.2f (measured WAN goodput) x min(uplink, downlink). Classes (assumed, not measured):\n\n",

@@ -1,0 +1,120 @@
+package optimizer
+
+import (
+	"context"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/skein-ml/skein/transport"
+)
+
+// The support is a pure function of (momentum, round): sorted within each
+// chunk, K per chunk, the largest |momentum| among them, and a different
+// random part each round.
+func TestSupport(t *testing.T) {
+	c := SupportConfig{Chunk: 100, K: 10, FromMomentum: 4, Decay: 1}
+	r := rand.New(rand.NewPCG(1, 2))
+	mom := make([]float32, 1050)
+	for i := range mom {
+		mom[i] = float32(r.NormFloat64())
+	}
+	s := c.Support(nil, mom, 7)
+	if len(s) != c.SupportLen(len(mom)) || len(s) != 10*10+10 {
+		t.Fatalf("support of %d, want %d", len(s), c.SupportLen(len(mom)))
+	}
+	if !slices.Equal(s, c.Support(nil, mom, 7)) {
+		t.Fatal("not deterministic")
+	}
+	if slices.Equal(s, c.Support(nil, mom, 8)) {
+		t.Fatal("the same support in two rounds")
+	}
+	for base := 0; base < len(mom); base += 100 {
+		var in []int32
+		for _, p := range s {
+			if int(p) >= base && int(p) < base+100 {
+				in = append(in, p)
+			}
+		}
+		if len(in) != min(10, len(mom)-base) || !slices.IsSorted(in) || len(slices.Compact(slices.Clone(in))) != len(in) {
+			t.Fatalf("chunk %d: %v", base, in)
+		}
+		// The 4 largest |momentum| of the chunk are in.
+		idx := make([]int, min(100, len(mom)-base))
+		for i := range idx {
+			idx[i] = base + i
+		}
+		slices.SortFunc(idx, func(a, b int) int {
+			return -cmpF(math.Abs(float64(mom[a])), math.Abs(float64(mom[b])))
+		})
+		for _, i := range idx[:min(4, len(idx))] {
+			if !slices.Contains(in, int32(i)) {
+				t.Fatalf("chunk %d: the top |momentum| %d is not in the support", base, i)
+			}
+		}
+	}
+	// Zero momentum (a run's start): all random, still K per chunk.
+	if z := c.Support(nil, make([]float32, 300), 1); len(z) != 30 {
+		t.Fatalf("zero momentum: %d", len(z))
+	}
+}
+
+func cmpF(a, b float64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// alone is a collective of one member: the mean is its contribution.
+type alone struct{}
+
+func (alone) Self() transport.PeerID { return "me" }
+func (alone) AllReduceMean(_ context.Context, round uint64, x, out []float32) (RoundStats, error) {
+	copy(out, x)
+	return RoundStats{Round: round}, nil
+}
+
+// Error feedback over the support telescopes: with outer SGD (lr 1, no
+// momentum) phi moves by exactly what was sent, and what was sent plus the
+// residual is the sum of every round's pseudo-gradient.
+func TestDiLoCoSupportTelescopes(t *testing.T) {
+	const n = 5000
+	cfg := DefaultDiLoCo()
+	cfg.OuterLR, cfg.Momentum, cfg.NormGrowth = 1, 0, 0
+	s := SupportConfig{Chunk: 512, K: 16, FromMomentum: 8, Decay: 1}
+	cfg.Support = &s
+	phi0 := make([]float32, n)
+	d, err := NewDiLoCo(cfg, alone{}, phi0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	sum := make([]float64, n)
+	theta := make([]float32, n)
+	for range 40 {
+		for i := range theta {
+			delta := float32(r.NormFloat64() * 0.01)
+			sum[i] += float64(delta)
+			theta[i] = d.Phi[i] - delta
+		}
+		if _, err := d.OuterStep(context.Background(), theta); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var worst float64
+	for i := range n {
+		sent := float64(phi0[i]) - float64(d.Phi[i])
+		worst = max(worst, math.Abs(sent+float64(d.resid[i])-sum[i]))
+	}
+	if worst > 1e-4 {
+		t.Fatalf("sent + residual differs from the pseudo-gradients' sum by %v", worst)
+	}
+	if d.Round != 40 || len(d.cavg) != s.SupportLen(n) {
+		t.Fatalf("round %d, compacted %d", d.Round, len(d.cavg))
+	}
+}
