@@ -10,6 +10,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 	"github.com/klauspost/compress/zstd"
+	"github.com/skein-ml/skein/internal/topk"
 )
 
 // The sparse codec (issue [3/4]; ALGORITHMS.md 7, SparseLoCo's scheme): a
@@ -280,7 +281,7 @@ func (e *SparseEncoder) chunk(b []byte, x, add []float32, k int, sent []float32,
 	// The boundary bin's k - above largest: those at or above the
 	// (k-above)-th largest key, taken in index order.
 	scratch := append(e.merge[:0], keys...)
-	cutoff := slices.Min(selectTop(scratch, k-above))
+	cutoff := slices.Min(topk.Largest(scratch, k-above))
 	e.merge = scratch
 	chosen := keys[:0]
 	for _, key := range keys {
@@ -297,7 +298,7 @@ func (e *SparseEncoder) chunk(b []byte, x, add []float32, k int, sent []float32,
 	// magnitudes in index order.
 	h := (k + 1) / 2
 	byMag := append(e.mags[:0], sel...)
-	cutKey := slices.Min(selectTop(byMag, h)) // hi iff key >= cutKey
+	cutKey := slices.Min(topk.Largest(byMag, h)) // hi iff key >= cutKey
 	e.mags = byMag
 	var shi, slo float64
 	for _, key := range sel {
@@ -354,16 +355,6 @@ func (e *SparseEncoder) chunk(b []byte, x, add []float32, k int, sent []float32,
 	return b, nil
 }
 
-func cmpU32(a, b uint32) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
 // mergeByIndex merges two lists of keys each in increasing index order
 // (decreasing low halves) into out.
 func mergeByIndex(a, b, out []uint64) []uint64 {
@@ -376,40 +367,6 @@ func mergeByIndex(a, b, out []uint64) []uint64 {
 	}
 	out = append(out, a...)
 	return append(out, b...)
-}
-
-// selectTop returns the k largest of keys (distinct), reordering keys.
-func selectTop(keys []uint64, k int) []uint64 {
-	lo, hi := 0, len(keys)-1
-	target := k - 1 // position of the k-th largest in descending order
-	for lo < hi {
-		mid := lo + (hi-lo)/2
-		a, b, c := keys[lo], keys[mid], keys[hi]
-		p := max(min(a, b), min(max(a, b), c)) // median of three
-		i, j := lo, hi
-		for i <= j {
-			for keys[i] > p {
-				i++
-			}
-			for keys[j] < p {
-				j--
-			}
-			if i <= j {
-				keys[i], keys[j] = keys[j], keys[i]
-				i++
-				j--
-			}
-		}
-		switch {
-		case target <= j:
-			hi = j
-		case target >= i:
-			lo = i
-		default:
-			return keys[:k]
-		}
-	}
-	return keys[:k]
 }
 
 // Close releases the zstd encoder.

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"slices"
+
+	"github.com/skein-ml/skein/internal/topk"
 )
 
 // A shared support (issue [3/4]; ALGORITHMS.md 7): the outer exchange sends,
@@ -72,7 +74,7 @@ func (c SupportConfig) Support(dst []int32, mom []float32, round uint64) []int32
 				}
 			}
 			if len(keys) > f {
-				keys = selectLargest(keys, f)
+				keys = topk.Largest(keys, f)
 			}
 			for _, key := range keys {
 				chosen = append(chosen, int32(math.MaxUint32-uint32(key)))
@@ -91,39 +93,6 @@ func (c SupportConfig) Support(dst []int32, mom []float32, round uint64) []int32
 		}
 	}
 	return dst
-}
-
-// selectLargest returns the k largest of keys (distinct), in no order,
-// reordering keys: a quickselect.
-func selectLargest(keys []uint64, k int) []uint64 {
-	lo, hi, target := 0, len(keys)-1, k-1
-	for lo < hi {
-		a, b, c := keys[lo], keys[lo+(hi-lo)/2], keys[hi]
-		p := max(min(a, b), min(max(a, b), c))
-		i, j := lo, hi
-		for i <= j {
-			for keys[i] > p {
-				i++
-			}
-			for keys[j] < p {
-				j--
-			}
-			if i <= j {
-				keys[i], keys[j] = keys[j], keys[i]
-				i++
-				j--
-			}
-		}
-		switch {
-		case target <= j:
-			hi = j
-		case target >= i:
-			lo = i
-		default:
-			return keys[:k]
-		}
-	}
-	return keys[:k]
 }
 
 // splitmix is SplitMix64's output function.
