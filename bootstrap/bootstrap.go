@@ -406,9 +406,7 @@ func (s *server) serve() error {
 				return s.tokens.ReaderAt(name)
 			}
 			hash, ok := data.ParseShardKey(key)
-			if ok && s.shards == nil {
-				ok = false
-			}
+			ok = ok && s.shards != nil
 			if !ok {
 				return nil, 0, fmt.Errorf("bootstrap: no bulk key %q", key)
 			}

@@ -165,6 +165,11 @@ func (d *Dataset) Shards(s Split) []DatasetShard {
 	return d.Train
 }
 
+// AllShards lists every shard, the train split's first.
+func (d *Dataset) AllShards() []DatasetShard {
+	return append(append([]DatasetShard(nil), d.Train...), d.Validation...)
+}
+
 // Check validates the index on its own: names, counts, the tokenizer.
 func (d *Dataset) Check() error {
 	if d.Format != DatasetFormat {
@@ -183,7 +188,7 @@ func (d *Dataset) Check() error {
 	}
 	seen := map[string]bool{}
 	var tokens int64
-	for _, sh := range append(append([]DatasetShard(nil), d.Train...), d.Validation...) {
+	for _, sh := range d.AllShards() {
 		if err := sh.Validate(); err != nil {
 			return err
 		}
@@ -211,7 +216,7 @@ func ReadDataset(dir string) (*Dataset, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, DatasetIndexName), err)
 	}
-	for _, sh := range append(append([]DatasetShard(nil), d.Train...), d.Validation...) {
+	for _, sh := range d.AllShards() {
 		if err := checkShardFile(dir, sh, d); err != nil {
 			return nil, err
 		}

@@ -217,7 +217,7 @@ func TestPackedCacheFetchesOnlyWhatItReads(t *testing.T) {
 	var mu sync.Mutex
 	var served int64
 	corrupt := false
-	fetch := func(_ context.Context, name string, off, n int64) ([]byte, error) {
+	fetch := func(_ context.Context, name string, off, n int64, _ func([]byte) error) ([]byte, error) {
 		r, size, err := local.ReaderAt(name)
 		if err != nil {
 			return nil, err

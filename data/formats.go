@@ -96,16 +96,9 @@ func llmcTokens(name string, b []byte) ([]byte, int, error) {
 	if len(b) < llmcHeader {
 		return nil, 0, fmt.Errorf("data: %s: %d bytes, shorter than llm.c's %d-byte header: %w", name, len(b), llmcHeader, ErrDataFormat)
 	}
-	magic := int32(binary.LittleEndian.Uint32(b[0:]))
-	version := int32(binary.LittleEndian.Uint32(b[4:]))
-	n := int64(int32(binary.LittleEndian.Uint32(b[8:])))
-	switch {
-	case magic != llmcMagic:
-		return nil, 0, fmt.Errorf("data: %s: magic %d, not llm.c's %d: %w", name, magic, llmcMagic, ErrDataFormat)
-	case version != llmcVersion:
-		return nil, 0, fmt.Errorf("data: %s: llm.c version %d, want %d (uint16 GPT-2 tokens): %w", name, version, llmcVersion, ErrDataFormat)
-	case n < 0 || int64(llmcHeader)+2*n != int64(len(b)):
-		return nil, 0, fmt.Errorf("data: %s: the header says %d tokens, the file holds %d bytes after it: %w", name, n, len(b)-llmcHeader, ErrDataFormat)
+	n, err := llmcCount(name, b[:llmcHeader], int64(len(b)))
+	if err != nil {
+		return nil, 0, err
 	}
 	return b[llmcHeader:], int(n), nil
 }

@@ -15,9 +15,11 @@ import (
 )
 
 // ChunkFetcher fetches bytes [off, off+n) of the token shard called name
-// from wherever the shards are served (a run's members). What it returns is
-// checked by the caller; it need not be trusted.
-type ChunkFetcher func(ctx context.Context, name string, off, n int64) ([]byte, error)
+// from wherever the shards are served (a run's members). check says
+// whether bytes are the right ones: a fetcher should pass bytes that fail
+// it over and try another server, so that one lying member cannot stall
+// the reader. The caller checks what it returns again.
+type ChunkFetcher func(ctx context.Context, name string, off, n int64, check func([]byte) error) ([]byte, error)
 
 // PackedSource is a packed dataset as a TokenSource: each split is the
 // concatenation of its shards' tokens in the dataset's order. Tokens are
@@ -249,18 +251,13 @@ func (s *PackedSource) cachedHeader(sh DatasetShard) (*TokenShardHeader, error) 
 		}
 		os.Remove(path)
 	}
-	fixed, err := s.fetch(s.ctx, sh.Name, 0, tokenHeaderFixed)
-	if err != nil {
-		return nil, fmt.Errorf("data: fetching the header of shard %s: %w", sh.Name, err)
+	// The header's length follows from the index: the shard's bytes less
+	// its tokens'. Nothing about it is taken from a server.
+	n := sh.Bytes - int64(tokenWidth(s.ds.Vocab))*sh.Tokens
+	if n < tokenHeaderFixed {
+		return nil, fmt.Errorf("data: token shard %s: %d bytes cannot hold %d tokens and a header: %w", sh.Name, sh.Bytes, sh.Tokens, ErrShardFormat)
 	}
-	n, err := TokenHeaderSize(fixed)
-	if err != nil {
-		return nil, fmt.Errorf("data: the header served for shard %s: %w", sh.Name, err)
-	}
-	if n > sh.Bytes {
-		return nil, fmt.Errorf("data: the header served for shard %s is longer than the shard: %w", sh.Name, ErrShardCorrupt)
-	}
-	b, err := s.fetch(s.ctx, sh.Name, 0, n)
+	b, err := s.fetch(s.ctx, sh.Name, 0, n, func(b []byte) error { _, err := parseNamedHeader(b, sh); return err })
 	if err != nil {
 		return nil, fmt.Errorf("data: fetching the header of shard %s: %w", sh.Name, err)
 	}
@@ -268,7 +265,7 @@ func (s *PackedSource) cachedHeader(sh DatasetShard) (*TokenShardHeader, error) 
 	if err != nil {
 		return nil, err
 	}
-	s.addFetched(int64(len(fixed) + len(b)))
+	s.addFetched(int64(len(b)))
 	if err := atomicfile.WriteFile(path, b, 0o644); err != nil {
 		return nil, err
 	}
@@ -364,7 +361,7 @@ func (s *PackedSource) loadSlow(sh DatasetShard, h *TokenShardHeader, k int) ([]
 		}
 		return b, nil
 	}
-	path := filepath.Join(s.dir, fmt.Sprintf("%s.%d", sh.Name, k))
+	path := s.chunkPath(sh.Name, k)
 	if b, err := readBounded(path, n); err == nil {
 		if h.CheckChunk(k, b) == nil {
 			return b, nil
@@ -373,7 +370,7 @@ func (s *PackedSource) loadSlow(sh DatasetShard, h *TokenShardHeader, k int) ([]
 	}
 	var lastErr error
 	for try := 0; try < 3; try++ {
-		b, err := s.fetch(s.ctx, sh.Name, off, n)
+		b, err := s.fetch(s.ctx, sh.Name, off, n, func(b []byte) error { return h.CheckChunk(k, b) })
 		if err != nil {
 			lastErr = err
 			if s.ctx.Err() != nil {
@@ -447,25 +444,21 @@ func (r *shardReader) ReadAt(p []byte, off int64) (int, error) {
 }
 
 // served returns chunk k for serving: read and checked, never fetched.
+// A served chunk is kept among the hot ones, so a transfer that reads it
+// in pieces reads and hashes it once.
 func (s *PackedSource) served(sh DatasetShard, h *TokenShardHeader, k int) ([]byte, error) {
-	s.mu.Lock()
-	b, ok := s.hot[chunkID{sh.Name, k}]
-	s.mu.Unlock()
-	if ok {
-		return b, nil
+	if !s.local {
+		_, n := h.ChunkRange(k)
+		if fi, err := os.Stat(s.chunkPath(sh.Name, k)); err != nil || fi.Size() != n {
+			return nil, fmt.Errorf("data: chunk %d of shard %s is not here: %w", k, sh.Name, ErrShardMissing)
+		}
 	}
-	if s.local {
-		return s.loadSlow(sh, h, k)
-	}
-	_, n := h.ChunkRange(k)
-	b, err := readBounded(filepath.Join(s.dir, fmt.Sprintf("%s.%d", sh.Name, k)), n)
-	if err != nil {
-		return nil, fmt.Errorf("data: chunk %d of shard %s is not here: %w", k, sh.Name, ErrShardMissing)
-	}
-	if err := h.CheckChunk(k, b); err != nil {
-		return nil, err
-	}
-	return b, nil
+	return s.load(sh, h, k, true) // from memory or disk (fetched only to replace a chunk corrupt on disk)
+}
+
+// chunkPath is where the cache keeps chunk k of the shard called name.
+func (s *PackedSource) chunkPath(name string, k int) string {
+	return filepath.Join(s.dir, fmt.Sprintf("%s.%d", name, k))
 }
 
 // Verify reads and checks every chunk of every shard the source can reach

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/skein-ml/skein/data"
@@ -60,7 +59,9 @@ func (v *Volunteer) openDataset(ctx context.Context) (*data.PackedSource, error)
 
 // fetchTokens fetches bytes of a token shard from the run's members: the
 // bootstraps first, then the volunteers (which serve the chunks they hold).
-func (v *Volunteer) fetchTokens(ctx context.Context, name string, off, n int64) ([]byte, error) {
+// Bytes that fail check are logged with their server and taken from the
+// next member.
+func (v *Volunteer) fetchTokens(ctx context.Context, name string, off, n int64, check func([]byte) error) ([]byte, error) {
 	var lastErr error = errors.New("no member to fetch from")
 	for attempt := 0; attempt < 3; attempt++ {
 		boots, vols := memberSources(v.pn)
@@ -72,6 +73,12 @@ func (v *Volunteer) fetchTokens(ctx context.Context, name string, off, n int64) 
 			cancel()
 			if err == nil && got != n {
 				err = fmt.Errorf("%d of %d bytes", got, n)
+			}
+			if err == nil {
+				if err = check(buf); err != nil {
+					v.log.Warn("a member served dataset bytes that do not match their hash; taking them from another member",
+						"offender", id, "shard", name[:12], "offset", off)
+				}
 			}
 			if err == nil {
 				return buf, nil
@@ -291,9 +298,3 @@ func (v *Volunteer) closeDataset() {
 	}
 	v.prefetch.Wait()
 }
-
-// prefetcher runs background fetches.
-type prefetcher struct{ wg sync.WaitGroup }
-
-func (p *prefetcher) Go(f func()) { p.wg.Go(f) }
-func (p *prefetcher) Wait()       { p.wg.Wait() }

@@ -334,7 +334,7 @@ type Volunteer struct {
 	slot       data.Slot
 	dataCtx    context.Context
 	dataCancel context.CancelFunc
-	prefetch   prefetcher
+	prefetch   sync.WaitGroup // background chunk fetches
 	reporter   *reporter
 	metrics    *metricsServer
 	device     string

@@ -208,7 +208,7 @@ func Train(ctx context.Context, cfg TrainConfig) (*TrainResult, error) {
 		}
 		cfg.Tokenizer = ds.Tokenizer
 		h := fnv.New64a()
-		for _, sh := range append(append([]data.DatasetShard(nil), ds.Train...), ds.Validation...) {
+		for _, sh := range ds.AllShards() {
 			h.Write([]byte(sh.Name))
 		}
 		fingerprint = "dataset:" + strconv.FormatUint(h.Sum64(), 16)
