@@ -133,6 +133,8 @@ func TestBrowserStatusPage(t *testing.T) {
 		{`document.querySelector('#timeline li').textContent`, "failed"},
 		{`document.getElementById('stat-saved').textContent`, "less"},
 		{`String(document.getElementById('stat-epoch').hidden)`, "true"}, // no dataset yet
+		// 16.7 MB sent a round by each member of a 12.6M-parameter model.
+		{`document.getElementById('stat-bits').hidden + ' ' + document.getElementById('stat-bits').textContent`, "false 10.6 bits/param per round"},
 	} {
 		got, err := browsertest.EvalJS[string](ctx, c.expr)
 		if err != nil || !strings.Contains(got, c.want) {

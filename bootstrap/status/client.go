@@ -124,6 +124,9 @@ func FormatText(w io.Writer, s Snapshot) {
 		fmt.Fprintf(w, "epoch %d, %.1f%% trained\n", d.Epoch, 100*min(max(d.Trained, 0), 1))
 	}
 	fmt.Fprintf(w, "traffic %s sent, %s received", bytesText(float64(s.BytesSent)), bytesText(float64(s.BytesRecv)))
+	if b := s.BitsPerParam; b != nil && *b >= 0 { // a remote's number: finite, maybe negative
+		fmt.Fprintf(w, ", %s bits/param per round", bitsText(*b))
+	}
 	if s.TrafficSaved > 0 {
 		fmt.Fprintf(w, "; fp32 data-parallel would have sent %s (%s x less)", bytesText(float64(s.FP32DPBytes)), ratioText(s.TrafficSaved))
 	}
@@ -197,6 +200,18 @@ func bytesText(n float64) string {
 		return fmt.Sprintf("%.0f B", n)
 	}
 	return fmt.Sprintf("%.3g %s", n, units[i])
+}
+
+// bitsText writes bits per parameter with 2 decimals, 1 from 10 on, 2
+// significant digits below 0.1: 0.42, 12.6, 0.0031.
+func bitsText(b float64) string {
+	switch {
+	case b >= 10:
+		return fmt.Sprintf("%.1f", b)
+	case b >= 0.1 || b == 0:
+		return fmt.Sprintf("%.2f", b)
+	}
+	return fmt.Sprintf("%.2g", b)
 }
 
 func ratioText(r float64) string {

@@ -46,10 +46,11 @@
 //     reports contributed.
 //   - Per round, an aggregate (counts, bytes, first and last time, up to 8
 //     distinct state hashes with their votes, the state hash, losses,
-//     tokens and data progress of the first 16 reports, and the round's
-//     certified state). At most MaxRounds rounds: a new round evicts the
-//     lowest one (the oldest history is dropped, not downsampled; the page's
-//     curve is downsampled to at most 1000 points when it is drawn).
+//     tokens, data progress and bytes sent of the first 16 reports, and
+//     the round's certified state). At most MaxRounds rounds: a new round
+//     evicts the lowest one (the oldest history is dropped, not
+//     downsampled; the page's curve is downsampled to at most 1000 points
+//     when it is drawn).
 //   - The last MaxEvents membership events.
 //
 // The store is a single bbolt file; reopening it gives back the same history.
@@ -76,6 +77,18 @@
 // (ErrTooManyTokens): one liar among five moves no loss or data progress
 // out of the honest range, adds at most one member's tokens a round and
 // draws no point ahead of the run.
+//
+// A round's bits per parameter, what one volunteer sends for the round per
+// parameter of the model (RunInfo.ParamCount), is the median over its
+// contributors (reporters that trained rather than adopted, whatever their
+// state; of its first 16 reports) of 8 x bytes sent / parameters: a
+// median, so that one volunteer that lies about its traffic (a huge or a
+// zero byte count) cannot move it out of the honest members' range among
+// three or more. Bytes sent are everything the volunteer's host sent since
+// its previous report, every protocol and its framing included (the
+// volunteer's round line prints the same figure). The snapshot shows the
+// latest certified round's; there is none while the parameter count is 0
+// or a round has no contributor.
 //
 // # Sanitizing
 //

@@ -19,6 +19,7 @@ var (
 	descBytesPerSec   = prometheus.NewDesc("skein_run_bytes_sent_per_second", "Bytes per second sent by the current reporters.", nil, nil)
 	descDPBytes       = prometheus.NewDesc("skein_run_fp32_dp_bytes_total", "Bytes fp32 data-parallel training would have sent for the same work.", nil, nil)
 	descSaved         = prometheus.NewDesc("skein_run_traffic_saved_ratio", "fp32 data-parallel bytes divided by bytes actually sent.", nil, nil)
+	descBits          = prometheus.NewDesc("skein_run_bits_per_param", "Bits a volunteer sent per model parameter in the latest certified round (median over its contributors).", nil, nil)
 	descReports       = prometheus.NewDesc("skein_run_reports_total", "Telemetry reports accepted.", nil, nil)
 	descRefused       = prometheus.NewDesc("skein_run_reports_refused_total", "Telemetry reports refused (by the bootstrap or the history store) since start.", nil, nil)
 	descStreams       = prometheus.NewDesc("skein_run_status_streams", "Open SSE streams of the status page.", nil, nil)
@@ -31,7 +32,7 @@ type collector struct{ s *Server }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descInfo, descRound, descMembers, descValLoss, descTrainLoss, descTokens,
-		descTokensPerSec, descBytesSent, descBytesRecv, descBytesPerSec, descDPBytes, descSaved, descReports,
+		descTokensPerSec, descBytesSent, descBytesRecv, descBytesPerSec, descDPBytes, descSaved, descBits, descReports,
 		descRefused, descStreams, descSnapshotError} {
 		ch <- d
 	}
@@ -69,5 +70,8 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	gauge(descBytesPerSec, s.BytesPerSec)
 	counter(descDPBytes, float64(s.FP32DPBytes))
 	gauge(descSaved, s.TrafficSaved)
+	if s.BitsPerParam != nil {
+		gauge(descBits, *s.BitsPerParam)
+	}
 	counter(descReports, float64(s.Reports))
 }

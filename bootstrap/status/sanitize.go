@@ -151,6 +151,17 @@ func median(xs []float64) float64 {
 	return (xs[m-1] + xs[m]) / 2
 }
 
+// bitsPerParam is 8 x bytes / params rounded to 4 decimals: the bits sent
+// per parameter of a model of params parameters. It is nil when bytes is
+// NaN (none reported) or params is not positive.
+func bitsPerParam(bytes float64, params int) *float64 {
+	if math.IsNaN(bytes) || params <= 0 {
+		return nil
+	}
+	v := math.Round(finite(8*max(bytes, 0)/float64(params))*1e4) / 1e4
+	return &v
+}
+
 // medianProgress returns the lower median of the samples' data progress,
 // ordered by epoch then share trained (xs is reordered; at least one): one
 // liar among three or more cannot move it out of the range of the others.

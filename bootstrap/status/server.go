@@ -373,6 +373,9 @@ func (s *Server) serveHistory(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	for i := range rounds {
+		rounds[i].setParams(s.info.ParamCount)
+	}
 	page := historyPage{Rounds: rounds}
 	if len(rounds) > limit {
 		page.NextFromRound = ptr(rounds[limit].Round)

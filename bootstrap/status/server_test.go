@@ -115,7 +115,7 @@ func TestServerStatusJSON(t *testing.T) {
 	}
 	for _, k := range []string{"run_id", "manifest", "preset", "params", "optimizer", "started", "now", "round",
 		"tokens_trained", "val_loss", "tokens_per_sec", "bytes_per_sec", "bytes_sent", "fp32_dp_bytes",
-		"traffic_saved", "members_online", "members", "curve", "events"} {
+		"traffic_saved", "bits_per_param", "members_online", "members", "curve", "events"} {
 		if _, ok := fields[k]; !ok {
 			t.Errorf("/api/status lacks %q", k)
 		}
@@ -143,6 +143,10 @@ func TestServerStatusJSON(t *testing.T) {
 	if snap.Round != 5 || snap.MembersOnline != 3 || len(snap.Members) != 3 || len(snap.Curve) != 5 || snap.TrafficSaved <= 0 {
 		t.Errorf("snapshot %+v", snap)
 	}
+	// 1 MiB sent a round by each member, 100,000 parameters.
+	if b := snap.BitsPerParam; b == nil || *b != 83.8861 || snap.Curve[4].BitsPerParam == nil || *snap.Curve[4].BitsPerParam != 83.8861 {
+		t.Errorf("bits/param %s, curve %+v; want 83.8861", ptrString(b), snap.Curve[4])
+	}
 }
 
 func TestServerHistoryPages(t *testing.T) {
@@ -157,7 +161,8 @@ func TestServerHistoryPages(t *testing.T) {
 		}
 		for _, r := range page.Rounds {
 			rounds = append(rounds, r.Round)
-			if r.Reporters != 3 || r.TrainLoss == nil || r.ValLoss == nil || r.ValReporters != 1 || r.MajorityHash == "" {
+			if r.Reporters != 3 || r.TrainLoss == nil || r.ValLoss == nil || r.ValReporters != 1 || r.MajorityHash == "" ||
+				r.BitsPerParam == nil || *r.BitsPerParam != 83.8861 {
 				t.Errorf("round %+v", r)
 			}
 		}
@@ -181,7 +186,7 @@ func TestServerMetrics(t *testing.T) {
 	for _, want := range []string{
 		"skein_run_round 5", "skein_run_members_online 3", "skein_run_tokens_total 61440",
 		"skein_run_reports_total 15", "skein_run_reports_refused_total 2", "skein_run_validation_loss",
-		"skein_run_bytes_sent_total", "skein_run_tokens_per_second 3000", `skein_run_info{manifest="feedbeefcafe",optimizer="diloco",preset="tiny",run_id="test-run"} 1`,
+		"skein_run_bytes_sent_total", "skein_run_tokens_per_second 3000", "skein_run_bits_per_param 83.8861", `skein_run_info{manifest="feedbeefcafe",optimizer="diloco",preset="tiny",run_id="test-run"} 1`,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %q", want)
@@ -383,7 +388,8 @@ func TestFetchAndFormat(t *testing.T) {
 	FormatText(&b, snap)
 	out := b.String()
 	t.Logf("\n%s", out)
-	for _, want := range []string{"run test-run", "round 5", "members online 3", "fake0000", "agree", "x less", "join"} {
+	for _, want := range []string{"run test-run", "round 5", "members online 3", "fake0000", "agree", "x less", "join",
+		"received, 83.9 bits/param per round;"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("FormatText lacks %q", want)
 		}
@@ -396,6 +402,23 @@ func TestFetchAndFormat(t *testing.T) {
 	FormatText(&b, snap)
 	if !strings.Contains(b.String(), "\nepoch 0, 12.5% trained\n") {
 		t.Errorf("FormatText with data progress:\n%s", b.String())
+	}
+	for _, c := range []struct {
+		bits *float64
+		want string
+	}{
+		{ptr(0.4237), ", 0.42 bits/param per round"},
+		{ptr(0.0031), ", 0.0031 bits/param per round"},
+		{ptr(0.0), ", 0.00 bits/param per round"},
+		{ptr(-1.0), " received\n"}, // a hostile server's: not shown
+		{nil, " received\n"},
+	} {
+		snap.BitsPerParam, snap.TrafficSaved = c.bits, 0
+		b.Reset()
+		FormatText(&b, snap)
+		if !strings.Contains(b.String(), c.want) {
+			t.Errorf("FormatText with bits/param %s lacks %q:\n%s", ptrString(c.bits), c.want, b.String())
+		}
 	}
 
 	big := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -82,6 +82,14 @@ type Snapshot struct {
 	MembersOnline int     `json:"members_online"` // live members (current reporters when membership is unknown)
 	MembersTotal  int     `json:"members_total"`  // rows before the cap of 256 on Members
 
+	// BitsPerParam is what a volunteer sends for one round, per parameter:
+	// the median over the contributors (not adopted) of the latest
+	// certified round up to Round that has one of 8 x bytes sent / Params,
+	// 4 decimals: everything the volunteer's host sent for the round (every
+	// protocol, framing included). Absent while Params is 0 or no such round
+	// has a contributor.
+	BitsPerParam *float64 `json:"bits_per_param,omitempty"`
+
 	Members []MemberRow `json:"members"` // online first, then by peer
 	Curve   []Point     `json:"curve"`   // certified rounds; at most 1000 points (older rounds averaged in buckets)
 	Events  []EventRow  `json:"events"`  // the latest 50, newest first
@@ -186,6 +194,9 @@ type Point struct {
 	Train     *float64  `json:"train,omitempty"`
 	Val       *float64  `json:"val,omitempty"`
 	Reporters int       `json:"reporters"`
+	// BitsPerParam is the round's Snapshot.BitsPerParam (the mean over a
+	// bucket); absent when unknown.
+	BitsPerParam *float64 `json:"bits_per_param,omitempty"`
 }
 
 // EventRow is one membership event on the timeline.
@@ -287,14 +298,18 @@ func (s *Store) Snapshot(info RunInfo, members func() []Member, now time.Time) (
 		snap.TrafficSaved = math.Round(finite(dp/float64(t.BytesSent))*100) / 100
 	}
 
-	// Losses and data progress of the latest round up to the current one
-	// that has them.
+	// Losses, data progress and bits per parameter of the latest
+	// (certified) round up to the current one that has them.
 	end, found := s.findRound(snap.Round)
 	if found {
 		end++
 	}
-	for i := end - 1; i >= 0 && (snap.TrainLoss == nil || snap.ValLoss == nil || snap.Data == nil); i-- {
+	wantBits := snap.Params > 0
+	for i := end - 1; i >= 0 && (snap.TrainLoss == nil || snap.ValLoss == nil || snap.Data == nil || wantBits && snap.BitsPerParam == nil); i-- {
 		p := &s.rounds[i]
+		if wantBits && snap.BitsPerParam == nil && p.Certified {
+			snap.BitsPerParam = p.bitsPerParam(snap.Params)
+		}
 		if snap.TrainLoss == nil {
 			snap.TrainLoss = lossPtr(p.Train)
 		}
@@ -305,7 +320,7 @@ func (s *Store) Snapshot(info RunInfo, members func() []Member, now time.Time) (
 			snap.Data = p.data()
 		}
 	}
-	snap.Curve = curve(s.rounds)
+	snap.Curve = curve(s.rounds, snap.Params)
 
 	rows, err := s.memberRows(live, nowMS)
 	if err != nil {
@@ -443,8 +458,9 @@ func verdict(votes map[uint64]int, hash uint64) string {
 
 // curve turns the certified rounds into at most maxCurvePoints points: one
 // per round, or bucket means of equal runs of rounds when there are more,
-// each bucket named by its last round.
-func curve(rounds []point) []Point {
+// each bucket named by its last round; bits per parameter for a model of
+// params parameters.
+func curve(rounds []point, params int) []Point {
 	n := 0
 	for _, p := range rounds {
 		if p.Certified {
@@ -453,8 +469,8 @@ func curve(rounds []point) []Point {
 	}
 	out := make([]Point, 0, min(n, maxCurvePoints))
 	per := (n + maxCurvePoints - 1) / maxCurvePoints
-	var ts, vs float64
-	var tn, vn, k int
+	var ts, vs, ss float64
+	var tn, vn, sn, k int
 	for _, p := range rounds {
 		if !p.Certified {
 			continue
@@ -464,6 +480,9 @@ func curve(rounds []point) []Point {
 		}
 		if !math.IsNaN(p.Val) {
 			vs, vn = vs+p.Val, vn+1
+		}
+		if !math.IsNaN(float64(p.Sent)) {
+			ss, sn = ss+float64(p.Sent), sn+1
 		}
 		if k++; k%per != 0 && k != n {
 			continue
@@ -475,8 +494,11 @@ func curve(rounds []point) []Point {
 		if vn > 0 {
 			pt.Val = meanLoss(vs, vn)
 		}
+		if sn > 0 {
+			pt.BitsPerParam = bitsPerParam(ss/float64(sn), params)
+		}
 		out = append(out, pt)
-		ts, vs, tn, vn = 0, 0, 0, 0
+		ts, vs, ss, tn, vn, sn = 0, 0, 0, 0, 0, 0
 	}
 	return out
 }

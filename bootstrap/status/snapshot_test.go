@@ -209,18 +209,21 @@ func TestSnapshotGossipVotes(t *testing.T) {
 func TestCurveDownsamples(t *testing.T) {
 	var rounds []point
 	for r := uint64(1); r <= 2500; r++ {
-		rounds = append(rounds, point{Round: r, Last: int64(r), Train: float64(r), Val: math.NaN(), Reporters: 2, Certified: true},
-			point{Round: r, Train: 1e5, Val: 1e5}) // uncertified: not drawn (the rounds are not in order; curve does not care)
+		rounds = append(rounds, point{Round: r, Last: int64(r), Train: float64(r), Val: math.NaN(), Sent: float32(r), Reporters: 2, Certified: true},
+			point{Round: r, Train: 1e5, Val: 1e5, Sent: 1e5}) // uncertified: not drawn (the rounds are not in order; curve does not care)
 	}
-	c := curve(rounds)
+	c := curve(rounds, 8) // 8 parameters: bits per parameter = bytes sent
 	if len(c) > maxCurvePoints || len(c) < maxCurvePoints/2 {
 		t.Fatalf("%d points from 2500 rounds", len(c))
 	}
-	if last := c[len(c)-1]; last.Round != 2500 || *last.Train != 2500 {
+	if last := c[len(c)-1]; last.Round != 2500 || *last.Train != 2500 || *last.BitsPerParam != 2500 {
 		t.Errorf("last point %+v (a bucket of round 2500 alone)", last)
 	}
-	if len(c) != 834 || c[0].Round != 3 || *c[0].Train != 2 || c[0].Val != nil { // buckets of 3 rounds
+	if len(c) != 834 || c[0].Round != 3 || *c[0].Train != 2 || c[0].Val != nil || *c[0].BitsPerParam != 2 { // buckets of 3 rounds
 		t.Errorf("first point %+v", c[0])
+	}
+	if c := curve(rounds[:2], 0); len(c) != 1 || c[0].BitsPerParam != nil {
+		t.Errorf("curve without a parameter count: %+v", c)
 	}
 }
 

@@ -129,6 +129,21 @@ type RoundStats struct {
 	// the certified state that reported one (a run over a packed dataset);
 	// absent if none did.
 	Data *DataProgress `json:"data,omitempty"`
+	// BitsPerParam is the median over the round's contributors (sampled,
+	// certified or not) of 8 x bytes sent / the model's parameters, 4
+	// decimals; absent when none contributed or the parameter count is
+	// unknown. The store does not know the parameter count: Store.History
+	// leaves it absent and the Server's GET /api/history fills it in.
+	BitsPerParam *float64 `json:"bits_per_param,omitempty"`
+
+	sent *float64 // the median bytes sent behind BitsPerParam, nil for none
+}
+
+// setParams fills in BitsPerParam for a model of params parameters.
+func (r *RoundStats) setParams(params int) {
+	if r.sent != nil {
+		r.BitsPerParam = bitsPerParam(*r.sent, params)
+	}
 }
 
 // Bucket and key names of the bbolt file.
@@ -207,7 +222,9 @@ type hashVote struct {
 
 // sample is what one report adds to its round's curve point: its state
 // and its values (a loss of -1: not measured; Data false: no data
-// progress, as in every sample stored before it was kept).
+// progress, as in every sample stored before it was kept; Contrib false:
+// its bytes sent do not count, being an adopted report's or stored before
+// they were kept).
 type sample struct {
 	Hash    uint64  `json:"h,omitempty"`
 	Train   float32 `json:"t"`
@@ -216,10 +233,15 @@ type sample struct {
 	Data    bool    `json:"d,omitempty"`
 	Epoch   uint64  `json:"e,omitempty"`
 	Trained float32 `json:"p,omitempty"` // share of the epoch
+	Contrib bool    `json:"c,omitempty"` // a contributor's (not adopted): Sent counts for bits per parameter
+	Sent    uint64  `json:"s,omitempty"` // bytes sent, a contributor's only
 }
 
 func (r *report) sample() sample {
 	x := sample{Hash: r.StateHash, Train: -1, Val: -1, Tokens: r.Tokens}
+	if !r.Adopted {
+		x.Contrib, x.Sent = true, r.BytesSent
+	}
 	if r.HasTrain {
 		x.Train = float32(r.Train)
 	}
@@ -270,7 +292,12 @@ func (rr *roundRecord) apply(r *report, sign int) {
 	rr.DPUnits = max(rr.DPUnits+f*r.dpUnits(), 0)
 	switch x := r.sample(); {
 	case sign < 0:
-		if i := slices.Index(rr.Samples, x); i >= 0 {
+		i := slices.Index(rr.Samples, x)
+		if i < 0 { // a sample stored before bytes sent were kept
+			x.Contrib, x.Sent = false, 0
+			i = slices.Index(rr.Samples, x)
+		}
+		if i >= 0 {
 			rr.Samples = slices.Delete(rr.Samples, i, i+1)
 		}
 	case len(rr.Samples) < maxSamples:
@@ -340,6 +367,9 @@ func (rr *roundRecord) stats() RoundStats {
 		Reporters: rr.Reporters, Contributors: rr.Contributors, Certified: rr.Certified, ValReporters: rr.ValN,
 		TrainLoss: lossPtr(p.Train), ValLoss: lossPtr(p.Val), Tokens: p.Tokens, BytesSent: rr.BytesSent, BytesRecv: rr.BytesRecv,
 		Data: p.data()}
+	if !math.IsNaN(float64(p.Sent)) {
+		s.sent = ptr(float64(p.Sent))
+	}
 	h, votes, of, ok := rr.majority()
 	s.HashVotes = of
 	if ok {
@@ -351,7 +381,9 @@ func (rr *roundRecord) stats() RoundStats {
 // point is the in-memory mirror of a round, for the loss curve and the
 // totals: what the reporters in the round's certified state say (nothing
 // while it has none). Train and Val are NaN when none of them measured it;
-// HasData is false when none of them reported data progress.
+// HasData is false when none of them reported data progress. Sent is the
+// median bytes sent by the round's sampled contributors, whatever their
+// state (certified or not), NaN when there is none.
 type point struct {
 	Round     uint64
 	Last      int64
@@ -361,8 +393,15 @@ type point struct {
 	Epoch     uint64  // with Trained: the lower median of the (epoch, trained) pairs
 	Reporters int32
 	Trained   float32
+	Sent      float32 // median
 	Certified bool
 	HasData   bool
+}
+
+// bitsPerParam is p's bits sent per parameter for a model of params
+// parameters, nil without one.
+func (p *point) bitsPerParam(params int) *float64 {
+	return bitsPerParam(float64(p.Sent), params)
 }
 
 // data is p's data progress as served, nil without one.
@@ -376,6 +415,13 @@ func (p *point) data() *DataProgress {
 func (rr *roundRecord) point() point {
 	p := point{Round: rr.Round, Last: rr.Last, Train: math.NaN(), Val: math.NaN(),
 		Reporters: int32(rr.Reporters), Certified: rr.Certified}
+	var sent []float64
+	for _, x := range rr.Samples {
+		if x.Contrib {
+			sent = append(sent, float64(x.Sent))
+		}
+	}
+	p.Sent = float32(median(sent))
 	if !rr.Certified {
 		return p
 	}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"reflect"
@@ -372,8 +373,9 @@ func TestStoreHostileReporter(t *testing.T) {
 			s, _ := openStore(t, cfg)
 			rep := func(r uint64, hash uint64, train, val float32, tokens uint64) telemetry.Report {
 				return telemetry.Report{Round: r, StateHash: hash, TrainLoss: train, ValLoss: val, Tokens: tokens,
-					TokensPerSec: 100, WallSeconds: 10, Members: 5}
+					TokensPerSec: 100, BytesSent: 1000, WallSeconds: 10, Members: 5}
 			}
+			lie := func(rep telemetry.Report) telemetry.Report { rep.BytesSent = math.MaxUint64; return rep }
 			hostile := peerID(4)
 			var at time.Time
 			for r := uint64(1); r <= rounds; r++ {
@@ -385,7 +387,7 @@ func TestStoreHostileReporter(t *testing.T) {
 				if err := s.Record(hostile, rep(r, h, evil, evil, 1e13), at); !errors.Is(err, ErrTooManyTokens) {
 					t.Fatalf("round %d, 1e13 tokens: %v, want ErrTooManyTokens", r, err)
 				}
-				if err := s.Record(hostile, rep(r, h, evil, evil, maxToks), at); err != nil {
+				if err := s.Record(hostile, lie(rep(r, h, evil, evil, maxToks)), at); err != nil {
 					t.Fatalf("round %d, the allowed tokens: %v", r, err)
 				}
 				if err := s.Record(hostile, rep(1010, h, evil, evil, maxToks), at); !errors.Is(err, ErrRoundAhead) {
@@ -397,13 +399,13 @@ func TestStoreHostileReporter(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				if err := s.Record(hostile, rep(r+2, evilHash, evil, evil, maxToks), at.Add(2*time.Millisecond)); err != nil {
+				if err := s.Record(hostile, lie(rep(r+2, evilHash, evil, evil, maxToks)), at.Add(2*time.Millisecond)); err != nil {
 					t.Fatalf("round %d at round %d (within the lead): %v", r+2, r, err)
 				}
 			}
 
 			now := at.Add(5 * time.Second)
-			srv := NewServer(s, RunInfo{RunID: "hostile", InnerSteps: 10}, liveMembers(0, 1, 2, 3, 4), WithClock(func() time.Time { return now }))
+			srv := NewServer(s, RunInfo{RunID: "hostile", InnerSteps: 10, ParamCount: 1000}, liveMembers(0, 1, 2, 3, 4), WithClock(func() time.Time { return now }))
 			t.Cleanup(srv.Close)
 			var snap Snapshot
 			if err := json.NewDecoder(get(t, srv, "GET", "/api/status").Body).Decode(&snap); err != nil {
@@ -430,9 +432,15 @@ func TestStoreHostileReporter(t *testing.T) {
 				}
 				inRange("train", p.Round, p.Train, false)
 				inRange("val", p.Round, p.Val, true)
+				if p.BitsPerParam == nil || *p.BitsPerParam != 8 {
+					t.Errorf("round %d bits/param %s, want the honest 8", p.Round, ptrString(p.BitsPerParam))
+				}
 			}
 			inRange("train loss", rounds, snap.TrainLoss, false)
 			inRange("val loss", rounds, snap.ValLoss, true)
+			if snap.BitsPerParam == nil || *snap.BitsPerParam != 8 {
+				t.Errorf("bits/param %s, want the honest 8 (8 x 1000 bytes / 1000 parameters)", ptrString(snap.BitsPerParam))
+			}
 			// At most what five honest members train (the hostile one may have).
 			if snap.TokensTrained < 4*maxToks*rounds || snap.TokensTrained > 5*maxToks*rounds {
 				t.Errorf("tokens trained %d, want within [%d, %d]", snap.TokensTrained, 4*maxToks*rounds, 5*maxToks*rounds)
@@ -606,5 +614,117 @@ func TestStoreFollowsMembersThatJumpTogether(t *testing.T) {
 	}
 	if err := s.Record(peerID(1), fakeReport(1012, 2, 2, 3), at.Add(4*time.Second)); !errors.Is(err, ErrRoundAhead) {
 		t.Fatalf("a lone jump past the others: %v", err)
+	}
+}
+
+// A round's bits per parameter is the median over its contributors (not
+// the adopted reports; whatever their state) of 8 x bytes sent / params:
+// one liar among three or more cannot move it out of the honest range. The
+// snapshot shows the latest certified round's, the history and the curve
+// every round's, /metrics the snapshot's.
+func TestStoreBitsPerParam(t *testing.T) {
+	const H, G = 0x1111, 0x2222
+	type reporter struct {
+		peer    int
+		sent    uint64
+		hash    uint64
+		adopted bool
+	}
+	honest := func(sent ...uint64) []reporter {
+		var out []reporter
+		for i, b := range sent {
+			out = append(out, reporter{peer: i, sent: b, hash: H})
+		}
+		return out
+	}
+	for _, c := range []struct {
+		name      string
+		params    int
+		reports   []reporter // in order; a peer's second report replaces its first
+		want      float64    // bits per parameter of the round; -1: absent
+		certified bool       // the snapshot and the curve show it
+	}{
+		{"three agree", 1000, honest(100, 200, 300), 1.6, true},
+		{"one liar among five, high", 1000, honest(100, 100, 125, 125, math.MaxUint64), 1, true},
+		{"one liar among five, low", 1000, honest(0, 100, 100, 125, 125), 0.8, true},
+		{"even: the mean of the middle two", 1000, honest(100, 200, 300, 1<<40), 2, true},
+		{"adopted reports do not count", 1000, []reporter{{0, 100, H, false}, {1, 1 << 40, H, true}, {2, 300, H, false},
+			{3, 1 << 40, H, true}, {4, 200, H, false}}, 1.6, true},
+		{"only adopted reports", 1000, []reporter{{0, 100, H, true}, {1, 200, H, true}}, -1, true},
+		{"another state's contributor counts", 1000, []reporter{{0, 100, H, false}, {1, 200, G, false}, {2, 300, H, false}}, 1.6, true},
+		{"a replaced report counts once", 1000, []reporter{{0, 1 << 40, H, false}, {1, 200, H, false}, {2, 300, H, false},
+			{0, 100, H, false}}, 1.6, true},
+		{"uncertified: history only", 1000, []reporter{{0, 100, H, false}, {1, 300, G, false}}, 1.6, false},
+		{"no parameter count", 0, honest(100, 200, 300), -1, true},
+		{"few parameters, many bytes", 10, honest(1<<20, 1<<20, 1<<20), 838860.8, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s, _ := openStore(t, testConfig())
+			for _, r := range c.reports {
+				rep := telemetry.Report{Round: 3, StateHash: r.hash, Adopted: r.adopted, TrainLoss: 2, ValLoss: float32(math.NaN()),
+					Tokens: 100, BytesSent: r.sent, WallSeconds: 10, Members: len(c.reports)}
+				if err := s.Record(peerID(r.peer), rep, t0); err != nil {
+					t.Fatal(err)
+				}
+			}
+			srv := NewServer(s, RunInfo{RunID: "bits", ParamCount: c.params}, nil, WithClock(func() time.Time { return t0.Add(time.Second) }))
+			t.Cleanup(srv.Close)
+			var snap Snapshot
+			if err := json.NewDecoder(get(t, srv, "GET", "/api/status").Body).Decode(&snap); err != nil {
+				t.Fatal(err)
+			}
+			var page historyPage
+			if err := json.NewDecoder(get(t, srv, "GET", "/api/history").Body).Decode(&page); err != nil {
+				t.Fatal(err)
+			}
+			metrics, _ := io.ReadAll(get(t, srv, "GET", "/metrics").Body)
+			is := func(what string, got *float64, want float64) {
+				t.Helper()
+				if want < 0 && got != nil || want >= 0 && (got == nil || math.Abs(*got-want) > 1e-9) {
+					t.Errorf("%s = %s, want %v (-1: absent)", what, ptrString(got), want)
+				}
+			}
+			if len(page.Rounds) != 1 {
+				t.Fatalf("history %+v, want round 3", page.Rounds)
+			}
+			is("history", page.Rounds[0].BitsPerParam, c.want)
+			shown := c.want
+			if !c.certified {
+				shown = -1
+			}
+			is("snapshot", snap.BitsPerParam, shown)
+			if len(snap.Curve) != 1 && c.certified || len(snap.Curve) != 0 && !c.certified {
+				t.Fatalf("curve %+v", snap.Curve)
+			}
+			if c.certified {
+				is("curve", snap.Curve[0].BitsPerParam, c.want)
+			}
+			if got := strings.Contains(string(metrics), "skein_run_bits_per_param "); got != (shown >= 0) {
+				t.Errorf("/metrics has skein_run_bits_per_param: %v, want %v", got, shown >= 0)
+			} else if got && !strings.Contains(string(metrics), fmt.Sprintf("skein_run_bits_per_param %v\n", shown)) {
+				t.Errorf("/metrics lacks skein_run_bits_per_param %v", shown)
+			}
+			if hist, err := s.History(0, 1); err != nil || len(hist) != 1 || hist[0].BitsPerParam != nil {
+				t.Errorf("Store.History, which does not know the parameter count: %+v (%v)", hist, err)
+			}
+		})
+	}
+}
+
+// A report that replaces one stored before bytes sent were kept in the
+// round's samples takes the old sample out.
+func TestRoundRecordReplacesOldSample(t *testing.T) {
+	old := report{Round: 3, StateHash: 0x1111, Train: 2, HasTrain: true, Tokens: 100, BytesSent: 500}
+	rr := roundRecord{Round: 3, Reporters: 1, Contributors: 1, TrainN: 1, BytesSent: 500,
+		Hashes: []hashVote{{0x1111, 1}}, Samples: []sample{{Hash: 0x1111, Train: 2, Val: -1, Tokens: 100}}} // no Contrib, no Sent
+	if p := rr.point(); !math.IsNaN(float64(p.Sent)) {
+		t.Errorf("an old sample counts %v bytes sent", p.Sent)
+	}
+	rr.apply(&old, -1)
+	now := old
+	now.BytesSent = 700
+	rr.apply(&now, +1)
+	if len(rr.Samples) != 1 || !rr.Samples[0].Contrib || rr.Samples[0].Sent != 700 || rr.point().Sent != 700 {
+		t.Errorf("samples after the replacement: %+v", rr.Samples)
 	}
 }

@@ -36,6 +36,10 @@
     return (i === 0 ? String(Math.round(n)) : trim(n)) + '\u202f' + units[i];
   }
   function lossText(x) { return x == null ? '–' : x.toFixed(3); }
+  // bitsText: bits per parameter, 0.42, 12.6, 0.0031.
+  function bitsText(x) {
+    return x >= 10 ? x.toFixed(1) : x >= 0.1 || x === 0 ? x.toFixed(2) : x.toPrecision(2);
+  }
   function serverNow() { return Date.now() - skew; }
   function ago(iso) {
     const t = Date.parse(iso);
@@ -143,6 +147,16 @@
     setValue('stat-tps', count(s.tokens_per_sec), 'tok/s');
     setValue('stat-bps', bytes(s.bytes_per_sec), '/s');
     $('stat-bps-sub').textContent = bytes(s.bytes_sent) + ' in total';
+    // What a volunteer sends for one round, per parameter. A narrow card
+    // breaks the line before "per round" only.
+    const bits = $('stat-bits');
+    bits.hidden = !(typeof s.bits_per_param === 'number' && isFinite(s.bits_per_param) && s.bits_per_param >= 0);
+    bits.replaceChildren();
+    if (!bits.hidden) {
+      bits.appendChild(el('span', 'nowrap', bitsText(s.bits_per_param) + ' bits/param'));
+      bits.appendChild(document.createTextNode(' '));
+      bits.appendChild(el('span', 'nowrap', 'per round'));
+    }
     const savedCard = $('stat-saved-card');
     if (s.traffic_saved > 0) {
       setValue('stat-saved', (s.traffic_saved >= 100 ? s.traffic_saved.toFixed(0) : s.traffic_saved.toFixed(1)) + '×', 'less');
