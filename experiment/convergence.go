@@ -29,9 +29,15 @@ type ConvergenceConfig struct {
 	Seed        uint64
 	LR          float64
 	Arms        []string // subset of ArmNames(); empty means all
-	Out         string   // directory for results.json, results.md and curves.svg
-	Logger      *slog.Logger
-	Progress    io.Writer
+	// Overrides of the DiLoCo arms' outer rule, for tuning: OuterLR (0:
+	// the arm's own), OuterMomentum (nil: the arm's own), and the residual
+	// decay of the sparse, support and subspace arms (0: the arm's own).
+	OuterLR       float64
+	OuterMomentum *float64
+	ResidualDecay float32
+	Out           string // directory for results.json, results.md and curves.svg
+	Logger        *slog.Logger
+	Progress      io.Writer
 }
 
 // Arm is one way of training in the convergence benchmark.
@@ -64,6 +70,9 @@ func Arms() []Arm {
 		}},
 		{Name: "diloco-h25-int8", Description: "DiLoCo H=25, int8 (min-max), butterfly mean", configure: func(c *SwarmConfig) {
 			c.Algorithm, c.InnerSteps = DiLoCo, 25
+		}},
+		{Name: "diloco-h50-delayed", Description: "DiLoCo H=50, int8, butterfly default robust rule, each exchange overlapped with the next inner phase (one-step delayed)", configure: func(c *SwarmConfig) {
+			c.Algorithm, c.InnerSteps, c.Robust, c.Delayed = DiLoCo, 50, optimizer.DefaultRobust(), true
 		}},
 		{Name: "diloco-h50-fp32", Description: "DiLoCo H=50, fp32, butterfly mean", configure: func(c *SwarmConfig) {
 			c.Algorithm, c.InnerSteps, c.Codec = DiLoCo, 50, codecConfig(compression.FP32)
@@ -114,6 +123,20 @@ func Arms() []Arm {
 		{Name: "diloco-h50-support-attack", Description: "diloco-h50-support with one worker scaling its pseudo-gradient by 1000", configure: func(c *SwarmConfig) {
 			s := optimizer.DefaultSupport()
 			c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support, c.Attack = DiLoCo, 50, optimizer.DefaultRobust(), &s, 1000
+		}},
+		// The shared subspace (issue [3/4]): each weight matrix's
+		// coordinates in a rank-r basis that follows the aggregate (PowerSGD's
+		// power iteration, one side per round), the butterfly's robust rule
+		// and minmax8 on the compacted vector, error feedback locally.
+		{Name: "diloco-h50-subspace4", Description: "DiLoCo H=50, shared rank-4 subspace + error feedback, butterfly default robust rule, minmax8", configure: func(c *SwarmConfig) {
+			c.Algorithm, c.InnerSteps, c.Robust, c.SubspaceRank = DiLoCo, 50, optimizer.DefaultRobust(), 4
+		}},
+		{Name: "diloco-h50-subspace8", Description: "DiLoCo H=50, shared rank-8 subspace + error feedback, butterfly default robust rule, minmax8", configure: func(c *SwarmConfig) {
+			c.Algorithm, c.InnerSteps, c.Robust, c.SubspaceRank = DiLoCo, 50, optimizer.DefaultRobust(), 8
+		}},
+		{Name: "diloco-h50-subspace4-ef", Description: "diloco-h50-subspace4 with SparseLoCo's outer rule: residual decay 0.95 in place of the outer momentum, outer SGD lr 1", configure: func(c *SwarmConfig) {
+			c.Algorithm, c.InnerSteps, c.Robust, c.SubspaceRank, c.SubspaceDecay = DiLoCo, 50, optimizer.DefaultRobust(), 4, 0.95
+			c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 1, 0
 		}},
 		{Name: "diloco-h50-mean-attack", Description: "DiLoCo H=50, int8, butterfly plain mean, one worker scales its pseudo-gradient by 1000", configure: func(c *SwarmConfig) {
 			c.Algorithm, c.InnerSteps, c.Attack = DiLoCo, 50, 1000
@@ -203,6 +226,21 @@ func RunConvergence(ctx context.Context, cfg ConvergenceConfig) ([]ArmResult, er
 		}
 		c := base()
 		arm.configure(&c)
+		if c.Algorithm == DiLoCo {
+			if cfg.OuterLR > 0 {
+				c.DiLoCo.OuterLR = cfg.OuterLR
+			}
+			if cfg.OuterMomentum != nil {
+				c.DiLoCo.Momentum = *cfg.OuterMomentum
+			}
+			if d := cfg.ResidualDecay; d > 0 {
+				c.SparseBeta, c.SubspaceDecay = d, d
+				if c.DiLoCo.Support != nil {
+					s := *c.DiLoCo.Support
+					s.Decay, c.DiLoCo.Support = d, &s
+				}
+			}
+		}
 		if c.Algorithm == Sync || c.Algorithm == Single {
 			c.InnerSteps = 50
 			c.Threads = 2

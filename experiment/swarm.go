@@ -63,6 +63,16 @@ type SwarmConfig struct {
 	Sparse *compression.SparseConfig
 	// SparseBeta is the sparse error feedback's decay (0: 1, none).
 	SparseBeta float32
+	// SubspaceRank, if positive (DiLoCo), sends each weight matrix's
+	// coordinates in a shared rank-SubspaceRank basis through the
+	// butterfly (optimizer.SubspaceConfig), with residual decay
+	// SubspaceDecay (0: 1).
+	SubspaceRank  int
+	SubspaceDecay float32
+	// Delayed (DiLoCo) overlaps each round's exchange with the next inner
+	// phase (optimizer.DiLoCo.OuterStepDelayed); the last round is flushed
+	// before the final evaluation.
+	Delayed bool
 	// Attack, when non-zero, makes the last worker hostile: before every
 	// round it multiplies its pseudo-gradient by Attack (for example 1000,
 	// or -1 to flip its sign). Worker 0, the one evaluated, stays honest.
@@ -125,6 +135,14 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 	T := cfg.SeqLen
 	if T == 0 {
 		T = mc.MaxT
+	}
+	if cfg.SubspaceRank > 0 {
+		sc := optimizer.SubspaceConfig{Rank: cfg.SubspaceRank, Decay: cfg.SubspaceDecay, Seed: cfg.Seed,
+			Matrices: SubspaceMatrices(model.Layout(mc, model.FullSpec(mc)), cfg.SubspaceRank)}
+		if sc.Decay == 0 {
+			sc.Decay = 1
+		}
+		cfg.DiLoCo.Subspace = &sc
 	}
 	corpus, err := trainer.OpenCorpus(cfg.Corpus)
 	if err != nil {
@@ -235,6 +253,9 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 				if s := cfg.DiLoCo.Support; s != nil {
 					nx = s.SupportLen(nx) // the collective sees the compacted vector
 				}
+				if s := cfg.DiLoCo.Subspace; s != nil {
+					nx = s.Len(nx)
+				}
 				bc := optimizer.DefaultButterflyConfig(nx, swarmSigner{p.Self()}, swarmTick.Seconds())
 				bc.Codec, bc.Robust = cfg.Codec, cfg.Robust
 				// Every worker in every round, as in the papers: the leader
@@ -290,7 +311,14 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 				var err error
 				switch cfg.Algorithm {
 				case DiLoCo:
-					_, err = dilocos[i].OuterStep(ctx, w.theta)
+					if cfg.Delayed {
+						_, err = dilocos[i].OuterStepDelayed(ctx, w.theta)
+						if err == nil && round == cfg.Rounds-1 {
+							_, err = dilocos[i].Flush(w.theta)
+						}
+					} else {
+						_, err = dilocos[i].OuterStep(ctx, w.theta)
+					}
 				case NoLoCo:
 					_, err = nolocos[i].OuterStep(ctx, w.theta)
 				}
@@ -342,4 +370,16 @@ func (s swarmSigner) Sign(msg []byte) ([]byte, error) {
 
 func (s swarmSigner) Verify(id transport.PeerID, msg, sig []byte) bool {
 	return len(sig) == ed25519.SignatureSize && ed25519.Verify(swarmKey(id).Public().(ed25519.PublicKey), msg, sig)
+}
+
+// SubspaceMatrices lists a layout's weight matrices that a rank-r basis
+// compresses (both sides at least 4r); the rest is sent dense.
+func SubspaceMatrices(layout []model.Tensor, r int) []optimizer.Matrix {
+	var ms []optimizer.Matrix
+	for _, t := range layout {
+		if len(t.Shape) == 2 && min(t.Shape[0], t.Shape[1]) >= 4*r {
+			ms = append(ms, optimizer.Matrix{Off: t.Offset, Rows: t.Shape[0], Cols: t.Shape[1]})
+		}
+	}
+	return ms
 }

@@ -36,6 +36,10 @@ type DiLoCoConfig struct {
 	// Support, if set, sends only each round's shared support (support.go)
 	// with error feedback; it excludes Feedback.
 	Support *SupportConfig
+	// Subspace, if set, sends only each weight matrix's coordinates in the
+	// round's shared low-rank basis, with error feedback (subspace.go); it
+	// excludes Feedback and Support.
+	Subspace *SubspaceConfig
 }
 
 // DefaultDiLoCo returns the paper's outer settings: Nesterov, eta 0.7, mu 0.9.
@@ -54,6 +58,12 @@ func (c DiLoCoConfig) Validate() error {
 		return fmt.Errorf("%w: max delta norm %v must be >= 0", ErrConfig, c.MaxDeltaNorm)
 	case c.NormGrowth < 0 || (c.NormGrowth > 0 && c.NormGrowth < 1):
 		return fmt.Errorf("%w: norm growth %v must be 0 (off) or >= 1", ErrConfig, c.NormGrowth)
+	}
+	if c.Subspace != nil {
+		if c.Feedback != nil || c.Support != nil {
+			return fmt.Errorf("%w: a shared subspace with a shared support or dense error feedback", ErrConfig)
+		}
+		return c.Subspace.Validate()
 	}
 	if c.Support != nil {
 		if c.Feedback != nil {
@@ -105,6 +115,11 @@ type DiLoCo struct {
 	sup          []int32
 	cdelta, cavg []float32
 
+	// shared subspace (DiLoCoConfig.Subspace): the bases, and this
+	// member's full contribution (residual plus delta) of the round
+	sub   *subspace
+	mfull []float32
+
 	// norms of the last accepted averages (NormGrowth), oldest first
 	norms []float64
 
@@ -130,6 +145,13 @@ func NewDiLoCo(cfg DiLoCoConfig, coll Collective, phi []float32) (*DiLoCo, error
 	if s := cfg.Support; s != nil {
 		k := s.SupportLen(n)
 		d.resid, d.sup, d.cdelta, d.cavg = make([]float32, n), make([]int32, 0, k), make([]float32, k), make([]float32, k)
+	}
+	if s := cfg.Subspace; s != nil {
+		if err := s.checkLen(n); err != nil {
+			return nil, err
+		}
+		k := s.Len(n)
+		d.sub, d.resid, d.mfull, d.cdelta, d.cavg = newSubspace(*s), make([]float32, n), make([]float32, n), make([]float32, k), make([]float32, k)
 	}
 	if cfg.Feedback != nil {
 		if cfg.Feedback.MaxElements < int64(n) {
@@ -174,6 +196,15 @@ func (d *DiLoCo) prepare(start, theta []float32) error {
 		return fmt.Errorf("%w: own pseudo-gradient norm %v (bound %v)", ErrRejected, n, d.cfg.MaxDeltaNorm)
 	}
 	switch {
+	case d.sub != nil:
+		// This member's contribution: its residual plus delta, projected
+		// on the round's bases.
+		decay := d.cfg.Subspace.Decay
+		for i, v := range d.delta {
+			d.mfull[i] = float32(decay*d.resid[i]) + v
+		}
+		d.sub.project(d.cdelta, d.mfull, d.Round)
+		return nil
 	case d.cfg.Support != nil:
 		// The round's support, from the certified momentum; this member's
 		// contribution there is its residual plus delta.
@@ -213,6 +244,9 @@ func (d *DiLoCo) seed() uint64 {
 }
 
 func (d *DiLoCo) apply() error {
+	if d.sub != nil {
+		d.sub.expand(d.avg, d.cavg, d.Round)
+	}
 	if d.cfg.Support != nil {
 		clear(d.avg)
 		for j, p := range d.sup {
@@ -232,6 +266,16 @@ func (d *DiLoCo) apply() error {
 		d.norms = d.norms[1:]
 	}
 	NesterovStep(d.Phi, d.Mom, d.avg, float32(d.cfg.OuterLR), float32(d.cfg.Momentum))
+	if d.sub != nil {
+		// The residual keeps what this member's own projection missed
+		// (exactly: the projection is orthogonal); then the bases move on
+		// to the aggregate's.
+		d.sub.expand(d.resid, d.cdelta, d.Round)
+		for i, v := range d.mfull {
+			d.resid[i] = v - d.resid[i]
+		}
+		d.sub.advance(d.cavg, d.Round)
+	}
 	d.Round++
 	if s := d.cfg.Support; s != nil {
 		// What was sent leaves the residual; the rest waits for a later
@@ -342,7 +386,7 @@ func (d *DiLoCo) reduce(ctx context.Context, round, hash uint64) (RoundStats, er
 		return RoundStats{}, fmt.Errorf("optimizer: DiLoCo without a collective")
 	}
 	x, out := d.delta, d.avg
-	if d.cfg.Support != nil {
+	if d.cfg.Support != nil || d.sub != nil {
 		x, out = d.cdelta, d.cavg
 	}
 	if sc, ok := d.coll.(stateCollective); ok {

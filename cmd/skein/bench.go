@@ -66,6 +66,9 @@ func convergenceCommand() *cli.Command {
 			&cli.IntFlag{Name: "eval-batches", Value: 8, Usage: "held-out batches per validation"},
 			&cli.Uint64Flag{Name: "seed", Value: 1, Usage: "seed of weights and data order"},
 			&cli.Float64Flag{Name: "lr", Value: 1e-3, Usage: "inner AdamW learning rate"},
+			&cli.Float64Flag{Name: "outer-lr", Usage: "override the DiLoCo arms' outer learning rate (0: each arm's own)"},
+			&cli.Float64Flag{Name: "outer-momentum", Value: -1, Usage: "override the DiLoCo arms' outer Nesterov momentum (-1: each arm's own)"},
+			&cli.Float64Flag{Name: "residual-decay", Usage: "override the error-feedback residual decay of the sparse, support and subspace arms (0: each arm's own)"},
 			&cli.StringSliceFlag{Name: "arm", Usage: "run only these arms (repeatable)"},
 			&cli.PathFlag{Name: "out", Value: "runs/convergence", Usage: "output directory"},
 		},
@@ -74,10 +77,15 @@ func convergenceCommand() *cli.Command {
 			if err != nil {
 				return err
 			}
+			var mom *float64
+			if m := c.Float64("outer-momentum"); m >= 0 {
+				mom = &m
+			}
 			res, err := experiment.RunConvergence(c.Context, experiment.ConvergenceConfig{
 				Preset: c.String("preset"), Workers: c.Int("workers"), Batch: c.Int("batch"), SeqLen: c.Int("seq-len"),
 				Steps: c.Int("steps"), WarmSteps: c.Int("warm-steps"), EvalBatches: c.Int("eval-batches"),
-				Seed: c.Uint64("seed"), LR: c.Float64("lr"), Arms: c.StringSlice("arm"), Out: c.Path("out"),
+				Seed: c.Uint64("seed"), LR: c.Float64("lr"),
+				OuterLR: c.Float64("outer-lr"), OuterMomentum: mom, ResidualDecay: float32(c.Float64("residual-decay")), Arms: c.StringSlice("arm"), Out: c.Path("out"),
 				Logger: log, Progress: os.Stderr,
 			})
 			if err != nil {
