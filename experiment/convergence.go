@@ -120,6 +120,36 @@ func Arms() []Arm {
 			s := optimizer.DefaultSupport()
 			c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support = DiLoCo, 50, optimizer.DefaultRobust(), &s
 		}},
+		{Name: "diloco-h50-nominated", Description: "DiLoCo H=50, a shared support 64/4096 of the union of each member's own top 16 (nominations exchanged for free, in process) + error feedback (decay 0.95), outer SGD lr 3, butterfly default robust rule, minmax8", configure: func(c *SwarmConfig) {
+			s := optimizer.SupportConfig{Chunk: 4096, K: 64, Nominate: 16, Decay: 0.95}
+			c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support = DiLoCo, 50, optimizer.DefaultRobust(), &s
+			c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 3, 0
+		}},
+		{Name: "diloco-h50-nominated-mean", Description: "diloco-h50-nominated with the butterfly's plain mean (trim 0, no clip): what the robust rule costs", configure: func(c *SwarmConfig) {
+			s := optimizer.SupportConfig{Chunk: 4096, K: 64, Nominate: 16, Decay: 0.95}
+			c.Algorithm, c.InnerSteps, c.DiLoCo.Support = DiLoCo, 50, &s
+			c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 3, 0
+		}},
+		{Name: "diloco-h50-nominated128", Description: "diloco-h50-nominated at twice the density: 128/4096, 32 nominations a member", configure: func(c *SwarmConfig) {
+			s := optimizer.SupportConfig{Chunk: 4096, K: 128, Nominate: 32, Decay: 0.95}
+			c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support = DiLoCo, 50, optimizer.DefaultRobust(), &s
+			c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 3, 0
+		}},
+		{Name: "diloco-h50-nominated-stale", Description: "diloco-h50-nominated with nominations from the residual alone (known a round ahead, so they can cross the network during the inner phase)", configure: func(c *SwarmConfig) {
+			s := optimizer.SupportConfig{Chunk: 4096, K: 64, Nominate: 16, Decay: 0.95, NominateFromResidual: true}
+			c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support = DiLoCo, 50, optimizer.DefaultRobust(), &s
+			c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 3, 0
+		}},
+		{Name: "diloco-h50-nominated-attack", Description: "diloco-h50-nominated with one worker scaling its pseudo-gradient by 1000", configure: func(c *SwarmConfig) {
+			s := optimizer.SupportConfig{Chunk: 4096, K: 64, Nominate: 16, Decay: 0.95}
+			c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support, c.Attack = DiLoCo, 50, optimizer.DefaultRobust(), &s, 1000
+			c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 3, 0
+		}},
+		{Name: "diloco-h50-nominated-flip", Description: "diloco-h50-nominated with one worker flipping the sign of its pseudo-gradient (x -4)", configure: func(c *SwarmConfig) {
+			s := optimizer.SupportConfig{Chunk: 4096, K: 64, Nominate: 16, Decay: 0.95}
+			c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support, c.Attack = DiLoCo, 50, optimizer.DefaultRobust(), &s, -4
+			c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 3, 0
+		}},
 		{Name: "diloco-h50-support-attack", Description: "diloco-h50-support with one worker scaling its pseudo-gradient by 1000", configure: func(c *SwarmConfig) {
 			s := optimizer.DefaultSupport()
 			c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support, c.Attack = DiLoCo, 50, optimizer.DefaultRobust(), &s, 1000

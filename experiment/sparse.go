@@ -3,6 +3,7 @@ package experiment
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/skein-ml/skein/compression"
@@ -105,4 +106,53 @@ func (g *sparseGather) AllReduceMean(ctx context.Context, round uint64, x, out [
 	}
 	h.mu.Unlock()
 	return optimizer.RoundStats{Round: round, Attempts: 1, BytesSent: int64(len(msg)) * int64(h.m-1)}, nil
+}
+
+// nominationHub is an in-process optimizer.Nominator: it waits for every
+// member's nominations of a round and gives each the sorted union. (Over
+// the network the nominations would cross the wire too; here they are
+// free, so the arm measures the support's quality, not its cost.)
+type nominationHub struct {
+	mu    sync.Mutex
+	cond  *sync.Cond
+	m     int
+	round uint64
+	have  int
+	done  int
+	union []int32
+}
+
+func newNominationHub(m int) *nominationHub {
+	h := &nominationHub{m: m}
+	h.cond = sync.NewCond(&h.mu)
+	return h
+}
+
+// Nominate implements optimizer.Nominator.
+func (h *nominationHub) Nominate(ctx context.Context, round uint64, own []int32) ([]int32, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for h.have == h.m { // the previous round is still being read
+		h.cond.Wait()
+	}
+	h.union = append(h.union, own...)
+	h.have++
+	h.cond.Broadcast()
+	for h.have < h.m && ctx.Err() == nil {
+		h.cond.Wait()
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if h.done == 0 {
+		slices.Sort(h.union)
+		h.union = slices.Compact(h.union)
+	}
+	out := slices.Clone(h.union)
+	h.done++
+	if h.done == h.m {
+		h.have, h.done, h.union = 0, 0, h.union[:0]
+		h.cond.Broadcast()
+	}
+	return out, nil
 }

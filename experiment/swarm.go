@@ -221,6 +221,7 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 	// Outer machinery for the distributed algorithms.
 	var net *transport.MemNetwork
 	var hub *sparseHub
+	var noms *nominationHub
 	var dilocos []*optimizer.DiLoCo
 	var nolocos []*optimizer.NoLoCo
 	rctx, cancel := context.WithCancel(ctx)
@@ -256,6 +257,13 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 				if s := cfg.DiLoCo.Subspace; s != nil {
 					nx = s.Len(nx)
 				}
+				dc := cfg.DiLoCo
+				if s := dc.Support; s != nil && s.Nominate > 0 {
+					if noms == nil {
+						noms = newNominationHub(nw)
+					}
+					dc.Nominator = noms
+				}
 				bc := optimizer.DefaultButterflyConfig(nx, swarmSigner{p.Self()}, swarmTick.Seconds())
 				bc.Codec, bc.Robust = cfg.Codec, cfg.Robust
 				// Every worker in every round, as in the papers: the leader
@@ -268,7 +276,7 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 				}
 				r.Start(rctx)
 				defer r.Close()
-				d, err := optimizer.NewDiLoCo(cfg.DiLoCo, r, w.theta)
+				d, err := optimizer.NewDiLoCo(dc, r, w.theta)
 				if err != nil {
 					return nil, err
 				}

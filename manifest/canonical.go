@@ -55,6 +55,17 @@ func (m Manifest) Canonical() []byte {
 
 	w.table("[wire]")
 	w.str("codec", m.Wire.Codec)
+	// Written only when compacted, so that older manifests keep their hashes.
+	if m.Wire.Compacted() {
+		w.str("outer", m.Wire.Outer)
+		if m.Wire.SupportK != 0 {
+			w.int("support_k", int64(m.Wire.SupportK))
+		}
+		if m.Wire.Rank != 0 {
+			w.int("rank", int64(m.Wire.Rank))
+		}
+		w.float("residual_decay", m.Wire.ResidualDecay)
+	}
 
 	w.table("[data]")
 	w.str("source", m.Data.Source)

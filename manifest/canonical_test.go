@@ -76,6 +76,72 @@ func fullDataset() Manifest {
 	return m
 }
 
+// fullSupport and fullSubspace compact the outer exchange.
+func fullSupport() Manifest {
+	m := full()
+	m.Optimizer.Kind, m.Pipeline = KindDiLoCo, Pipeline{Stages: 1, Microbatches: m.Pipeline.Microbatches}
+	m.Wire.Outer, m.Wire.SupportK, m.Wire.ResidualDecay = OuterSupport, 64, 0.95
+	return m
+}
+
+func fullSubspace() Manifest {
+	m := fullSupport()
+	m.Wire.SupportK = 0
+	m.Wire.Outer, m.Wire.Rank, m.Wire.ResidualDecay = OuterSubspace, 4, 1
+	return m
+}
+
+// A compacted exchange's fields are in the hash, an older manifest's hash
+// does not change, and what does not fit is refused.
+func TestOuterExchange(t *testing.T) {
+	for name, base := range map[string]Manifest{"support": fullSupport(), "subspace": fullSubspace()} {
+		if err := base.Validate(); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		roundTrip(t, name, base)
+		for k, edit := range map[string]func(m *Manifest){
+			"outer": func(m *Manifest) { m.Wire.Outer, m.Wire.SupportK, m.Wire.Rank, m.Wire.ResidualDecay = "", 0, 0, 0 },
+			"k":     func(m *Manifest) { m.Wire.SupportK++ },
+			"rank":  func(m *Manifest) { m.Wire.Rank++ },
+			"decay": func(m *Manifest) { m.Wire.ResidualDecay /= 2 },
+		} {
+			m := base
+			edit(&m)
+			if m.Hash() == base.Hash() {
+				t.Errorf("%s: changing %s leaves the hash unchanged", name, k)
+			}
+		}
+	}
+	m := full()
+	dense := m.Hash()
+	m.Wire.Outer = OuterDense
+	if m.Hash() != dense {
+		t.Error(`wire.outer = "dense" changes an older manifest's hash`)
+	}
+	for name, edit := range map[string]func(m *Manifest){
+		"unknown":          func(m *Manifest) { m.Wire.Outer = "topk" },
+		"k 0":              func(m *Manifest) { m.Wire.SupportK = 0 },
+		"k too large":      func(m *Manifest) { m.Wire.SupportK = SupportChunk },
+		"rank on support":  func(m *Manifest) { m.Wire.Rank = 2 },
+		"decay 0":          func(m *Manifest) { m.Wire.ResidualDecay = 0 },
+		"decay > 1":        func(m *Manifest) { m.Wire.ResidualDecay = 1.5 },
+		"staged":           func(m *Manifest) { m.Pipeline.Stages = 3 },
+		"noloco":           func(m *Manifest) { m.Optimizer.Kind = KindNoLoCo },
+		"dense with decay": func(m *Manifest) { m.Wire.Outer, m.Wire.SupportK = OuterDense, 0 },
+	} {
+		m := fullSupport()
+		edit(&m)
+		if err := m.Validate(); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	m = fullSubspace()
+	m.Wire.Rank = 0
+	if err := m.Validate(); err == nil {
+		t.Error("subspace of rank 0 accepted")
+	}
+}
+
 // The hash of a dataset run covers its shards' tokens, documents and split.
 func TestDatasetHashCoversShardFields(t *testing.T) {
 	base := fullDataset()
@@ -185,7 +251,7 @@ func TestCanonicalGolden(t *testing.T) {
 // has every key of an open run, fullClosed() those of a closed one.
 func TestCanonicalHasEveryKey(t *testing.T) {
 	var got []string
-	for _, m := range []Manifest{full(), fullClosed(), fullTokenized(), fullDataset()} {
+	for _, m := range []Manifest{full(), fullClosed(), fullTokenized(), fullDataset(), fullSupport(), fullSubspace()} {
 		var v map[string]any
 		md, err := toml.Decode(string(m.Canonical()), &v)
 		if err != nil {
@@ -269,13 +335,18 @@ func TestHashCoversEveryField(t *testing.T) {
 		"optimizer.group_size":     func(m *Manifest) { m.Optimizer.GroupSize++ },
 		"optimizer.gamma":          func(m *Manifest) { m.Optimizer.Gamma = 0 },
 		"wire.codec":               func(m *Manifest) { m.Wire.Codec = "int8" },
-		"data.source":              func(m *Manifest) { m.Data.Source = SourceLocal },
-		"data.val_fraction":        func(m *Manifest) { m.Data.ValFraction = 0.03 },
-		"data.shard_bytes":         func(m *Manifest) { m.Data.ShardBytes-- },
-		"data.shards":              func(m *Manifest) { m.Data.Shards = m.Data.Shards[:1] },
-		"data.shards.hash":         func(m *Manifest) { m.Data.Shards[1].Hash = strings.Repeat("0", 64) },
-		"data.shards.bytes":        func(m *Manifest) { m.Data.Shards[1].Bytes++ },
-		"data.shards.files":        func(m *Manifest) { m.Data.Shards[1].Files++ },
+		// The compacted exchange's fields: TestOuterExchange.
+		"wire.outer":          nil,
+		"wire.support_k":      nil,
+		"wire.rank":           nil,
+		"wire.residual_decay": nil,
+		"data.source":         func(m *Manifest) { m.Data.Source = SourceLocal },
+		"data.val_fraction":   func(m *Manifest) { m.Data.ValFraction = 0.03 },
+		"data.shard_bytes":    func(m *Manifest) { m.Data.ShardBytes-- },
+		"data.shards":         func(m *Manifest) { m.Data.Shards = m.Data.Shards[:1] },
+		"data.shards.hash":    func(m *Manifest) { m.Data.Shards[1].Hash = strings.Repeat("0", 64) },
+		"data.shards.bytes":   func(m *Manifest) { m.Data.Shards[1].Bytes++ },
+		"data.shards.files":   func(m *Manifest) { m.Data.Shards[1].Files++ },
 		// The dataset fields: TestDatasetHashCoversShardFields.
 		"data.shards.tokens":       nil,
 		"data.shards.documents":    nil,

@@ -143,6 +143,32 @@ func (w Wire) validate() error {
 	if _, ok := codecByName(w.Codec); !ok {
 		return bad("wire.codec", w.Codec, "want one of %s", quoteAll(codecNames()))
 	}
+	switch w.Outer {
+	case "", OuterDense:
+		if w.SupportK != 0 || w.Rank != 0 || w.ResidualDecay != 0 {
+			return bad("wire.outer", w.Outer, "a dense exchange takes no support_k, rank or residual_decay")
+		}
+		return nil
+	case OuterSupport:
+		if w.SupportK < 1 || w.SupportK > SupportChunk/4 {
+			return bad("wire.support_k", w.SupportK, "out of range [1, %d] (coordinates of every %d)", SupportChunk/4, SupportChunk)
+		}
+		if w.Rank != 0 {
+			return bad("wire.rank", w.Rank, "is for wire.outer = %q", OuterSubspace)
+		}
+	case OuterSubspace:
+		if w.Rank < 1 || w.Rank > 64 {
+			return bad("wire.rank", w.Rank, "out of range [1, 64]")
+		}
+		if w.SupportK != 0 {
+			return bad("wire.support_k", w.SupportK, "is for wire.outer = %q", OuterSupport)
+		}
+	default:
+		return bad("wire.outer", w.Outer, "want %q, %q or %q", OuterDense, OuterSupport, OuterSubspace)
+	}
+	if !(w.ResidualDecay > 0 && w.ResidualDecay <= 1) {
+		return bad("wire.residual_decay", w.ResidualDecay, "out of range (0, 1]")
+	}
 	return nil
 }
 
@@ -242,6 +268,8 @@ func (m Manifest) validatePipeline() error {
 		return bad("pipeline.stages", p.Stages, "out of range [1, %d] (stage 0 and one stage per layer of the %s preset at most)", layers+1, m.Model.Preset)
 	case p.Stages > 1 && m.Data.Tokenized():
 		return bad("data.tokenizer", m.Data.Tokenizer, "staged runs (pipeline.stages = %d) train on bytes only for now", p.Stages)
+	case m.Wire.Compacted() && (p.Stages > 1 || m.Optimizer.Kind != KindDiLoCo):
+		return bad("wire.outer", m.Wire.Outer, "a compacted outer exchange needs a one-stage DiLoCo run for now (pipeline.stages %d, optimizer.kind %q)", p.Stages, m.Optimizer.Kind)
 	case !(p.SkipRatio >= 0 && p.SkipRatio < 1):
 		return bad("pipeline.skip_ratio", p.SkipRatio, "out of range [0, 1)")
 	case math.Abs(p.SkipRatio*float64(p.Stages)-float64(p.Skip())) > 1e-6:

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/skein-ml/skein/manifest"
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/replica"
@@ -34,7 +35,13 @@ func (v *Volunteer) initDiLoCo() (err error) {
 	// agreed before it starts, every part aggregated by two owners with a
 	// trimmed mean and cross-checked.
 	rc := v.cfg.Collective
-	bc := optimizer.DefaultButterflyConfig(v.n, v.pn.Signer(), butterflyTick.Seconds())
+	d := optimizer.DefaultDiLoCo()
+	d.OuterLR, d.Momentum = m.Optimizer.OuterLR, m.Optimizer.OuterMomentum
+	nx := v.n // what the collective averages: every coordinate, or the round's compacted vector
+	if s := outerSupport(m.Wire); s != nil {
+		d.Support, nx = s, s.SupportLen(v.n)
+	}
+	bc := optimizer.DefaultButterflyConfig(nx, v.pn.Signer(), butterflyTick.Seconds())
 	bc.Codec.Codec = m.Codec()
 	bc.MaxAbs = rc.MaxAbs
 	bc.Hostile = butterflyHostile(v.cfg.Hostile)
@@ -60,8 +67,6 @@ func (v *Volunteer) initDiLoCo() (err error) {
 	var rctx context.Context
 	rctx, v.cancelRing = context.WithCancel(context.Background())
 	v.coll.Start(rctx)
-	d := optimizer.DefaultDiLoCo()
-	d.OuterLR, d.Momentum = m.Optimizer.OuterLR, m.Optimizer.OuterMomentum
 	if v.dl, err = optimizer.NewDiLoCo(d, v.coll, v.theta); err != nil {
 		return err
 	}
@@ -83,6 +88,16 @@ func (v *Volunteer) initDiLoCo() (err error) {
 	}
 	v.certs.sybil.Store(v.cfg.Hostile == HostileSybils)
 	return nil
+}
+
+// outerSupport is the shared support a run's wire.outer asks for, or nil
+// for a dense exchange. Half of each chunk's coordinates follow the
+// certified outer momentum, half a keyed hash of the round.
+func outerSupport(w manifest.Wire) *optimizer.SupportConfig {
+	if w.Outer != manifest.OuterSupport {
+		return nil
+	}
+	return &optimizer.SupportConfig{Chunk: manifest.SupportChunk, K: w.SupportK, FromMomentum: w.SupportK / 2, Decay: float32(w.ResidualDecay)}
 }
 
 // butterflyTick is the collective's clock.

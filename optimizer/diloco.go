@@ -36,6 +36,9 @@ type DiLoCoConfig struct {
 	// Support, if set, sends only each round's shared support (support.go)
 	// with error feedback; it excludes Feedback.
 	Support *SupportConfig
+	// Nominator gathers the members' nominations when Support.Nominate is
+	// set.
+	Nominator Nominator
 	// Subspace, if set, sends only each weight matrix's coordinates in the
 	// round's shared low-rank basis, with error feedback (subspace.go); it
 	// excludes Feedback and Support.
@@ -145,6 +148,9 @@ func NewDiLoCo(cfg DiLoCoConfig, coll Collective, phi []float32) (*DiLoCo, error
 	if s := cfg.Support; s != nil {
 		k := s.SupportLen(n)
 		d.resid, d.sup, d.cdelta, d.cavg = make([]float32, n), make([]int32, 0, k), make([]float32, k), make([]float32, k)
+		if s.Nominate > 0 {
+			d.mfull = make([]float32, n)
+		}
 	}
 	if s := cfg.Subspace; s != nil {
 		if err := s.checkLen(n); err != nil {
@@ -185,7 +191,7 @@ func l2(x []float32) float64 {
 
 // prepare computes this member's contribution delta = start - theta, bounded
 // and optionally error-feedback compressed.
-func (d *DiLoCo) prepare(start, theta []float32) error {
+func (d *DiLoCo) prepare(ctx context.Context, start, theta []float32) error {
 	if len(theta) != len(d.Phi) {
 		return fmt.Errorf("optimizer: %d local parameters, global has %d", len(theta), len(d.Phi))
 	}
@@ -209,7 +215,20 @@ func (d *DiLoCo) prepare(start, theta []float32) error {
 		// The round's support, from the certified momentum; this member's
 		// contribution there is its residual plus delta.
 		decay := d.cfg.Support.Decay
-		d.sup = d.cfg.Support.Support(d.sup[:0], d.Mom, d.Round)
+		var nominated []int32
+		if s := d.cfg.Support; s.Nominate > 0 && d.cfg.Nominator != nil {
+			for i, v := range d.delta {
+				if s.NominateFromResidual {
+					v = 0
+				}
+				d.mfull[i] = float32(decay*d.resid[i]) + v
+			}
+			var err error
+			if nominated, err = d.cfg.Nominator.Nominate(ctx, d.Round, s.Nominations(nil, d.mfull, s.Nominate)); err != nil {
+				return err
+			}
+		}
+		d.sup = d.cfg.Support.SupportWith(d.sup[:0], d.Mom, d.Round, nominated)
 		for j, p := range d.sup {
 			d.cdelta[j] = float32(decay*d.resid[p]) + d.delta[p]
 		}
@@ -330,7 +349,7 @@ func (d *DiLoCo) OuterStep(ctx context.Context, theta []float32) (RoundStats, er
 		}
 	}
 	var st RoundStats
-	err := d.prepare(d.Phi, theta)
+	err := d.prepare(ctx, d.Phi, theta)
 	if err == nil {
 		st, err = d.reduce(ctx, d.Round, d.StateHash())
 	}
@@ -364,7 +383,7 @@ func (d *DiLoCo) OuterStepDelayed(ctx context.Context, theta []float32) (RoundSt
 	if err != nil {
 		return st, err
 	}
-	if err := d.prepare(d.start, theta); err != nil {
+	if err := d.prepare(ctx, d.start, theta); err != nil {
 		return st, err
 	}
 	for i := range theta {

@@ -1,6 +1,7 @@
 package optimizer
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"slices"
@@ -28,6 +29,17 @@ type SupportConfig struct {
 	K            int     // support coordinates per chunk, in [1, Chunk]
 	FromMomentum int     // of K, chosen by the largest |outer momentum|, in [0, K]
 	Decay        float32 // residual decay per round, in (0, 1]
+	// Nominate, if positive, is how many positions of each chunk a member
+	// nominates from its own residual plus pseudo-gradient (its largest
+	// magnitudes); the union of the round's nominations (DiLoCoConfig's
+	// Nominator) comes first in the support, then the momentum's, then the
+	// hash's. An experiment: nominations are not yet exchanged over the
+	// network, and a member's nominations could steer at most its share.
+	Nominate int
+	// NominateFromResidual nominates from the residual alone, known when
+	// the previous round ends, so the nominations can cross the network
+	// during the inner phase instead of after it.
+	NominateFromResidual bool
 }
 
 // DefaultSupport is 64 of every 4096 (1.56%), half by momentum.
@@ -46,6 +58,8 @@ func (c SupportConfig) Validate() error {
 		return fmt.Errorf("%w: support from momentum %d out of range [0, %d]", ErrConfig, c.FromMomentum, c.K)
 	case !(c.Decay > 0 && c.Decay <= 1):
 		return fmt.Errorf("%w: residual decay %v out of range (0, 1]", ErrConfig, c.Decay)
+	case c.Nominate < 0 || c.Nominate > c.K:
+		return fmt.Errorf("%w: nominations %d out of range [0, %d]", ErrConfig, c.Nominate, c.K)
 	}
 	return nil
 }
@@ -58,19 +72,38 @@ func (c SupportConfig) SupportLen(n int) int {
 // Support appends to dst the round's support of a tensor whose outer
 // momentum is mom: for each chunk, its positions in increasing order.
 func (c SupportConfig) Support(dst []int32, mom []float32, round uint64) []int32 {
+	return c.SupportWith(dst, mom, round, nil)
+}
+
+// SupportWith is Support with nominated positions (sorted, absolute)
+// taken first, at most K of each chunk (the lowest positions), before the
+// momentum's and the keyed hash's.
+func (c SupportConfig) SupportWith(dst []int32, mom []float32, round uint64, nominated []int32) []int32 {
 	keys := make([]uint64, 0, c.Chunk)
 	var chosen []int32
 	for base := 0; base < len(mom); base += c.Chunk {
 		m := min(c.Chunk, len(mom)-base)
 		k := min(c.K, m)
 		chosen = chosen[:0]
+		for len(nominated) > 0 && nominated[0] < int32(base) {
+			nominated = nominated[1:]
+		}
+		for len(nominated) > 0 && nominated[0] < int32(base+m) {
+			if p := nominated[0] - int32(base); len(chosen) < k && (len(chosen) == 0 || chosen[len(chosen)-1] < p) {
+				chosen = append(chosen, p)
+			}
+			nominated = nominated[1:]
+		}
 		// The largest |momentum| (the lower index between equals); zeros
 		// are never chosen this way (at a run's start, all of them).
-		if f := min(c.FromMomentum, k); f > 0 {
+		if f := min(c.FromMomentum, k-len(chosen)); f > 0 {
+			pre := len(chosen)
 			keys = keys[:0]
 			for i, v := range mom[base : base+m] {
 				if a := math.Float32bits(v) &^ (1 << 31); a != 0 {
-					keys = append(keys, uint64(a)<<32|uint64(math.MaxUint32-uint32(i)))
+					if _, taken := slices.BinarySearch(chosen[:pre], int32(i)); !taken {
+						keys = append(keys, uint64(a)<<32|uint64(math.MaxUint32-uint32(i)))
+					}
 				}
 			}
 			if len(keys) > f {
@@ -93,6 +126,38 @@ func (c SupportConfig) Support(dst []int32, mom []float32, round uint64) []int32
 		}
 	}
 	return dst
+}
+
+// Nominations appends to dst, for each chunk of x, the positions (absolute,
+// increasing) of its n largest magnitudes: a member's nominations for a
+// round's support (SupportConfig.Nominate).
+func (c SupportConfig) Nominations(dst []int32, x []float32, n int) []int32 {
+	keys := make([]uint64, 0, c.Chunk)
+	for base := 0; base < len(x); base += c.Chunk {
+		m := min(c.Chunk, len(x)-base)
+		keys = keys[:0]
+		for i, v := range x[base : base+m] {
+			if a := math.Float32bits(v) &^ (1 << 31); a != 0 && a < 0x7f800000 {
+				keys = append(keys, uint64(a)<<32|uint64(math.MaxUint32-uint32(i)))
+			}
+		}
+		if len(keys) > n {
+			keys = topk.Largest(keys, n)
+		}
+		start := len(dst)
+		for _, key := range keys {
+			dst = append(dst, int32(base)+int32(math.MaxUint32-uint32(key)))
+		}
+		slices.Sort(dst[start:])
+	}
+	return dst
+}
+
+// A Nominator gathers a round's nominations (SupportConfig.Nominate): each
+// member's own positions in, the sorted union over the round's members
+// out, the same on every member.
+type Nominator interface {
+	Nominate(ctx context.Context, round uint64, own []int32) ([]int32, error)
 }
 
 // splitmix is SplitMix64's output function.

@@ -118,3 +118,44 @@ func TestDiLoCoSupportTelescopes(t *testing.T) {
 		t.Fatalf("round %d, compacted %d", d.Round, len(d.cavg))
 	}
 }
+
+// Nominations are each chunk's largest magnitudes; a support takes the
+// nominated positions first (at most K a chunk), then tops up as before.
+func TestSupportNominations(t *testing.T) {
+	c := SupportConfig{Chunk: 100, K: 10, FromMomentum: 4, Decay: 1, Nominate: 3}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	x := make([]float32, 250)
+	for i := range x {
+		x[i] = float32(i%7) * 0.01
+	}
+	x[5], x[60], x[99], x[150], x[249] = -9, 8, 7, 6, float32(math.Inf(1))
+	got := c.Nominations(nil, x, 3)
+	// Chunk 0: 5, 60, 99; chunk 1: 150 and two of the 0.06s (the lowest
+	// positions between equals); chunk 2 (50 long): the infinity is not a
+	// magnitude, so three 0.06s.
+	if len(got) != 9 || !slices.Equal(got[:3], []int32{5, 60, 99}) || !slices.Contains(got[3:6], 150) || slices.Contains(got, 249) {
+		t.Fatalf("nominations %v", got)
+	}
+	mom := make([]float32, 250)
+	mom[7], mom[8] = 1, -2
+	s := c.SupportWith(nil, mom, 3, []int32{5, 60, 99, 150, 151, 152, 153, 154, 155, 156, 157, 158, 159, 160, 161})
+	if len(s) != c.SupportLen(250) {
+		t.Fatalf("support of %d, want %d", len(s), c.SupportLen(250))
+	}
+	for _, p := range []int32{5, 60, 99, 7, 8, 150, 159} {
+		if !slices.Contains(s, p) {
+			t.Errorf("support %v lacks %d", s, p)
+		}
+	}
+	if slices.Contains(s, 160) || slices.Contains(s, 161) {
+		t.Errorf("support %v takes more than K nominations of a chunk", s)
+	}
+	if !slices.IsSorted(s) {
+		t.Errorf("support %v not sorted", s)
+	}
+	if c.Nominate = 11; c.Validate() == nil {
+		t.Error("more nominations than K accepted")
+	}
+}

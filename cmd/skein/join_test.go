@@ -202,6 +202,42 @@ func TestDelayedVolunteersAgree(t *testing.T) {
 	}
 }
 
+// TestSupportVolunteersAgree: with a shared support on the wire (64 of
+// every 4096 coordinates a round) three volunteers end every round with the
+// same state, send a fraction of the dense exchange's bits per parameter,
+// and the status page's validation loss falls and shows the bits.
+func TestSupportVolunteersAgree(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs four processes")
+	}
+	net := []string{"--listen", "/ip4/127.0.0.1/udp/0/quic-v1", "--timing", "lan"}
+	run := startBootstrap(t, smallRun+"[wire]\nouter = \"support\"\nsupport_k = 64\nresidual_decay = 0.95\n", net)
+	const rounds = 4
+	outs := trainTogether(t, run, 3, rounds, net)
+	re := regexp.MustCompile(`bits/param ([0-9.]+)`)
+	for i, o := range outs {
+		ms := re.FindAllStringSubmatch(o, -1)
+		if len(ms) != rounds {
+			t.Fatalf("volunteer %d: %d round lines with bits/param, want %d:\n%s", i, len(ms), rounds, o)
+		}
+		// A dense minmax8 round sends about 18 bits per parameter (two
+		// owners per part, aggregates back); the support sends 1.56% of it
+		// plus the run's gossip, certificates and telemetry (about 0.35
+		// here).
+		if b, _ := strconv.ParseFloat(ms[rounds-1][1], 64); !(b > 0 && b < 1) {
+			t.Fatalf("volunteer %d: %v bits/param in its last round, want under 1:\n%s", i, b, o)
+		}
+	}
+	snap := waitForStatus(t, run, func(s status.Snapshot) bool { return len(s.Curve) >= rounds && s.BitsPerParam != nil })
+	first, last := snap.Curve[0].Val, snap.Curve[rounds-1].Val
+	if first == nil || last == nil || !(*last < *first) {
+		t.Fatalf("validation loss did not fall: curve %+v", snap.Curve)
+	}
+	if b := *snap.BitsPerParam; !(b > 0 && b < 1) {
+		t.Fatalf("status page: %v bits/param, want under 1", b)
+	}
+}
+
 // logLevel lets SKEIN_TEST_LOG=debug show the volunteers' logs on failure.
 func logLevel() string {
 	if l := os.Getenv("SKEIN_TEST_LOG"); l != "" {
