@@ -58,12 +58,7 @@ func (m Manifest) Canonical() []byte {
 	// Written only when compacted, so that older manifests keep their hashes.
 	if m.Wire.Compacted() {
 		w.str("outer", m.Wire.Outer)
-		if m.Wire.SupportK != 0 {
-			w.int("support_k", int64(m.Wire.SupportK))
-		}
-		if m.Wire.Rank != 0 {
-			w.int("rank", int64(m.Wire.Rank))
-		}
+		w.int("support_k", int64(m.Wire.SupportK))
 		w.float("residual_decay", m.Wire.ResidualDecay)
 	}
 

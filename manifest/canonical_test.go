@@ -84,25 +84,17 @@ func fullSupport() Manifest {
 	return m
 }
 
-func fullSubspace() Manifest {
-	m := fullSupport()
-	m.Wire.SupportK = 0
-	m.Wire.Outer, m.Wire.Rank, m.Wire.ResidualDecay = OuterSubspace, 4, 1
-	return m
-}
-
 // A compacted exchange's fields are in the hash, an older manifest's hash
 // does not change, and what does not fit is refused.
 func TestOuterExchange(t *testing.T) {
-	for name, base := range map[string]Manifest{"support": fullSupport(), "subspace": fullSubspace()} {
+	for name, base := range map[string]Manifest{"support": fullSupport()} {
 		if err := base.Validate(); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
 		roundTrip(t, name, base)
 		for k, edit := range map[string]func(m *Manifest){
-			"outer": func(m *Manifest) { m.Wire.Outer, m.Wire.SupportK, m.Wire.Rank, m.Wire.ResidualDecay = "", 0, 0, 0 },
+			"outer": func(m *Manifest) { m.Wire.Outer, m.Wire.SupportK, m.Wire.ResidualDecay = "", 0, 0 },
 			"k":     func(m *Manifest) { m.Wire.SupportK++ },
-			"rank":  func(m *Manifest) { m.Wire.Rank++ },
 			"decay": func(m *Manifest) { m.Wire.ResidualDecay /= 2 },
 		} {
 			m := base
@@ -122,7 +114,7 @@ func TestOuterExchange(t *testing.T) {
 		"unknown":          func(m *Manifest) { m.Wire.Outer = "topk" },
 		"k 0":              func(m *Manifest) { m.Wire.SupportK = 0 },
 		"k too large":      func(m *Manifest) { m.Wire.SupportK = SupportChunk },
-		"rank on support":  func(m *Manifest) { m.Wire.Rank = 2 },
+		"subspace":         func(m *Manifest) { m.Wire.Outer = "subspace" },
 		"decay 0":          func(m *Manifest) { m.Wire.ResidualDecay = 0 },
 		"decay > 1":        func(m *Manifest) { m.Wire.ResidualDecay = 1.5 },
 		"staged":           func(m *Manifest) { m.Pipeline.Stages = 3 },
@@ -134,11 +126,6 @@ func TestOuterExchange(t *testing.T) {
 		if err := m.Validate(); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
-	}
-	m = fullSubspace()
-	m.Wire.Rank = 0
-	if err := m.Validate(); err == nil {
-		t.Error("subspace of rank 0 accepted")
 	}
 }
 
@@ -251,7 +238,7 @@ func TestCanonicalGolden(t *testing.T) {
 // has every key of an open run, fullClosed() those of a closed one.
 func TestCanonicalHasEveryKey(t *testing.T) {
 	var got []string
-	for _, m := range []Manifest{full(), fullClosed(), fullTokenized(), fullDataset(), fullSupport(), fullSubspace()} {
+	for _, m := range []Manifest{full(), fullClosed(), fullTokenized(), fullDataset(), fullSupport()} {
 		var v map[string]any
 		md, err := toml.Decode(string(m.Canonical()), &v)
 		if err != nil {
@@ -338,7 +325,6 @@ func TestHashCoversEveryField(t *testing.T) {
 		// The compacted exchange's fields: TestOuterExchange.
 		"wire.outer":          nil,
 		"wire.support_k":      nil,
-		"wire.rank":           nil,
 		"wire.residual_decay": nil,
 		"data.source":         func(m *Manifest) { m.Data.Source = SourceLocal },
 		"data.val_fraction":   func(m *Manifest) { m.Data.ValFraction = 0.03 },

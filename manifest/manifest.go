@@ -175,31 +175,28 @@ type Wire struct {
 	// "minmax8", "int8", "int4", "bf16", "fp16" or "fp32".
 	Codec string `toml:"codec"`
 	// Outer (DiLoCo, one stage) is what of each pseudo-gradient crosses the
-	// wire: OuterDense ("" too: every coordinate), OuterSupport (of every
+	// wire: OuterDense ("" too: every coordinate) or OuterSupport (of every
 	// SupportChunk coordinates, the SupportK of the round's shared support,
 	// half by the certified outer momentum, half by a keyed hash of the
-	// round; optimizer.SupportConfig) or OuterSubspace (each weight
-	// matrix's coordinates in a shared rank-Rank basis;
-	// optimizer.SubspaceConfig). What a member does not send stays in its
-	// residual, decayed by ResidualDecay each round. Every member sends the
-	// same coordinates, so the butterfly's robust rule applies unchanged.
+	// round; optimizer.SupportConfig). What a member does not send stays in
+	// its residual, decayed by ResidualDecay each round. Every member sends
+	// the same coordinates, so the butterfly's robust rule applies
+	// unchanged.
 	Outer         string  `toml:"outer"`
 	SupportK      int     `toml:"support_k"`
-	Rank          int     `toml:"rank"`
 	ResidualDecay float64 `toml:"residual_decay"`
 }
 
 // The outer exchanges of wire.outer.
 const (
-	OuterDense    = "dense"
-	OuterSupport  = "support"
-	OuterSubspace = "subspace"
+	OuterDense   = "dense"
+	OuterSupport = "support"
 	// SupportChunk is the chunk a shared support picks SupportK of.
 	SupportChunk = 4096
 )
 
 // Compacted reports whether wire.outer sends less than every coordinate.
-func (w Wire) Compacted() bool { return w.Outer == OuterSupport || w.Outer == OuterSubspace }
+func (w Wire) Compacted() bool { return w.Outer == OuterSupport }
 
 // Data is the [data] section: the corpus every member trains on.
 type Data struct {

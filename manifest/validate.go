@@ -145,26 +145,16 @@ func (w Wire) validate() error {
 	}
 	switch w.Outer {
 	case "", OuterDense:
-		if w.SupportK != 0 || w.Rank != 0 || w.ResidualDecay != 0 {
-			return bad("wire.outer", w.Outer, "a dense exchange takes no support_k, rank or residual_decay")
+		if w.SupportK != 0 || w.ResidualDecay != 0 {
+			return bad("wire.outer", w.Outer, "a dense exchange takes no support_k or residual_decay")
 		}
 		return nil
 	case OuterSupport:
 		if w.SupportK < 1 || w.SupportK > SupportChunk/4 {
 			return bad("wire.support_k", w.SupportK, "out of range [1, %d] (coordinates of every %d)", SupportChunk/4, SupportChunk)
 		}
-		if w.Rank != 0 {
-			return bad("wire.rank", w.Rank, "is for wire.outer = %q", OuterSubspace)
-		}
-	case OuterSubspace:
-		if w.Rank < 1 || w.Rank > 64 {
-			return bad("wire.rank", w.Rank, "out of range [1, 64]")
-		}
-		if w.SupportK != 0 {
-			return bad("wire.support_k", w.SupportK, "is for wire.outer = %q", OuterSupport)
-		}
 	default:
-		return bad("wire.outer", w.Outer, "want %q, %q or %q", OuterDense, OuterSupport, OuterSubspace)
+		return bad("wire.outer", w.Outer, "want %q or %q", OuterDense, OuterSupport)
 	}
 	if !(w.ResidualDecay > 0 && w.ResidualDecay <= 1) {
 		return bad("wire.residual_decay", w.ResidualDecay, "out of range (0, 1]")

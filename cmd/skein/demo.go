@@ -151,7 +151,7 @@ func demoCommand() *cli.Command {
 			switch o := c.String("outer"); o {
 			case "":
 			case manifest.OuterDense:
-				cfg.Manifest.Wire.Outer, cfg.Manifest.Wire.SupportK, cfg.Manifest.Wire.Rank, cfg.Manifest.Wire.ResidualDecay = "", 0, 0, 0
+				cfg.Manifest.Wire.Outer, cfg.Manifest.Wire.SupportK, cfg.Manifest.Wire.ResidualDecay = "", 0, 0
 			case manifest.OuterSupport:
 				cfg.Manifest.Wire.Outer, cfg.Manifest.Wire.SupportK, cfg.Manifest.Wire.ResidualDecay = o, c.Int("support-k"), c.Float64("residual-decay")
 				// The outer rule measured best with a support (BENCHMARKS.md,
