@@ -108,6 +108,11 @@ func Arms() []Arm {
 			c.Algorithm, c.InnerSteps, c.Sparse, c.SparseBeta = DiLoCo, 50, &sc, 0.95
 			c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 1, 0
 		}},
+		{Name: "diloco-h50-sparse-ef3", Description: "diloco-h50-sparse-ef with outer SGD lr 3 (the best of 1, 2, 3 and 5 measured)", configure: func(c *SwarmConfig) {
+			sc := compression.DefaultSparseConfig()
+			c.Algorithm, c.InnerSteps, c.Sparse, c.SparseBeta = DiLoCo, 50, &sc, 0.95
+			c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 3, 0
+		}},
 		{Name: "diloco-h50-sparse128-ef", Description: "diloco-h50-sparse-ef at twice the density: top-128/4096", configure: func(c *SwarmConfig) {
 			sc := compression.DefaultSparseConfig()
 			sc.K = 128
@@ -182,6 +187,19 @@ func Arms() []Arm {
 		}},
 		{Name: "warm-sync", Description: "warm start: synchronous", Warm: true, configure: func(c *SwarmConfig) { c.Algorithm = Sync }},
 		{Name: "warm-single", Description: "warm start: one worker alone", Warm: true, configure: func(c *SwarmConfig) { c.Algorithm = Single }},
+		{Name: "warm-diloco-h50-robust", Description: "warm start: DiLoCo H=50, int8, butterfly default robust rule", Warm: true, configure: func(c *SwarmConfig) {
+			c.Algorithm, c.InnerSteps, c.Robust = DiLoCo, 50, optimizer.DefaultRobust()
+		}},
+		{Name: "warm-diloco-h50-nominated", Description: "warm start: diloco-h50-nominated", Warm: true, configure: func(c *SwarmConfig) {
+			s := optimizer.SupportConfig{Chunk: 4096, K: 64, Nominate: 16, Decay: 0.95}
+			c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support = DiLoCo, 50, optimizer.DefaultRobust(), &s
+			c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 3, 0
+		}},
+		{Name: "warm-diloco-h50-sparse-ef3", Description: "warm start: diloco-h50-sparse-ef3", Warm: true, configure: func(c *SwarmConfig) {
+			sc := compression.DefaultSparseConfig()
+			c.Algorithm, c.InnerSteps, c.Sparse, c.SparseBeta = DiLoCo, 50, &sc, 0.95
+			c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 3, 0
+		}},
 		{Name: "warm-diloco-h50-int8", Description: "warm start: DiLoCo H=50, int8, butterfly mean", Warm: true, configure: func(c *SwarmConfig) {
 			c.Algorithm, c.InnerSteps = DiLoCo, 50
 		}},
