@@ -125,6 +125,11 @@ func Arms() []Arm {
 			s := optimizer.DefaultSupport()
 			c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support = DiLoCo, 50, optimizer.DefaultRobust(), &s
 		}},
+		{Name: "diloco-h50-support-random", Description: "DiLoCo H=50, a shared support 64/4096 drawn by a keyed hash of the round alone + error feedback (decay 0.95), outer SGD lr 3, butterfly default robust rule, minmax8", configure: func(c *SwarmConfig) {
+			s := optimizer.SupportConfig{Chunk: 4096, K: 64, Decay: 0.95}
+			c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support = DiLoCo, 50, optimizer.DefaultRobust(), &s
+			c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 3, 0
+		}},
 		{Name: "diloco-h50-nominated", Description: "DiLoCo H=50, a shared support 64/4096 of the union of each member's own top 16 (nominations exchanged for free, in process) + error feedback (decay 0.95), outer SGD lr 3, butterfly default robust rule, minmax8", configure: func(c *SwarmConfig) {
 			s := optimizer.SupportConfig{Chunk: 4096, K: 64, Nominate: 16, Decay: 0.95}
 			c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support = DiLoCo, 50, optimizer.DefaultRobust(), &s
