@@ -130,36 +130,12 @@ func Arms() []Arm {
 			c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support = DiLoCo, 50, optimizer.DefaultRobust(), &s
 			c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 3, 0
 		}},
-		{Name: "diloco-h50-nominated", Description: "DiLoCo H=50, a shared support 64/4096 of the union of each member's own top 16 (nominations exchanged for free, in process) + error feedback (decay 0.95), outer SGD lr 3, butterfly default robust rule, minmax8", configure: func(c *SwarmConfig) {
-			s := optimizer.SupportConfig{Chunk: 4096, K: 64, Nominate: 16, Decay: 0.95}
-			c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support = DiLoCo, 50, optimizer.DefaultRobust(), &s
-			c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 3, 0
-		}},
-		{Name: "diloco-h50-nominated-mean", Description: "diloco-h50-nominated with the butterfly's plain mean (trim 0, no clip): what the robust rule costs", configure: func(c *SwarmConfig) {
-			s := optimizer.SupportConfig{Chunk: 4096, K: 64, Nominate: 16, Decay: 0.95}
-			c.Algorithm, c.InnerSteps, c.DiLoCo.Support = DiLoCo, 50, &s
-			c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 3, 0
-		}},
-		{Name: "diloco-h50-nominated128", Description: "diloco-h50-nominated at twice the density: 128/4096, 32 nominations a member", configure: func(c *SwarmConfig) {
-			s := optimizer.SupportConfig{Chunk: 4096, K: 128, Nominate: 32, Decay: 0.95}
-			c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support = DiLoCo, 50, optimizer.DefaultRobust(), &s
-			c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 3, 0
-		}},
-		{Name: "diloco-h50-nominated-stale", Description: "diloco-h50-nominated with nominations from the residual alone (known a round ahead, so they can cross the network during the inner phase)", configure: func(c *SwarmConfig) {
-			s := optimizer.SupportConfig{Chunk: 4096, K: 64, Nominate: 16, Decay: 0.95, NominateFromResidual: true}
-			c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support = DiLoCo, 50, optimizer.DefaultRobust(), &s
-			c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 3, 0
-		}},
-		{Name: "diloco-h50-nominated-attack", Description: "diloco-h50-nominated with one worker scaling its pseudo-gradient by 1000", configure: func(c *SwarmConfig) {
-			s := optimizer.SupportConfig{Chunk: 4096, K: 64, Nominate: 16, Decay: 0.95}
-			c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support, c.Attack = DiLoCo, 50, optimizer.DefaultRobust(), &s, 1000
-			c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 3, 0
-		}},
-		{Name: "diloco-h50-nominated-flip", Description: "diloco-h50-nominated with one worker flipping the sign of its pseudo-gradient (x -4)", configure: func(c *SwarmConfig) {
-			s := optimizer.SupportConfig{Chunk: 4096, K: 64, Nominate: 16, Decay: 0.95}
-			c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support, c.Attack = DiLoCo, 50, optimizer.DefaultRobust(), &s, -4
-			c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 3, 0
-		}},
+		{Name: "diloco-h50-nominated", Description: "DiLoCo H=50, a shared support 64/4096 of the union of each member's own top 16 (nominations exchanged for free, in process) + error feedback (decay 0.95), outer SGD lr 3, butterfly default robust rule, minmax8", configure: nominated(64, 16, optimizer.DefaultRobust(), false, 0)},
+		{Name: "diloco-h50-nominated-mean", Description: "diloco-h50-nominated with the butterfly's plain mean (trim 0, no clip): what the robust rule costs", configure: nominated(64, 16, optimizer.RobustConfig{}, false, 0)},
+		{Name: "diloco-h50-nominated128", Description: "diloco-h50-nominated at twice the density: 128/4096, 32 nominations a member", configure: nominated(128, 32, optimizer.DefaultRobust(), false, 0)},
+		{Name: "diloco-h50-nominated-stale", Description: "diloco-h50-nominated with nominations from the residual alone (known a round ahead, so they can cross the network during the inner phase)", configure: nominated(64, 16, optimizer.DefaultRobust(), true, 0)},
+		{Name: "diloco-h50-nominated-attack", Description: "diloco-h50-nominated with one worker scaling its pseudo-gradient by 1000", configure: nominated(64, 16, optimizer.DefaultRobust(), false, 1000)},
+		{Name: "diloco-h50-nominated-flip", Description: "diloco-h50-nominated with one worker flipping the sign of its pseudo-gradient (x -4)", configure: nominated(64, 16, optimizer.DefaultRobust(), false, -4)},
 		{Name: "diloco-h50-support-attack", Description: "diloco-h50-support with one worker scaling its pseudo-gradient by 1000", configure: func(c *SwarmConfig) {
 			s := optimizer.DefaultSupport()
 			c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support, c.Attack = DiLoCo, 50, optimizer.DefaultRobust(), &s, 1000
@@ -195,11 +171,7 @@ func Arms() []Arm {
 		{Name: "warm-diloco-h50-robust", Description: "warm start: DiLoCo H=50, int8, butterfly default robust rule", Warm: true, configure: func(c *SwarmConfig) {
 			c.Algorithm, c.InnerSteps, c.Robust = DiLoCo, 50, optimizer.DefaultRobust()
 		}},
-		{Name: "warm-diloco-h50-nominated", Description: "warm start: diloco-h50-nominated", Warm: true, configure: func(c *SwarmConfig) {
-			s := optimizer.SupportConfig{Chunk: 4096, K: 64, Nominate: 16, Decay: 0.95}
-			c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support = DiLoCo, 50, optimizer.DefaultRobust(), &s
-			c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 3, 0
-		}},
+		{Name: "warm-diloco-h50-nominated", Description: "warm start: diloco-h50-nominated", Warm: true, configure: nominated(64, 16, optimizer.DefaultRobust(), false, 0)},
 		{Name: "warm-diloco-h50-sparse-ef3", Description: "warm start: diloco-h50-sparse-ef3", Warm: true, configure: func(c *SwarmConfig) {
 			sc := compression.DefaultSparseConfig()
 			c.Algorithm, c.InnerSteps, c.Sparse, c.SparseBeta = DiLoCo, 50, &sc, 0.95
@@ -208,6 +180,19 @@ func Arms() []Arm {
 		{Name: "warm-diloco-h50-int8", Description: "warm start: DiLoCo H=50, int8, butterfly mean", Warm: true, configure: func(c *SwarmConfig) {
 			c.Algorithm, c.InnerSteps = DiLoCo, 50
 		}},
+	}
+}
+
+// nominated configures a DiLoCo arm whose support is the union of each
+// member's own top `each` of every 4096 coordinates, topped up to k by the
+// round's hash (nominations exchanged in process), with error feedback
+// (decay 0.95), outer SGD lr 3, the butterfly's rule robust and minmax8;
+// attack as SwarmConfig.Attack.
+func nominated(k, each int, robust optimizer.RobustConfig, fromResidual bool, attack float64) func(c *SwarmConfig) {
+	return func(c *SwarmConfig) {
+		s := optimizer.SupportConfig{Chunk: 4096, K: k, Nominate: each, Decay: 0.95, NominateFromResidual: fromResidual}
+		c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support, c.Attack = DiLoCo, 50, robust, &s, attack
+		c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 3, 0
 	}
 }
 

@@ -117,41 +117,10 @@ func TestSubspaceProjection(t *testing.T) {
 // Error feedback over the subspace telescopes like the support's: with
 // outer SGD, what phi moved plus the residual is every round's sum.
 func TestDiLoCoSubspaceTelescopes(t *testing.T) {
-	const n = 532
 	cfg := DefaultDiLoCo()
-	cfg.OuterLR, cfg.Momentum, cfg.NormGrowth = 1, 0, 0
 	s := testSubspace()
 	cfg.Subspace = &s
-	phi0 := make([]float32, n)
-	d, err := NewDiLoCo(cfg, alone{}, phi0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := rand.New(rand.NewPCG(3, 4))
-	sum := make([]float64, n)
-	theta := make([]float32, n)
-	for range 30 {
-		for i := range theta {
-			delta := float32(r.NormFloat64() * 0.01)
-			sum[i] += float64(delta)
-			theta[i] = d.Phi[i] - delta
-		}
-		if _, err := d.OuterStep(context.Background(), theta); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var worst, resid float64
-	for i := range n {
-		sent := float64(phi0[i]) - float64(d.Phi[i])
-		worst = max(worst, math.Abs(sent+float64(d.resid[i])-sum[i]))
-		resid = max(resid, math.Abs(float64(d.resid[i])))
-	}
-	if worst > 1e-4 {
-		t.Fatalf("sent + residual differs from the pseudo-gradients' sum by %v", worst)
-	}
-	if resid == 0 {
-		t.Fatal("nothing left in the residual: the test sends everything")
-	}
+	checkTelescopes(t, cfg, 532, 30)
 }
 
 // Two members that see the same aggregates hold the same bases, bit for bit.

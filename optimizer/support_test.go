@@ -85,9 +85,20 @@ func (alone) AllReduceMean(_ context.Context, round uint64, x, out []float32) (R
 func TestDiLoCoSupportTelescopes(t *testing.T) {
 	const n = 5000
 	cfg := DefaultDiLoCo()
-	cfg.OuterLR, cfg.Momentum, cfg.NormGrowth = 1, 0, 0
 	s := SupportConfig{Chunk: 512, K: 16, FromMomentum: 8, Decay: 1}
 	cfg.Support = &s
+	d := checkTelescopes(t, cfg, n, 40)
+	if d.Round != 40 || len(d.cavg) != s.SupportLen(n) {
+		t.Fatalf("round %d, compacted %d", d.Round, len(d.cavg))
+	}
+}
+
+// checkTelescopes runs rounds of random pseudo-gradients through a DiLoCo
+// of cfg with outer SGD (lr 1, no momentum) alone, and checks that what phi
+// moved plus the residual is their sum, and that the residual is not empty.
+func checkTelescopes(t *testing.T, cfg DiLoCoConfig, n, rounds int) *DiLoCo {
+	t.Helper()
+	cfg.OuterLR, cfg.Momentum, cfg.NormGrowth = 1, 0, 0
 	phi0 := make([]float32, n)
 	d, err := NewDiLoCo(cfg, alone{}, phi0)
 	if err != nil {
@@ -96,7 +107,7 @@ func TestDiLoCoSupportTelescopes(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	sum := make([]float64, n)
 	theta := make([]float32, n)
-	for range 40 {
+	for range rounds {
 		for i := range theta {
 			delta := float32(r.NormFloat64() * 0.01)
 			sum[i] += float64(delta)
@@ -106,17 +117,19 @@ func TestDiLoCoSupportTelescopes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var worst float64
+	var worst, resid float64
 	for i := range n {
 		sent := float64(phi0[i]) - float64(d.Phi[i])
 		worst = max(worst, math.Abs(sent+float64(d.resid[i])-sum[i]))
+		resid = max(resid, math.Abs(float64(d.resid[i])))
 	}
 	if worst > 1e-4 {
 		t.Fatalf("sent + residual differs from the pseudo-gradients' sum by %v", worst)
 	}
-	if d.Round != 40 || len(d.cavg) != s.SupportLen(n) {
-		t.Fatalf("round %d, compacted %d", d.Round, len(d.cavg))
+	if resid == 0 {
+		t.Fatal("nothing left in the residual: the test sends everything")
 	}
+	return d
 }
 
 // Nominations are each chunk's largest magnitudes; a support takes the
