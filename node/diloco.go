@@ -73,6 +73,7 @@ func (v *Volunteer) initDiLoCo() (err error) {
 	if v.resumeLocal(v.adoptable()) {
 		v.setWeights()
 		say(v.cfg.Progress, "resumed local checkpoint at round %d", v.dl.Round)
+		v.resumeResidual()
 	}
 	v.serve(v.dl.State())
 	// The chain of round certificates starts at the state resumed (or the

@@ -177,6 +177,27 @@ func NewDiLoCo(cfg DiLoCoConfig, coll Collective, phi []float32) (*DiLoCo, error
 	return d, nil
 }
 
+// Residual is what this member has not sent yet of its pseudo-gradients
+// with a shared support or subspace (nil otherwise): the live slice, to be
+// copied between rounds for a checkpoint.
+func (d *DiLoCo) Residual() []float32 { return d.resid }
+
+// SetResidual installs a residual saved by this member (a checkpoint's):
+// of the model's size and finite, or nothing changes.
+func (d *DiLoCo) SetResidual(r []float32) error {
+	if d.resid == nil {
+		return fmt.Errorf("%w: a residual without a shared support or subspace", ErrRejected)
+	}
+	if len(r) != len(d.resid) {
+		return fmt.Errorf("%w: residual of %d elements, want %d", ErrRejected, len(r), len(d.resid))
+	}
+	if err := checkFinite(r, math.MaxFloat32); err != nil {
+		return err
+	}
+	copy(d.resid, r)
+	return nil
+}
+
 // Feedback is the error-feedback state (nil without Feedback), for
 // checkpoints.
 func (d *DiLoCo) Feedback() *compression.ErrorFeedback { return d.ef }

@@ -236,6 +236,12 @@ func TestSupportVolunteersAgree(t *testing.T) {
 	if b := *snap.BitsPerParam; !(b > 0 && b < 1) {
 		t.Fatalf("status page: %v bits/param, want under 1", b)
 	}
+	// Restarted on its data dir, a volunteer resumes what it had not sent.
+	out, err := exec.CommandContext(run.ctx, run.bin, append([]string{"--log-level", "warn", "node", "join", "--bootstrap", run.addr,
+		"--data-dir", filepath.Join(run.dir, "n", "a"), "--rounds", "1", "--threads", "1"}, net...)...).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), fmt.Sprintf("resumed the residual of round %d", rounds)) {
+		t.Fatalf("restart did not resume the residual (err %v):\n%s", err, out)
+	}
 }
 
 // logLevel lets SKEIN_TEST_LOG=debug show the volunteers' logs on failure.
