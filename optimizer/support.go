@@ -101,9 +101,12 @@ func (c SupportConfig) SupportWith(dst []int32, mom []float32, round uint64, nom
 			keys = keys[:0]
 			for i, v := range mom[base : base+m] {
 				if a := math.Float32bits(v) &^ (1 << 31); a != 0 {
-					if _, taken := slices.BinarySearch(chosen[:pre], int32(i)); !taken {
-						keys = append(keys, uint64(a)<<32|uint64(math.MaxUint32-uint32(i)))
+					if pre > 0 {
+						if _, taken := slices.BinarySearch(chosen[:pre], int32(i)); taken {
+							continue
+						}
 					}
+					keys = append(keys, uint64(a)<<32|uint64(math.MaxUint32-uint32(i)))
 				}
 			}
 			if len(keys) > f {
