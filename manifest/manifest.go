@@ -176,9 +176,10 @@ type Wire struct {
 	Codec string `toml:"codec"`
 	// Outer (DiLoCo, one stage) is what of each pseudo-gradient crosses the
 	// wire: OuterDense ("" too: every coordinate) or OuterSupport (of every
-	// SupportChunk coordinates, the SupportK of the round's shared support,
-	// half by the certified outer momentum, half by a keyed hash of the
-	// round; optimizer.SupportConfig). What a member does not send stays in
+	// SupportChunk coordinates, the SupportK of the round's shared support:
+	// half by the certified outer momentum and half by a keyed hash of the
+	// round, or all by the hash when outer_momentum is 0;
+	// optimizer.SupportConfig). What a member does not send stays in
 	// its residual, decayed by ResidualDecay each round. Every member sends
 	// the same coordinates, so the butterfly's robust rule applies
 	// unchanged.

@@ -38,7 +38,7 @@ func (v *Volunteer) initDiLoCo() (err error) {
 	d := optimizer.DefaultDiLoCo()
 	d.OuterLR, d.Momentum = m.Optimizer.OuterLR, m.Optimizer.OuterMomentum
 	nx := v.n // what the collective averages: every coordinate, or the round's compacted vector
-	if s := outerSupport(m.Wire); s != nil {
+	if s := outerSupport(m.Wire, m.Optimizer.OuterMomentum); s != nil {
 		d.Support, nx = s, s.SupportLen(v.n)
 	}
 	bc := optimizer.DefaultButterflyConfig(nx, v.pn.Signer(), butterflyTick.Seconds())
@@ -92,13 +92,20 @@ func (v *Volunteer) initDiLoCo() (err error) {
 }
 
 // outerSupport is the shared support a run's wire.outer asks for, or nil
-// for a dense exchange. Half of each chunk's coordinates follow the
-// certified outer momentum, half a keyed hash of the round.
-func outerSupport(w manifest.Wire) *optimizer.SupportConfig {
+// for a dense exchange. With an outer momentum, half of each chunk's
+// coordinates follow the certified momentum and half a keyed hash of the
+// round; without one the "momentum" is the last aggregate, whose largest
+// coordinates were just sent, so all come from the hash (measured better:
+// BENCHMARKS.md, issue [3/4]).
+func outerSupport(w manifest.Wire, momentum float64) *optimizer.SupportConfig {
 	if w.Outer != manifest.OuterSupport {
 		return nil
 	}
-	return &optimizer.SupportConfig{Chunk: manifest.SupportChunk, K: w.SupportK, FromMomentum: w.SupportK / 2, Decay: float32(w.ResidualDecay)}
+	s := &optimizer.SupportConfig{Chunk: manifest.SupportChunk, K: w.SupportK, Decay: float32(w.ResidualDecay)}
+	if momentum > 0 {
+		s.FromMomentum = w.SupportK / 2
+	}
+	return s
 }
 
 // butterflyTick is the collective's clock.
