@@ -4,7 +4,7 @@
 //	go run ./sim/cmd/project                 # writes bench/results/projection.{md,svg}
 //	go run ./sim/cmd/project -out /tmp/proj  # elsewhere
 //	go run ./sim/cmd/project -codecs         # writes bench/results/projection-codecs.{md,svg}:
-//	                                         # minmax8 against the sparse codec, with and without overlap
+//	                                         # minmax8, the sparse codec and a shared support, with and without overlap
 //
 // It is the only part of sim that touches the disk.
 package main
@@ -12,6 +12,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -76,6 +77,8 @@ func runCodecs(dir string) error {
 		"(wire.outer = \"support\", its local work measured). Overlap: each round's exchange runs during the next inner phase.\n\n")
 	b.WriteString("| model | codec | overlap | M = 100 | M = 1000 | M = 10000 |\n|---|---|---|---|---|---|\n")
 	var notes []string
+	var rows []codecRow
+	members := []int{100, 1000, 10000}
 	for _, sz := range sizes {
 		if sz.note != "" {
 			notes = append(notes, sz.name+sz.note)
@@ -84,20 +87,23 @@ func runCodecs(dir string) error {
 			for _, ov := range []bool{false, true} {
 				cfg := sim.DefaultProjectionConfig()
 				cfg.Params, cfg.InnerSteps, cfg.Codec, cfg.Overlap = sz.params, 50, wc, ov
-				cfg.Members, cfg.ChurnPerHour = []int{100, 1000, 10000}, []float64{0.1}
+				cfg.Members, cfg.ChurnPerHour = members, []float64{0.1}
 				p, err := sim.Project(cfg)
 				if err != nil {
 					return err
 				}
-				row := fmt.Sprintf("| %s | %s | %v |", sz.name, wc.Name, ov)
+				r := codecRow{model: sz.name, codec: wc.Name, overlap: ov}
+				line := fmt.Sprintf("| %s | %s | %v |", sz.name, wc.Name, ov)
 				for _, m := range cfg.Members {
 					for _, pt := range p.Points {
 						if pt.Design == sim.DesignButterfly && pt.Members == m {
-							row += fmt.Sprintf(" %.1f%% |", 100*pt.Utilisation)
+							line += fmt.Sprintf(" %.1f%% |", 100*pt.Utilisation)
+							r.util = append(r.util, pt.Utilisation)
 						}
 					}
 				}
-				b.WriteString(row + "\n")
+				rows = append(rows, r)
+				b.WriteString(line + "\n")
 			}
 		}
 	}
@@ -111,6 +117,79 @@ func runCodecs(dir string) error {
 	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
 		return err
 	}
-	fmt.Printf("wrote %s\n", path)
+	svg := filepath.Join(dir, "projection-codecs.svg")
+	if err := os.WriteFile(svg, codecsSVG(rows, members), 0o644); err != nil {
+		return err
+	}
+	fmt.Printf("wrote %s and %s\n", path, svg)
 	return nil
+}
+
+// codecRow is one line of the codecs table: the butterfly's utilisation at
+// each member count.
+type codecRow struct {
+	model, codec string
+	overlap      bool
+	util         []float64
+}
+
+// codecsSVG draws one panel per model: utilisation against members (log
+// scale), one colour per codec, dashed with overlap.
+func codecsSVG(rows []codecRow, members []int) []byte {
+	const (
+		panelW, panelH = 260, 240
+		top, left, gap = 40, 60, 50
+	)
+	var models []string
+	for _, r := range rows {
+		if len(models) == 0 || models[len(models)-1] != r.model {
+			models = append(models, r.model)
+		}
+	}
+	w := left + len(models)*(panelW+gap) + 150
+	h := top + panelH + 60
+	colors := map[string]string{"minmax8": "#d62728", "sparse": "#2ca02c", "support": "#1f77b4"}
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", w, h)
+	b.WriteString(`<rect width="100%" height="100%" fill="white"/>` + "\n")
+	lo, hi := math.Log(float64(members[0])), math.Log(float64(members[len(members)-1]))
+	for i, model := range models {
+		x0 := left + i*(panelW+gap)
+		px := func(m int) float64 { return float64(x0) + (math.Log(float64(m))-lo)/(hi-lo)*panelW }
+		py := func(u float64) float64 { return float64(top+panelH) - u*panelH }
+		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="middle">%s</text>`+"\n", x0+panelW/2, top-14, model)
+		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/><line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>`+"\n",
+			x0, top+panelH, x0+panelW, top+panelH, x0, top, x0, top+panelH)
+		for t := 0; t <= 4; t++ {
+			y := py(float64(t) / 4)
+			fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#ddd"/><text x="%d" y="%.1f" text-anchor="end">%d%%</text>`+"\n", x0, y, x0+panelW, y, x0-5, y+4, 25*t)
+		}
+		for _, m := range members {
+			fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%d</text>`+"\n", px(m), top+panelH+16, m)
+		}
+		for _, r := range rows {
+			if r.model != model || len(r.util) != len(members) {
+				continue
+			}
+			dash := ""
+			if r.overlap {
+				dash = ` stroke-dasharray="6,3"`
+			}
+			var pts []string
+			for j, m := range members {
+				pts = append(pts, fmt.Sprintf("%.1f,%.1f", px(m), py(r.util[j])))
+			}
+			fmt.Fprintf(&b, `<polyline points="%s" fill="none" stroke="%s" stroke-width="2"%s/>`+"\n", strings.Join(pts, " "), colors[r.codec], dash)
+		}
+	}
+	lx := left + len(models)*(panelW+gap) - 20
+	for i, c := range []string{"minmax8", "sparse", "support"} {
+		y := top + 10 + 18*i
+		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2"/><text x="%d" y="%d">%s</text>`+"\n", lx, y, lx+20, y, colors[c], lx+25, y+4, c)
+	}
+	y := top + 10 + 18*3
+	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black" stroke-width="2" stroke-dasharray="6,3"/><text x="%d" y="%d">overlap</text>`+"\n", lx, y, lx+20, y, lx+25, y+4)
+	fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="middle">butterfly's compute utilisation against members M (log scale); H = 50, churn 0.1/h</text>`+"\n", w/2, h-12)
+	b.WriteString("</svg>\n")
+	return []byte(b.String())
 }
