@@ -98,6 +98,9 @@ type Result struct {
 	TokensTrained     uint64
 	BytesSent         uint64
 	FP32DPBytes       uint64 // what fp32 data-parallel training would have sent for the same work
+	// BitsPerParam is what a volunteer sent in the last certified round,
+	// per parameter (the status page's median; nil when unknown).
+	BitsPerParam *float64
 	FirstStep         []time.Duration
 	ComputeFraction   []float64 // per volunteer: inner-step time / round wall time
 	Wall              time.Duration
@@ -250,6 +253,7 @@ watch:
 	res.Stopped = kids.stop(out)
 	res.Wall = time.Since(began)
 	res.Rounds, res.TokensTrained, res.BytesSent, res.FP32DPBytes = last.Round, last.TokensTrained, last.BytesSent, last.FP32DPBytes
+	res.BitsPerParam = last.BitsPerParam
 	for _, p := range last.Curve {
 		if p.Val != nil {
 			if math.IsNaN(res.ValStart) {
@@ -364,8 +368,12 @@ func (r *Result) roundLines(b *strings.Builder) {
 	if r.BytesSent > 0 {
 		saved = float64(r.FP32DPBytes) / float64(r.BytesSent)
 	}
-	fmt.Fprintf(b, "  bytes sent       %.1f MB (fp32 data-parallel would send %.1f MB: %.0fx more)\n",
-		float64(r.BytesSent)/1e6, float64(r.FP32DPBytes)/1e6, saved)
+	bits := ""
+	if r.BitsPerParam != nil {
+		bits = fmt.Sprintf("; %.2f bits/param a round", *r.BitsPerParam)
+	}
+	fmt.Fprintf(b, "  bytes sent       %.1f MB (fp32 data-parallel would send %.1f MB: %.0fx more%s)\n",
+		float64(r.BytesSent)/1e6, float64(r.FP32DPBytes)/1e6, saved, bits)
 	fmt.Fprintf(b, "  first step       %s after each volunteer started\n", durations(r.FirstStep))
 	var cf []string
 	for _, f := range r.ComputeFraction {

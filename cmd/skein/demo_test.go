@@ -154,7 +154,7 @@ func TestDemoStatusPageInBrowser(t *testing.T) {
 		t.Fatalf("demo did not stop 60 s after Ctrl-C:\n%s", d.out)
 	}
 	out := d.out.String()
-	for _, want := range []string{"summary after", "validation loss", "fp32 data-parallel would send", "first step", "computing"} {
+	for _, want := range []string{"summary after", "validation loss", "fp32 data-parallel would send", "bits/param a round", "first step", "computing"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("summary lacks %q:\n%s", want, out)
 		}
