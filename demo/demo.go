@@ -92,15 +92,15 @@ func DefaultConfig() Config {
 
 // Result summarizes a demo run.
 type Result struct {
-	StatusURL         string
-	Rounds            uint64
-	ValStart, ValEnd  float64 // validation loss of the first and last measured rounds (NaN if none)
-	TokensTrained     uint64
-	BytesSent         uint64
-	FP32DPBytes       uint64 // what fp32 data-parallel training would have sent for the same work
+	StatusURL        string
+	Rounds           uint64
+	ValStart, ValEnd float64 // validation loss of the first and last measured rounds (NaN if none)
+	TokensTrained    uint64
+	BytesSent        uint64
+	FP32DPBytes      uint64 // what fp32 data-parallel training would have sent for the same work
 	// BitsPerParam is what a volunteer sent in the last certified round,
 	// per parameter (the status page's median; nil when unknown).
-	BitsPerParam *float64
+	BitsPerParam      *float64
 	FirstStep         []time.Duration
 	ComputeFraction   []float64 // per volunteer: inner-step time / round wall time
 	Wall              time.Duration
