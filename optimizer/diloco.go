@@ -72,6 +72,9 @@ func (c DiLoCoConfig) Validate() error {
 		if c.Feedback != nil {
 			return fmt.Errorf("%w: a shared support and dense error feedback together", ErrConfig)
 		}
+		if c.Support.Nominate > 0 && c.Nominator == nil {
+			return fmt.Errorf("%w: support nominations without a Nominator to gather them", ErrConfig)
+		}
 		return c.Support.Validate()
 	}
 	if c.Feedback != nil {

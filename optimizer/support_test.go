@@ -168,6 +168,14 @@ func TestSupportNominations(t *testing.T) {
 	if !slices.IsSorted(s) {
 		t.Errorf("support %v not sorted", s)
 	}
+	dc := DefaultDiLoCo()
+	dc.Support = &c
+	if err := dc.Validate(); err == nil {
+		t.Error("nominations without a Nominator accepted")
+	}
+	if dc.Nominator = (selfNominator{}); dc.Validate() != nil {
+		t.Errorf("nominations with a Nominator refused: %v", dc.Validate())
+	}
 	if c.Nominate = 11; c.Validate() == nil {
 		t.Error("more nominations than K accepted")
 	}
