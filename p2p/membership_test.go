@@ -50,15 +50,21 @@ func TestSwarm16Join(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("metadata update seen by all in %v", time.Since(t0))
-	// The subscriber saw 16 initial joins, then the update.
-	joins := 0
+	// The subscriber saw the 16 members join, then the update. Another
+	// member's events in between are membership noise, not this test's
+	// subject: under -race on a busy machine a starved node is suspected
+	// and comes back (seen once in CI: a "fail" before the update).
+	joined := map[peer.ID]bool{}
 	for ev := range sub.C {
-		if ev.Kind == p2p.EventJoin {
-			joins++
+		switch {
+		case ev.Kind == p2p.EventJoin:
+			joined[ev.Member.ID] = true
 			continue
-		}
-		if ev.Kind != p2p.EventUpdate || ev.Member.ID != target.ID() || joins != 16 {
-			t.Fatalf("event %v of %s after %d joins; want update of %s after 16", ev.Kind, ev.Member.ID, joins, target.ID())
+		case ev.Member.ID != target.ID():
+			t.Logf("event %v of %s before the update (membership noise under load)", ev.Kind, ev.Member.ID)
+			continue
+		case ev.Kind != p2p.EventUpdate || len(joined) != 16:
+			t.Fatalf("event %v of the target after %d members joined; want its update after 16", ev.Kind, len(joined))
 		}
 		break
 	}
