@@ -1051,16 +1051,16 @@ func (v *Volunteer) save(wait bool) bool {
 	err := v.ckw.SaveWith(v.su.Stage, v.innerStep, map[string]string{model.MetaTokenizer: v.su.Tokenizer}, func(ck *model.Checkpoint) func() error {
 		round, phi, mom := st.State()
 		tail := v.tail()
-		var resid []byte // encoded now: the residual changes with the next round
+		var resid []float32 // copied now (the next round changes it), encoded in the background
 		if v.dl != nil && v.dl.Residual() != nil {
-			resid = encodeResidual(v.dl.Round, v.dl.Residual())
+			resid = slices.Clone(v.dl.Residual())
 		}
 		return func() error {
 			if err := writeState(v.ckPath, ck, round, phi, mom); err != nil {
 				return err
 			}
 			if resid != nil {
-				if err := atomicfile.WriteFile(v.ckPath+residualFile, resid, 0o644); err != nil {
+				if err := atomicfile.WriteFile(v.ckPath+residualFile, encodeResidual(round, resid), 0o644); err != nil {
 					return err
 				}
 			}
