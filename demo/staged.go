@@ -87,6 +87,15 @@ var (
 	lossLine    = regexp.MustCompile(`iteration (\d+) \(round \d+\): stage 0, loss ([0-9.]+)`)
 )
 
+// judgedRounds is how many rounds of stage-0 losses a staged run with
+// hostile volunteers needs for its "loss still falling" invariant (the
+// means of the first and last quarter); judgeWait how long past its end
+// the run goes on for them.
+const (
+	judgedRounds = 4
+	judgeWait    = 2 * time.Minute
+)
+
 // recoverWait is how long past the kill RunStaged waits, once the run is
 // past Iterations, for the lost stage to train a round again.
 const recoverWait = 3 * time.Minute
@@ -239,6 +248,8 @@ func RunStaged(ctx context.Context, cfg StagedConfig) (*StagedResult, error) {
 	var last status.Snapshot
 	var shown uint64
 	plan, half := "", false
+	var reachedAt time.Time // when the run first met its end but for judgedRounds
+	waiting := false
 watch:
 	for {
 		select {
@@ -315,9 +326,28 @@ watch:
 			}
 		}
 		// The end, once the lost stage trains again: the demo is about
-		// that; or recoverWait after the kill if it does not.
+		// that; or recoverWait after the kill if it does not. A run whose
+		// invariants are judged also waits (judgeWait at most) for stage
+		// 0 to have reported judgedRounds losses: a re-plan starts the
+		// stages at a later iteration, so the rounds it skips report
+		// nothing, and a loaded machine can leave too few to judge by
+		// Iterations.
 		if cfg.Iterations > 0 && snap.Pipeline.Iteration >= uint64(cfg.Iterations) &&
 			(len(fresh) == 0 || res.Recovered > 0 || time.Since(killedAt) > recoverWait) {
+			if reachedAt.IsZero() {
+				reachedAt = time.Now()
+			}
+			if n := lossRounds(res.VolunteerLogs); res.Hostile != nil && n < judgedRounds {
+				if time.Since(reachedAt) < judgeWait {
+					if !waiting {
+						waiting = true
+						fmt.Fprintf(out, "iteration %d reached with %d of stage 0's rounds reported: waiting for %d to judge the run\n",
+							snap.Pipeline.Iteration, n, judgedRounds)
+					}
+					continue
+				}
+				fmt.Fprintf(out, "stage 0 reported %d rounds in the %v past iteration %d\n", n, judgeWait, cfg.Iterations)
+			}
 			if len(fresh) > 0 && res.Recovered == 0 {
 				fmt.Fprintf(out, "the lost stage did not train a round within %v of the kill\n", recoverWait)
 			}
@@ -371,6 +401,18 @@ func describe(p *status.Pipeline) string {
 
 // losses reads stage 0's training loss in the first and the latest rounds
 // any of logs reports (NaN if none).
+// lossRounds is how many iterations the logs hold a stage-0 loss for.
+func lossRounds(logs []string) int {
+	seen := map[string]bool{}
+	for _, l := range logs {
+		b, _ := os.ReadFile(l)
+		for _, m := range lossLine.FindAllSubmatch(b, -1) {
+			seen[string(m[1])] = true
+		}
+	}
+	return len(seen)
+}
+
 func losses(logs []string) (first, last float64) {
 	first, last = math.NaN(), math.NaN()
 	lo, hi := uint64(math.MaxUint64), uint64(0)

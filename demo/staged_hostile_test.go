@@ -1,6 +1,8 @@
 package demo
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -51,5 +53,38 @@ func TestFailStage(t *testing.T) {
 				t.Fatalf("stage %d (%q), want %d (a note: %v)", got, note, tt.got, tt.cannotLand)
 			}
 		})
+	}
+}
+
+// TestLossRounds: the rounds counted before a hostile staged run is judged
+// are the distinct iterations with a stage-0 loss, across logs; a round
+// whose microbatches all failed (no loss) and other stages' lines do not
+// count.
+func TestLossRounds(t *testing.T) {
+	dir := t.TempDir()
+	a, b := filepath.Join(dir, "a.log"), filepath.Join(dir, "b.log")
+	for name, text := range map[string]string{
+		a: "iteration 5 (round 1): stage 0, loss 5.2865, 5.2s\niteration 10 (round 2): stage 0, loss 4.7, 1.1s\n" +
+			"iteration 15 (round 3): stage 0, 4 microbatches failed, 8.4s\n",
+		b: "iteration 10 (round 2): stage 0, loss 4.8, 1.1s\niteration 35 (round 7): stage 0, loss 3.7, 1 microbatches failed, 16.4s\n" +
+			"iteration 40 (round 8): stage 1, loss 3.1, 1.0s\n",
+	} {
+		if err := os.WriteFile(name, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		logs []string
+		want int
+	}{
+		{nil, 0},
+		{[]string{a}, 2},
+		{[]string{b}, 2},
+		{[]string{a, b}, 3},
+		{[]string{a, filepath.Join(dir, "missing.log")}, 2},
+	} {
+		if got := lossRounds(tc.logs); got != tc.want {
+			t.Errorf("lossRounds(%v) = %d, want %d", tc.logs, got, tc.want)
+		}
 	}
 }
