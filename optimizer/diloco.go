@@ -219,10 +219,13 @@ func (d *DiLoCo) prepare(ctx context.Context, start, theta []float32) error {
 	if len(theta) != len(d.Phi) {
 		return fmt.Errorf("optimizer: %d local parameters, global has %d", len(theta), len(d.Phi))
 	}
+	var ss float64 // l2(delta), in the same pass
 	for i := range theta {
-		d.delta[i] = start[i] - theta[i]
+		v := start[i] - theta[i]
+		d.delta[i] = v
+		ss += float64(v) * float64(v)
 	}
-	if n := l2(d.delta); math.IsNaN(n) || math.IsInf(n, 0) || (d.cfg.MaxDeltaNorm > 0 && n > d.cfg.MaxDeltaNorm) {
+	if n := math.Sqrt(ss); math.IsNaN(n) || math.IsInf(n, 0) || (d.cfg.MaxDeltaNorm > 0 && n > d.cfg.MaxDeltaNorm) {
 		return fmt.Errorf("%w: own pseudo-gradient norm %v (bound %v)", ErrRejected, n, d.cfg.MaxDeltaNorm)
 	}
 	switch {
@@ -290,13 +293,14 @@ func (d *DiLoCo) apply() error {
 	if d.sub != nil {
 		d.sub.expand(d.avg, d.cavg, d.Round)
 	}
+	var n float64
 	if d.cfg.Support != nil {
-		clear(d.avg)
-		for j, p := range d.sup {
-			d.avg[p] = d.cavg[j]
-		}
+		// The average is zero off the support (increasing positions), so
+		// its norm is the compacted one's, the same float64 sum.
+		n = l2(d.cavg)
+	} else {
+		n = l2(d.avg)
 	}
-	n := l2(d.avg)
 	if math.IsNaN(n) || math.IsInf(n, 0) || (d.cfg.MaxDeltaNorm > 0 && n > d.cfg.MaxDeltaNorm) {
 		return fmt.Errorf("%w: averaged pseudo-gradient norm %v (bound %v)", ErrRejected, n, d.cfg.MaxDeltaNorm)
 	}
@@ -308,7 +312,24 @@ func (d *DiLoCo) apply() error {
 	if len(d.norms) > normWindow {
 		d.norms = d.norms[1:]
 	}
-	NesterovStep(d.Phi, d.Mom, d.avg, float32(d.cfg.OuterLR), float32(d.cfg.Momentum))
+	switch eta, mu := float32(d.cfg.OuterLR), float32(d.cfg.Momentum); {
+	case d.cfg.Support != nil && mu == 0:
+		// Off the support NesterovStep with a zero average and no momentum
+		// sets the momentum to +0 and leaves phi as it is: only the
+		// support is worked (the same bits).
+		clear(d.Mom)
+		for j, p := range d.sup {
+			NesterovStep(d.Phi[p:p+1], d.Mom[p:p+1], d.cavg[j:j+1], eta, mu)
+		}
+	case d.cfg.Support != nil:
+		clear(d.avg)
+		for j, p := range d.sup {
+			d.avg[p] = d.cavg[j]
+		}
+		NesterovStep(d.Phi, d.Mom, d.avg, eta, mu)
+	default:
+		NesterovStep(d.Phi, d.Mom, d.avg, eta, mu)
+	}
 	if d.sub != nil {
 		// The residual keeps what this member's own projection missed
 		// (exactly: the projection is orthogonal); then the bases move on

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"math"
+	"slices"
 	"testing"
 )
 
@@ -23,7 +24,7 @@ func body(phi, mom []float32) []byte {
 // size change the root.
 func TestStateChunkHashes(t *testing.T) {
 	per := StateChunkBytes / 8 // parameters per chunk (phi and mom both)
-	for _, n := range []int{0, 1, 3, per - 1, per, per + 1, 2*per + 5} {
+	for _, n := range []int{0, 1, 3, per - 1, per, per + 1, 2*per + 5, 3*per/2 + 7} {
 		phi, mom := make([]float32, n), make([]float32, n)
 		for i := range phi {
 			phi[i], mom[i] = float32(i)*0.5, -float32(i)-1 // no -0: mom[i]++ then -- must give the same bits
@@ -31,6 +32,9 @@ func TestStateChunkHashes(t *testing.T) {
 		got := StateChunkHashes(phi, mom)
 		if len(got) != StateChunks(n) {
 			t.Fatalf("n=%d: %d chunks, StateChunks says %d", n, len(got), StateChunks(n))
+		}
+		if p := stateChunkHashesPortable(phi, mom); !slices.Equal(p, got) {
+			t.Fatalf("n=%d: the in-place hashes differ from the portable ones", n)
 		}
 		b := body(phi, mom)
 		for c := range got {

@@ -79,7 +79,7 @@ func (c SupportConfig) Support(dst []int32, mom []float32, round uint64) []int32
 // taken first, at most K of each chunk (the lowest positions), before the
 // momentum's and the keyed hash's.
 func (c SupportConfig) SupportWith(dst []int32, mom []float32, round uint64, nominated []int32) []int32 {
-	keys := make([]uint64, 0, c.Chunk)
+	var top topk.Top
 	var chosen []int32
 	for base := 0; base < len(mom); base += c.Chunk {
 		m := min(c.Chunk, len(mom)-base)
@@ -98,21 +98,23 @@ func (c SupportConfig) SupportWith(dst []int32, mom []float32, round uint64, nom
 		// are never chosen this way (at a run's start, all of them).
 		if f := min(c.FromMomentum, k-len(chosen)); f > 0 {
 			pre := len(chosen)
-			keys = keys[:0]
+			top.Reset(f)
+			floor := top.Floor()
 			for i, v := range mom[base : base+m] {
-				if a := math.Float32bits(v) &^ (1 << 31); a != 0 {
-					if pre > 0 {
-						if _, taken := slices.BinarySearch(chosen[:pre], int32(i)); taken {
-							continue
-						}
-					}
-					keys = append(keys, uint64(a)<<32|uint64(math.MaxUint32-uint32(i)))
+				a := math.Float32bits(v) &^ (1 << 31)
+				key := uint64(a)<<32 | uint64(math.MaxUint32-uint32(i))
+				if a == 0 || key <= floor {
+					continue
 				}
+				if pre > 0 {
+					if _, taken := slices.BinarySearch(chosen[:pre], int32(i)); taken {
+						continue
+					}
+				}
+				top.Push(key)
+				floor = top.Floor()
 			}
-			if len(keys) > f {
-				keys = topk.Largest(keys, f)
-			}
-			for _, key := range keys {
+			for _, key := range top.Keys() {
 				chosen = append(chosen, int32(math.MaxUint32-uint32(key)))
 			}
 			slices.Sort(chosen)
@@ -135,20 +137,23 @@ func (c SupportConfig) SupportWith(dst []int32, mom []float32, round uint64, nom
 // increasing) of its n largest magnitudes: a member's nominations for a
 // round's support (SupportConfig.Nominate).
 func (c SupportConfig) Nominations(dst []int32, x []float32, n int) []int32 {
-	keys := make([]uint64, 0, c.Chunk)
+	if n <= 0 {
+		return dst
+	}
+	var top topk.Top
 	for base := 0; base < len(x); base += c.Chunk {
 		m := min(c.Chunk, len(x)-base)
-		keys = keys[:0]
+		top.Reset(n)
+		floor := top.Floor()
 		for i, v := range x[base : base+m] {
-			if a := math.Float32bits(v) &^ (1 << 31); a != 0 && a < 0x7f800000 {
-				keys = append(keys, uint64(a)<<32|uint64(math.MaxUint32-uint32(i)))
+			a := math.Float32bits(v) &^ (1 << 31)
+			if key := uint64(a)<<32 | uint64(math.MaxUint32-uint32(i)); a != 0 && a < 0x7f800000 && key > floor {
+				top.Push(key)
+				floor = top.Floor()
 			}
 		}
-		if len(keys) > n {
-			keys = topk.Largest(keys, n)
-		}
 		start := len(dst)
-		for _, key := range keys {
+		for _, key := range top.Keys() {
 			dst = append(dst, int32(base)+int32(math.MaxUint32-uint32(key)))
 		}
 		slices.Sort(dst[start:])

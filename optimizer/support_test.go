@@ -180,3 +180,46 @@ func TestSupportNominations(t *testing.T) {
 		t.Error("more nominations than K accepted")
 	}
 }
+
+// The outer step over a support works only the support when there is no
+// momentum (everything else keeps its bits), and gives the same bits as
+// NesterovStep over the scattered average, with and without momentum.
+func TestDiLoCoSupportApplyBits(t *testing.T) {
+	const n = 3000
+	for _, mu := range []float64{0, 0.9} {
+		cfg := DefaultDiLoCo()
+		cfg.OuterLR, cfg.Momentum, cfg.NormGrowth = 0.7, mu, 0
+		s := SupportConfig{Chunk: 256, K: 8, FromMomentum: 4, Decay: 0.95}
+		cfg.Support = &s
+		phi0 := make([]float32, n)
+		r := rand.New(rand.NewPCG(7, 8))
+		for i := range phi0 {
+			phi0[i] = float32(r.NormFloat64())
+		}
+		phi0[5] = float32(math.Copysign(0, -1)) // a -0 off the support keeps its sign
+		d, err := NewDiLoCo(cfg, alone{}, phi0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		theta := make([]float32, n)
+		for round := range 6 {
+			for i := range theta {
+				theta[i] = d.Phi[i] - float32(r.NormFloat64()*0.01)
+			}
+			phi, mom := slices.Clone(d.Phi), slices.Clone(d.Mom)
+			if _, err := d.OuterStep(context.Background(), theta); err != nil {
+				t.Fatal(err)
+			}
+			avg := make([]float32, n)
+			for j, p := range d.sup {
+				avg[p] = d.cavg[j]
+			}
+			NesterovStep(phi, mom, avg, float32(cfg.OuterLR), float32(mu))
+			for i := range phi {
+				if math.Float32bits(phi[i]) != math.Float32bits(d.Phi[i]) || math.Float32bits(mom[i]) != math.Float32bits(d.Mom[i]) {
+					t.Fatalf("mu %v round %d: [%d] phi %v mom %v, NesterovStep gives %v %v", mu, round, i, d.Phi[i], d.Mom[i], phi[i], mom[i])
+				}
+			}
+		}
+	}
+}
