@@ -168,3 +168,51 @@ func BenchmarkAttentionShapes(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkFlashAttention times forward + backward of the materialized
+// attention ("old": AttentionForward/Backward) and the fused one ("flash")
+// at BenchmarkAttentionShapes' shapes and at GPT-2 small's full context for
+// one sequence; att-MB is what the old path keeps in preatt and att
+// ((B,NH,T,T) each; its backward's dpreatt and datt scratch are as much
+// again), lse-MB what the fused one keeps instead.
+//
+//	go test ./kernels -run '^$' -bench 'FlashAttention' -benchtime 2x
+func BenchmarkFlashAttention(b *testing.B) {
+	for _, s := range []struct {
+		name        string
+		B, T, C, NH int
+	}{{"tiny", 16, 128, 128, 4}, {"small", 8, 256, 384, 6}, {"gpt2-T1024", 1, 1024, 768, 12}} {
+		for _, path := range []string{"old", "flash"} {
+			b.Run(s.name+"/"+path, func(b *testing.B) {
+				benchThreads(b, func(b *testing.B, d *CPU) {
+					r := rand.New(rand.NewPCG(1, 4))
+					N, nA, nL := s.B*s.T, s.B*s.NH*s.T*s.T, s.B*s.NH*s.T
+					inp, out, dinp := randBuf(r, N*3*s.C, 1), d.Alloc(N*s.C), d.Alloc(N*3*s.C)
+					dout := randBuf(r, N*s.C, 1)
+					var step func()
+					kept, unit := float64(4*nL)/1e6, "lse-MB"
+					if path == "old" {
+						kept, unit = float64(2*4*nA)/1e6, "att-MB"
+						pre, att, dpre, datt := d.Alloc(nA), d.Alloc(nA), d.Alloc(nA), d.Alloc(nA)
+						step = func() {
+							d.AttentionForward(out, pre, att, inp, s.B, s.T, s.C, s.NH)
+							d.AttentionBackward(dinp, dpre, datt, dout, inp, att, s.B, s.T, s.C, s.NH)
+						}
+					} else {
+						lse, delta := d.Alloc(nL), d.Alloc(nL)
+						step = func() {
+							d.FlashAttentionForward(out, lse, inp, s.B, s.T, s.C, s.NH)
+							d.FlashAttentionBackward(dinp, delta, dout, out, inp, lse, s.B, s.T, s.C, s.NH)
+						}
+					}
+					c0 := cpuSeconds()
+					for b.Loop() {
+						step()
+					}
+					b.ReportMetric((cpuSeconds()-c0)/float64(b.N)*1e3, "cpu-ms/op")
+					b.ReportMetric(kept, unit) // after the loop, which clears metrics
+				})
+			})
+		}
+	}
+}

@@ -272,6 +272,48 @@ func (c *CPU) AttentionBackward(dinp, dpreatt, datt, dout, inp, att Buffer, B, T
 		C.int(B), C.int(T), C.int(Ch), C.int(NH), C.int(c.threads))
 }
 
+// PrefersFusedAttention is false: on the CPU the materialized attention's
+// GEMMs are faster than the fused kernels' one row at a time, by more than
+// the 1.25x its memory would be worth at the shapes the CPU trains. Forward
+// plus backward on an AMD EPYC (AVX2), 1 thread (BenchmarkFlashAttention):
+// the tiny preset's B=16, T=128, C=128, 4 heads, 29.9 ms materialized
+// against 53.3 ms fused (1.8x); the small preset's B=8, T=256, C=384, 6
+// heads, 82 ms against 301 ms (3.7x); GPT-2 small's attention at B=1,
+// T=1024, 0.28 s against 1.67 s (5.9x), where the materialized matrices
+// take 101 MB (and as much again of scratch in the backward). The fused
+// kernels run here all the same, for the tests and for a caller that
+// needs the memory more than the time.
+func (c *CPU) PrefersFusedAttention() bool { return false }
+
+// flashShape is attentionShape with the fused kernels' bound on the head
+// size.
+func flashShape(op string, B, T, Ch, NH int) {
+	attentionShape(op, B, T, Ch, NH)
+	if hs := Ch / NH; hs > FlashMaxHeadSize {
+		panic(fmt.Errorf("%w: %s: head size C/NH = %d/%d = %d exceeds FlashMaxHeadSize = %d (use AttentionForward and AttentionBackward)",
+			ErrShape, op, Ch, NH, hs, FlashMaxHeadSize))
+	}
+}
+
+// FlashAttentionForward: causal attention over inp = (q,k,v) without the
+// (B,NH,T,T) matrices; lse (B,NH,T) is kept for the backward.
+func (c *CPU) FlashAttentionForward(out, lse, inp Buffer, B, T, Ch, NH int) {
+	const op = "FlashAttentionForward"
+	flashShape(op, B, T, Ch, NH)
+	C.skein_flash_attention_forward(ptr(op, "out", out, B*T*Ch), ptr(op, "lse", lse, B*NH*T),
+		ptr(op, "inp", inp, B*T*3*Ch), C.int(B), C.int(T), C.int(Ch), C.int(NH), C.int(c.threads))
+}
+
+// FlashAttentionBackward accumulates dinp, recomputing the attention; delta
+// is overwritten.
+func (c *CPU) FlashAttentionBackward(dinp, delta, dout, out, inp, lse Buffer, B, T, Ch, NH int) {
+	const op = "FlashAttentionBackward"
+	flashShape(op, B, T, Ch, NH)
+	C.skein_flash_attention_backward(ptr(op, "dinp", dinp, B*T*3*Ch), ptr(op, "delta", delta, B*NH*T),
+		ptr(op, "dout", dout, B*T*Ch), ptr(op, "out", out, B*T*Ch), ptr(op, "inp", inp, B*T*3*Ch),
+		ptr(op, "lse", lse, B*NH*T), C.int(B), C.int(T), C.int(Ch), C.int(NH), C.int(c.threads))
+}
+
 // GeluForward applies the tanh-approximated GELU to n elements.
 func (c *CPU) GeluForward(out, inp Buffer, n int) {
 	const op = "GeluForward"

@@ -274,6 +274,18 @@ func gradCases(seed uint64) []gradCase {
 			},
 		})
 	}
+	for _, sh := range [][4]int{{2, 37, 16, 2}, {1, 9, 24, 3}} {
+		B, T, C, NH := sh[0], sh[1], sh[2], sh[3]
+		cases = append(cases, gradCase{
+			name: fmt.Sprintf("flash_attention_T%d", T), inputs: []HostBuffer{randBuf(r, B*T*3*C, 1)}, nout: B * T * C,
+			ref: func(in [][]float64) []float64 { o, _, _ := refAttention(in[0], B, T, C, NH); return o },
+			bwd: func(d *CPU, in []HostBuffer, dout HostBuffer, g []HostBuffer) {
+				out, lse, delta := make(HostBuffer, B*T*C), make(HostBuffer, B*NH*T), make(HostBuffer, B*NH*T)
+				d.FlashAttentionForward(out, lse, in[0], B, T, C, NH)
+				d.FlashAttentionBackward(g[0], delta, dout, out, in[0], lse, B, T, C, NH)
+			},
+		})
+	}
 	{
 		n := 3000
 		x := randBuf(r, n, 2.5)
@@ -502,6 +514,13 @@ func runAll(d *CPU) map[string][]float32 {
 	dqkv := make(HostBuffer, N*3*C)
 	d.AttentionBackward(dqkv, make(HostBuffer, nA), make(HostBuffer, nA), randBuf(r, N*C, 1), qkv, att, B, T, C, NH)
 	keep("att_dinp", dqkv)
+	lse, fo := make(HostBuffer, B*NH*T), make(HostBuffer, N*C)
+	d.FlashAttentionForward(fo, lse, qkv, B, T, C, NH)
+	keep("flash_out", fo)
+	keep("flash_lse", lse)
+	fdqkv := make(HostBuffer, N*3*C)
+	d.FlashAttentionBackward(fdqkv, make(HostBuffer, B*NH*T), randBuf(r, N*C, 1), fo, qkv, lse, B, T, C, NH)
+	keep("flash_dinp", fdqkv)
 
 	g := make(HostBuffer, N*3*C)
 	d.GeluForward(g, qkv, N*3*C)
@@ -571,6 +590,10 @@ func TestShapeMismatchPanics(t *testing.T) {
 		{"AttentionForward", func() { d.AttentionForward(buf(N*C), buf(nA), buf(nA), buf(3*N*C), B, T, C, 3) }},
 		{"AttentionBackward", func() {
 			d.AttentionBackward(buf(3*N*C), buf(nA), buf(nA-1), buf(N*C), buf(3*N*C), buf(nA), B, T, C, NH)
+		}},
+		{"FlashAttentionForward", func() { d.FlashAttentionForward(buf(N*C), buf(B*NH*T+1), buf(3*N*C), B, T, C, NH) }},
+		{"FlashAttentionBackward", func() {
+			d.FlashAttentionBackward(buf(3*N*C), buf(B*NH*T), buf(N*C), buf(N*C), buf(N*C), buf(B*NH*T), B, T, C, NH)
 		}},
 		{"GeluForward", func() { d.GeluForward(buf(10), buf(9), 10) }},
 		{"GeluBackward", func() { d.GeluBackward(buf(10), buf(10), buf(11), 10) }},
@@ -654,6 +677,7 @@ func TestNoAllocations(t *testing.T) {
 	out, ln := d.Alloc(N*C), d.Alloc(N*C)
 	mean, rstd := d.Alloc(N), d.Alloc(N)
 	pre, att := d.Alloc(nA), d.Alloc(nA)
+	lse, delta := d.Alloc(B*NH*T), d.Alloc(B*NH*T)
 	wpe, lw, lb := w.Slice(0, T*C), bias.Slice(0, C), bias.Slice(C, C) // views are made once
 	allocs := testing.AllocsPerRun(20, func() {
 		d.EncoderForward(out, tok, w, wpe, B, T, C)
@@ -662,6 +686,8 @@ func TestNoAllocations(t *testing.T) {
 		d.MatmulBackward(ln, w, nil, x, ln, w, N, C, 3*C)
 		d.AttentionForward(out, pre, att, x, B, T, C, NH)
 		d.AttentionBackward(x, pre, att, out, x, att, B, T, C, NH)
+		d.FlashAttentionForward(out, lse, x, B, T, C, NH)
+		d.FlashAttentionBackward(x, delta, out, out, x, lse, B, T, C, NH)
 		d.GeluForward(x, x, N*3*C)
 		d.SoftmaxCrossEntropyForward(mean, ln, out, tok, N, C, C)
 		d.AdamW(w, w, w, w, 1e-3, 0.9, 0.95, 1e-8, 0, 1)

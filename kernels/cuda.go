@@ -25,7 +25,8 @@ import (
 // CPU build that the ordinary tests hold to the CPU backend
 // (ewise_kernels.h); the GEMMs run on cuBLAS (TF32 tensor cores unless
 // CUDAConfig.FP32, fp32 accumulate) or, without it, on our tiled kernel;
-// attention is GEMMs and row kernels (gemm_plan.go). Parameters,
+// the materialized attention is GEMMs and row kernels (gemm_plan.go), the
+// fused one (which the GPU prefers) row kernels alone. Parameters,
 // gradients, moments and activations stay on the GPU across steps: only
 // CopyIn, CopyOut, the token ids and SumSquares's partial sums cross the bus.
 
@@ -48,7 +49,9 @@ var cudaKernels = []string{"sk_gelu_forward", "sk_gelu_backward", "sk_residual_f
 	"sk_scale", "sk_adamw", "sk_layernorm_forward", "sk_layernorm_backward_dinp",
 	"sk_softmax_xent_forward", "sk_softmax_xent_backward", "sk_encoder_forward", "sk_encoder_backward_wte",
 	"sk_encoder_backward_wpe",
-	"sk_attention_softmax", "sk_attention_softmax_backward", "sk_bias_add", "sk_bias_backward_part",
+	"sk_attention_softmax", "sk_attention_softmax_backward",
+	"sk_flash_attention_forward", "sk_flash_attention_backward_q", "sk_flash_attention_backward_kv",
+	"sk_bias_add", "sk_bias_backward_part",
 	"sk_bias_backward_sum", "sk_layernorm_dparams_part", "sk_layernorm_dparams_sum", "sk_sumsq_parts", "sk_gemm_tiled"}
 
 // ErrNoCUDA is returned (wrapped) when there is no usable NVIDIA GPU: no
@@ -67,6 +70,13 @@ type CUDAConfig struct {
 	// round their inputs to TF32 on the tensor cores (fp32 accumulate):
 	// about 3e-4 relative error per product, several times the speed.
 	FP32 bool
+	// FusedAttention makes the model use the fused attention
+	// (FlashAttention* methods: no (B,NH,T,T) matrices, recompute in the
+	// backward) instead of the GEMM path with materialised scores. Off by
+	// default until a GPU has timed it against that path (issue [4/4]:
+	// BenchmarkCUDAOps' attention and flash-attention lines); it saves the
+	// memory of the scores either way.
+	FusedAttention bool
 	// NoCUBLAS runs the GEMMs on our tiled kernel even where cuBLAS is
 	// present (tests; a cuBLAS that misbehaves).
 	NoCUBLAS bool
@@ -766,6 +776,44 @@ func (c *CUDA) AttentionBackward(dinp, dpreatt, datt, dout, inp, att Buffer, B, 
 	})
 }
 
+// PrefersFusedAttention is CUDAConfig.FusedAttention (--device
+// cuda:N,flash): the fused attention keeps no (B,NH,T,T) matrices (at
+// GPT-2 small's T = 1024, 48 MiB per sequence and layer, and three more of
+// scratch in the backward), but it is one warp per query row without
+// shared-memory tiles, not yet timed on a GPU against the GEMM path.
+func (c *CUDA) PrefersFusedAttention() bool { return c.cfg.FusedAttention }
+
+// FlashAttentionForward: causal attention over inp = (q,k,v) without the
+// (B,NH,T,T) matrices, one warp per (b, h, t) row; lse (B,NH,T) is kept for
+// the backward.
+func (c *CUDA) FlashAttentionForward(out, lse, inp Buffer, B, T, Ch, NH int) {
+	const op = "FlashAttentionForward"
+	flashShape(op, B, T, Ch, NH)
+	o, l, x := c.gbuf(op, "out", out, B*T*Ch), c.gbuf(op, "lse", lse, B*NH*T), c.gbuf(op, "inp", inp, B*T*3*Ch)
+	rows := B * NH * T
+	c.do(func() error {
+		return c.rowsOf("sk_flash_attention_forward", rows, o, l, x, rows, int32(T), int32(Ch), int32(NH))
+	})
+}
+
+// FlashAttentionBackward accumulates dinp, recomputing the attention: pass
+// 1 per query row (dq, and delta), then pass 2 per key row (dk, dv), which
+// reads every row's delta (kernels on one stream run in order).
+func (c *CUDA) FlashAttentionBackward(dinp, delta, dout, out, inp, lse Buffer, B, T, Ch, NH int) {
+	const op = "FlashAttentionBackward"
+	flashShape(op, B, T, Ch, NH)
+	dx, dl := c.gbuf(op, "dinp", dinp, B*T*3*Ch), c.gbuf(op, "delta", delta, B*NH*T)
+	d, o := c.gbuf(op, "dout", dout, B*T*Ch), c.gbuf(op, "out", out, B*T*Ch)
+	x, l := c.gbuf(op, "inp", inp, B*T*3*Ch), c.gbuf(op, "lse", lse, B*NH*T)
+	rows := B * NH * T
+	c.do(func() error {
+		if err := c.rowsOf("sk_flash_attention_backward_q", rows, dx, dl, d, o, x, l, rows, int32(T), int32(Ch), int32(NH)); err != nil {
+			return err
+		}
+		return c.rowsOf("sk_flash_attention_backward_kv", rows, dx, dl, d, x, l, rows, int32(T), int32(Ch), int32(NH))
+	})
+}
+
 // GeluForward applies the tanh-approximated GELU to n elements.
 func (c *CUDA) GeluForward(out, inp Buffer, n int) {
 	const op = "GeluForward"
@@ -867,9 +915,10 @@ func (c *CUDA) AdamW(params, grads, m, v Buffer, lr, beta1, beta2, eps, wd float
 	})
 }
 
-// SelectDevice is --device: "cpu", "auto", or "cuda:N" with an optional
-// ",fp32" (full-precision GEMMs; TF32 by default). auto takes GPU 0 if
-// one answers, else the CPU, and note says which and why.
+// SelectDevice is --device: "cpu", "auto", or "cuda:N" with options after
+// commas: "fp32" (full-precision GEMMs; TF32 by default) and "flash" (the
+// fused attention, CUDAConfig.FusedAttention). auto takes GPU 0 if one
+// answers, else the CPU, and note says which and why.
 func SelectDevice(spec string, threads int) (dev Device, note string, err error) {
 	switch {
 	case spec == "" || spec == "cpu":
@@ -881,21 +930,41 @@ func SelectDevice(spec string, threads int) (dev Device, note string, err error)
 		}
 		return c, fmt.Sprintf("--device auto: training on %s", c.Name()), nil
 	}
-	base, opt, _ := strings.Cut(spec, ",")
-	var cfg CUDAConfig
-	if n, err := fmt.Sscanf(base, "cuda:%d", &cfg.Ordinal); n != 1 || err != nil || fmt.Sprintf("cuda:%d", cfg.Ordinal) != base {
-		return nil, "", fmt.Errorf("kernels: --device %q: want auto, cpu or cuda:N[,fp32]", spec)
-	}
-	switch opt {
-	case "":
-	case "fp32":
-		cfg.FP32 = true
-	default:
-		return nil, "", fmt.Errorf("kernels: --device %q: unknown option %q (want fp32)", spec, opt)
+	cfg, err := ParseCUDASpec(spec)
+	if err != nil {
+		return nil, "", err
 	}
 	c, err := NewCUDA(cfg)
 	if err != nil {
 		return nil, "", fmt.Errorf("kernels: --device %s: %w", spec, err)
 	}
 	return c, "", nil
+}
+
+// ParseCUDASpec parses "cuda:N[,fp32][,flash]" (SelectDevice).
+func ParseCUDASpec(spec string) (CUDAConfig, error) {
+	base, opts, _ := strings.Cut(spec, ",")
+	var cfg CUDAConfig
+	if n, err := fmt.Sscanf(base, "cuda:%d", &cfg.Ordinal); n != 1 || err != nil || fmt.Sprintf("cuda:%d", cfg.Ordinal) != base {
+		return cfg, fmt.Errorf("kernels: --device %q: want auto, cpu or cuda:N[,fp32][,flash]", spec)
+	}
+	if opts == "" {
+		return cfg, nil
+	}
+	seen := map[string]bool{}
+	for _, opt := range strings.Split(opts, ",") {
+		if seen[opt] {
+			return cfg, fmt.Errorf("kernels: --device %q: option %q twice", spec, opt)
+		}
+		seen[opt] = true
+		switch opt {
+		case "fp32":
+			cfg.FP32 = true
+		case "flash":
+			cfg.FusedAttention = true
+		default:
+			return cfg, fmt.Errorf("kernels: --device %q: unknown option %q (want fp32 or flash)", spec, opt)
+		}
+	}
+	return cfg, nil
 }

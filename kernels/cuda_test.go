@@ -125,6 +125,19 @@ func exercise(dev Device) []output {
 		dev.AttentionBackward(adx, in(rv(aB*aNH*aT*aT, 1)), in(rv(aB*aNH*aT*aT, 1)), in(rv(aB*aT*aC, 1)), qkv, att, aB, aT, aC, aNH)
 		read("attention dinp"+tag, true, adx)
 	}
+	// The fused attention: no GEMMs, so fp32 tolerances on every executor.
+	for _, sh := range [][4]int{{2, 33, 96, 4}, {1, 70, 128, 2}, {2, 17, 32, 4}} {
+		aB, aT, aC, aNH := sh[0], sh[1], sh[2], sh[3]
+		tag := fmt.Sprintf(" B%d T%d C%d NH%d", aB, aT, aC, aNH)
+		qkv := in(rv(aB*aT*3*aC, 1))
+		fo, lse := in(rv(aB*aT*aC, 1)), in(rv(aB*aNH*aT, 1))
+		dev.FlashAttentionForward(fo, lse, qkv, aB, aT, aC, aNH)
+		read("flash attention out"+tag, false, fo)
+		read("flash attention lse"+tag, false, lse)
+		fdx := in(rv(aB*aT*3*aC, 1))
+		dev.FlashAttentionBackward(fdx, in(rv(aB*aNH*aT, 1)), in(rv(aB*aT*aC, 1)), fo, qkv, lse, aB, aT, aC, aNH)
+		read("flash attention dinp"+tag, false, fdx)
+	}
 	return outs
 }
 
@@ -258,9 +271,27 @@ func TestSelectDevice(t *testing.T) {
 			t.Fatalf("cuda:0,fp32: %v %v", d, err)
 		}
 	}
-	for _, bad := range []string{"tpu", "cuda:", "cuda:x", "cuda:0,bf16", "cuda:0x"} {
+	for _, bad := range []string{"tpu", "cuda:", "cuda:x", "cuda:0,bf16", "cuda:0x", "cuda:0,", "cuda:0,flash,flash", "cuda:0,fp32,"} {
 		if _, _, err := SelectDevice(bad, 1); err == nil {
 			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
+// The options of cuda:N, parsed without a GPU.
+func TestParseCUDASpec(t *testing.T) {
+	for _, tc := range []struct {
+		spec string
+		want CUDAConfig
+	}{
+		{"cuda:0", CUDAConfig{}},
+		{"cuda:3", CUDAConfig{Ordinal: 3}},
+		{"cuda:1,fp32", CUDAConfig{Ordinal: 1, FP32: true}},
+		{"cuda:0,flash", CUDAConfig{FusedAttention: true}},
+		{"cuda:2,flash,fp32", CUDAConfig{Ordinal: 2, FP32: true, FusedAttention: true}},
+	} {
+		if got, err := ParseCUDASpec(tc.spec); err != nil || got != tc.want {
+			t.Errorf("%q: %+v %v, want %+v", tc.spec, got, err, tc.want)
 		}
 	}
 }
@@ -324,12 +355,14 @@ func BenchmarkCUDAOps(b *testing.B) {
 	x4, y4 := in(4*N*Ch, 1), in(4*N*Ch, 1)
 	qkv, dqkv := in(N*3*Ch, 1), in(N*3*Ch, 1)
 	sq1, sq2, sq3 := in(B*NH*T*T, 1), in(B*NH*T*T, 1), in(B*NH*T*T, 1)
+	lse, delta := in(B*NH*T, 1), in(B*NH*T, 1)
 	logits, probs, losses := in(N*Vp, 3), in(N*Vp, 1), in(N, 1)
 	wte, wpe := in(Vp*Ch, 0.02), in(T*Ch, 0.02)
 	wfc, bfc := in(4*Ch*Ch, 0.02), in(4*Ch, 0.02)
 	params := in(124_000_000, 0.02)
 	grads, m, v := in(124_000_000, 0.01), in(124_000_000, 0.01), c.Alloc(124_000_000)
 	c.AttentionForward(y, sq1, sq2, qkv, B, T, Ch, NH)
+	c.FlashAttentionForward(x, lse, qkv, B, T, Ch, NH)
 	for _, op := range []struct {
 		name string
 		run  func()
@@ -342,6 +375,8 @@ func BenchmarkCUDAOps(b *testing.B) {
 		{"matmul-fc-backward", func() { c.MatmulBackward(y, wfc, bfc, x4, x, wfc, N, Ch, 4*Ch) }},
 		{"attention-forward", func() { c.AttentionForward(y, sq1, sq2, qkv, B, T, Ch, NH) }},
 		{"attention-backward", func() { c.AttentionBackward(dqkv, sq3, sq1, y, qkv, sq2, B, T, Ch, NH) }},
+		{"flash-attention-forward", func() { c.FlashAttentionForward(x, lse, qkv, B, T, Ch, NH) }},
+		{"flash-attention-backward", func() { c.FlashAttentionBackward(dqkv, delta, y, x, qkv, lse, B, T, Ch, NH) }},
 		{"gelu-forward", func() { c.GeluForward(y4, x4, 4*N*Ch) }},
 		{"gelu-backward", func() { c.GeluBackward(y4, x4, x4, 4*N*Ch) }},
 		{"residual-forward", func() { c.ResidualForward(y, x, x, N*Ch) }},

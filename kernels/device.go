@@ -8,6 +8,11 @@
 // weights are (OC,C), N = B*T rows, and every backward kernel accumulates
 // (+=) into its gradient outputs, which the caller zeroes once per step.
 //
+// Attention comes two ways on every device: materialized (the (B,NH,T,T)
+// scores and weights kept for the backward) and fused (FlashAttention-2:
+// an online softmax, (B,NH,T) kept, the weights recomputed in the
+// backward). PrefersFusedAttention says which a device would rather run.
+//
 // kernels must not import any other Skein package and must not know about
 // models, checkpoints, the network or the optimizer's outer loop. Nothing above
 // kernels may assume the device is the CPU: it only holds Buffers.
@@ -76,6 +81,19 @@ type Device interface {
 	// scratch (B,NH,T,T) that the kernel may overwrite.
 	AttentionBackward(dinp, dpreatt, datt, dout, inp, att Buffer, B, T, C, NH int)
 
+	// FlashAttentionForward is AttentionForward fused (FlashAttention-2): an
+	// online softmax over the keys of each query row, so no (B,NH,T,T)
+	// matrix is kept or even stored. out (B,T,C); lse (B,NH,T) gets each
+	// row's log-sum-exp of its scaled scores (natural log), which the
+	// backward needs. The head size C/NH is at most FlashMaxHeadSize.
+	FlashAttentionForward(out, lse, inp Buffer, B, T, C, NH int)
+	// FlashAttentionBackward accumulates dinp (B,T,3C) for dout (B,T,C),
+	// recomputing the attention from inp and the forward's out and lse.
+	// delta (B,NH,T) is scratch that the kernel overwrites (each row's
+	// dot(dout, out)). No atomics: every gradient element is summed by one
+	// thread in a fixed order.
+	FlashAttentionBackward(dinp, delta, dout, out, inp, lse Buffer, B, T, C, NH int)
+
 	// GeluForward (tanh approximation) over n elements.
 	GeluForward(out, inp Buffer, n int)
 	GeluBackward(dinp, inp, dout Buffer, n int)
@@ -100,6 +118,26 @@ type Device interface {
 	// same length). t is the 1-based step for bias correction. Weight decay is
 	// decoupled: p -= lr * (mhat/(sqrt(vhat)+eps) + wd*p).
 	AdamW(params, grads, m, v Buffer, lr, beta1, beta2, eps, wd float32, t int)
+}
+
+// FlashMaxHeadSize is the largest head size (C/NH) of FlashAttentionForward
+// and FlashAttentionBackward: a lane of the GPU keeps its share of a head's
+// vectors in registers, in arrays of a size fixed at compile time
+// (SK_FLASH_MAX_HS in ewise_kernels.h).
+const FlashMaxHeadSize = 256
+
+// PrefersFusedAttention reports whether dev wants a model's attention to run
+// on FlashAttentionForward and FlashAttentionBackward rather than on
+// AttentionForward and AttentionBackward: a device says so with a method
+// PrefersFusedAttention() bool (the CUDA backend does); false for one that
+// does not. Both pairs work on every device; this is only the faster or
+// leaner choice (the CPU keeps the materialized matrices: see
+// CPU.PrefersFusedAttention).
+func PrefersFusedAttention(dev Device) bool {
+	if f, ok := dev.(interface{ PrefersFusedAttention() bool }); ok {
+		return f.PrefersFusedAttention()
+	}
+	return false
 }
 
 // Err returns dev's sticky failure, for a device that can fail

@@ -84,6 +84,19 @@ func ewiseAttentionSoftmaxBackward(dpre, att, datt []float32, rows, T int) {
 	C.sk_attention_softmax_backward(fp(dpre), fp(att), fp(datt), C.long(rows), C.int(T))
 }
 
+func ewiseFlashAttentionForward(out, lse, inp []float32, b, t, c, nh int) {
+	C.sk_flash_attention_forward(fp(out), fp(lse), fp(inp), C.long(b*nh*t), C.int(t), C.int(c), C.int(nh))
+}
+
+func ewiseFlashAttentionBackward(dinp, delta, dout, out, inp, lse []float32, b, t, c, nh int) {
+	rows := C.long(b * nh * t)
+	C.sk_flash_attention_backward_q(fp(dinp), fp(delta), fp(dout), fp(out), fp(inp), fp(lse), rows, C.int(t), C.int(c), C.int(nh))
+	C.sk_flash_attention_backward_kv(fp(dinp), fp(delta), fp(dout), fp(inp), fp(lse), rows, C.int(t), C.int(c), C.int(nh))
+}
+
+// flashMaxHeadSize is SK_FLASH_MAX_HS, which FlashMaxHeadSize must equal.
+var flashMaxHeadSize = int(C.sk_flash_max_hs_value)
+
 func ewiseBiasAdd(out, bias []float32) {
 	C.sk_bias_add(fp(out), fp(bias), C.long(len(out)), C.int(len(bias)))
 }

@@ -2,8 +2,9 @@
 // that two compilers take:
 //
 //   - gcc, for the CPU (ewise_cpu.c): each kernel is a function that loops
-//     over its index; the tests run this build against the CPU backend;
-//   - clang as CUDA (cuda/ewise.cu, `go generate`), to PTX that the CUDA
+//     over its index; the tests run this build against the CPU backend,
+//     whose fused attention is this build's row functions over threads;
+//   - clang as CUDA (cuda/kernels.cu, `go generate`), to PTX that the CUDA
 //     backend embeds and the driver JIT-compiles for the GPU present: each
 //     kernel is a __global__ function over one index per thread.
 //
@@ -24,6 +25,17 @@
 // then the chunks in order, one column per thread. The encoder's backward
 // runs one (token, column) per thread over the rows grouped by token (no
 // two threads write one element).
+//
+// A lane may keep its columns lane, lane+nl, ... of a row in local arrays
+// (the fused attention's q, k, v and accumulators), of a length fixed at
+// compile time (SK_FLASH_NJ = SK_FLASH_MAX_HS / SK_NL, SK_NL being nl's
+// value), and loop over its nj columns with SK_FOR_LANE_COLS(j, nj): on
+// the GPU a fully unrolled loop over the whole array, guarded by j < nj,
+// so that the arrays live in registers; on the CPU a plain loop of nj, the
+// arrays on the stack. SK_SIMD_SUM(x) before a loop that only adds into x
+// lets gcc vectorize that reduction on the CPU (an OpenMP simd reduction:
+// a fixed order for a given build); it is empty on the GPU, where the
+// lanes already split the loop.
 #ifndef SKEIN_EWISE_KERNELS_H
 #define SKEIN_EWISE_KERNELS_H
 
@@ -33,6 +45,10 @@
 #define SK_LOGF(x) (__nvvm_lg2_approx_f(x) * 0.69314718055994531f)
 #define SK_SQRTF(x) __nvvm_sqrt_rn_f(x)
 #define SK_NEG_INF (-__builtin_inff())
+#define SK_NL 32
+#define SK_SIMD_SUM(x)
+#define SK_FOR_LANE_COLS(j, nj)                                                                \
+    _Pragma("unroll") for (int j = 0; j < SK_FLASH_NJ; j++) if (j < (nj))
 #define SK_KERNEL(name, params, n, call)                                                       \
     extern "C" __attribute__((global)) void name params {                                     \
         long i = (long)__nvvm_read_ptx_sreg_ctaid_x() * __nvvm_read_ptx_sreg_ntid_x() +         \
@@ -48,7 +64,7 @@
         long t = (long)__nvvm_read_ptx_sreg_ctaid_x() * __nvvm_read_ptx_sreg_ntid_x() +         \
                  __nvvm_read_ptx_sreg_tid_x();                                                 \
         long i = t >> 5;                                                                       \
-        const int lane = (int)(t & 31), nl = 32;                                               \
+        const int lane = (int)(t & 31), nl = SK_NL;                                            \
         if (i < (rows)) {                                                                      \
             call;                                                                              \
         }                                                                                      \
@@ -73,6 +89,10 @@ static __attribute__((device)) inline float sk_warp_max(float v) {
 #define SK_LOGF(x) logf(x)
 #define SK_SQRTF(x) sqrtf(x)
 #define SK_NEG_INF (-INFINITY)
+#define SK_NL 1
+#define SK_PRAGMA(x) _Pragma(#x)
+#define SK_SIMD_SUM(x) SK_PRAGMA(omp simd reduction(+ : x))
+#define SK_FOR_LANE_COLS(j, nj) for (int j = 0; j < (nj); j++)
 #define SK_KERNEL(name, params, n, call)                                                       \
     void name params {                                                                         \
         for (long i = 0; i < (n); i++) {                                                       \
@@ -81,7 +101,7 @@ static __attribute__((device)) inline float sk_warp_max(float v) {
     }
 #define SK_ROW_KERNEL(name, params, rows, call)                                                \
     void name params {                                                                         \
-        const int lane = 0, nl = 1;                                                            \
+        const int lane = 0, nl = SK_NL;                                                        \
         for (long i = 0; i < (rows); i++) {                                                    \
             call;                                                                              \
         }                                                                                      \
@@ -296,6 +316,150 @@ SK_FN void sk_att_softmax_bwd_row(long r, int lane, int nl, float *dpre, const f
     for (int j = t + 1 + lane; j < T; j += nl) dp[j] = 0.0f;
 }
 
+// Fused causal attention (FlashAttention-2's algorithm, one row per warp):
+// the scores and the softmax are recomputed where they are needed, so no
+// (B,NH,T,T) matrix exists in memory. inp (B,T,3C) holds q, k, v; head h
+// of row (b, t) is columns h*hs .. h*hs+hs-1 of each third (hs = C/NH); out
+// and dout are (B,T,C); lse and delta are (B,NH,T). A row r of B*NH*T is
+// (b, h, t) with r = (b*NH + h)*T + t. A lane keeps its columns lane,
+// lane+nl, ... of a head's vectors in arrays of SK_FLASH_NJ, which bounds
+// the head size by SK_FLASH_MAX_HS (the callers check). Every score is
+// dot(q_t, k_s) summed in the same order and then scaled, in all three
+// kernels, so the backward sees the forward's scores.
+
+// SK_FLASH_MAX_HS is the largest head size of the fused attention.
+#define SK_FLASH_MAX_HS 256
+#define SK_FLASH_NJ (SK_FLASH_MAX_HS / SK_NL)
+
+// sk_flash_nj is how many columns of a head of hs lane takes (clamped to
+// SK_FLASH_NJ, which the callers' check of hs makes a no-op).
+SK_FN int sk_flash_nj(int hs, int lane, int nl) {
+    int nj = (hs - lane + nl - 1) / nl;
+    return nj < SK_FLASH_NJ ? nj : SK_FLASH_NJ;
+}
+
+// Forward of query row r: for each key s <= t, in order, the score x =
+// dot(q_t, k_s) / sqrt(hs) updates the running maximum m and sum l of
+// exp(x - m) (rescaling the sum and the accumulator when m grows), and the
+// accumulator adds exp(x - m) v_s. out = acc / l; lse = m + log(l).
+SK_FN void sk_flash_fwd_row(long r, int lane, int nl, float *out, float *lse, const float *inp,
+                            int T, int C, int NH) {
+    int hs = C / NH, C3 = 3 * C, nj = sk_flash_nj(hs, lane, nl);
+    long t = r % T, bh = r / T, b = bh / NH;
+    int h = (int)(bh % NH);
+    const float *head = inp + b * T * C3 + h * hs; // q of (b, 0, h)
+    const float *q = head + t * C3;
+    float qr[SK_FLASH_NJ], acc[SK_FLASH_NJ];
+    SK_FOR_LANE_COLS(j, nj) {
+        qr[j] = q[lane + j * nl];
+        acc[j] = 0.0f;
+    }
+    float scale = 1.0f / SK_SQRTF((float)hs);
+    float m = SK_NEG_INF, l = 0.0f;
+    for (long s = 0; s <= t; s++) {
+        const float *k = head + s * C3 + C, *v = k + C;
+        float x = 0.0f;
+        SK_SIMD_SUM(x)
+        SK_FOR_LANE_COLS(j, nj) x += qr[j] * k[lane + j * nl];
+        x = SK_SUM(x) * scale;
+        if (x > m) { // the same in every lane: x is the warp's sum
+            float c = SK_EXPF(m - x);
+            l *= c;
+            SK_FOR_LANE_COLS(j, nj) acc[j] *= c;
+            m = x;
+        }
+        float p = SK_EXPF(x - m);
+        l += p;
+        SK_FOR_LANE_COLS(j, nj) acc[j] += p * v[lane + j * nl];
+    }
+    float inv = 1.0f / l, *o = out + (b * T + t) * C + h * hs;
+    SK_FOR_LANE_COLS(j, nj) o[lane + j * nl] = acc[j] * inv;
+    if (lane == 0) lse[r] = m + SK_LOGF(l);
+}
+
+// Backward, pass 1, query row r: delta_t = dot(dout_t, out_t) (saved for
+// pass 2), and for each key s <= t the recomputed p = exp(x - lse_t), dp =
+// dot(dout_t, v_s) and ds = p (dp - delta_t) give dq_t += ds k_s; dq_t /
+// sqrt(hs) is added to dinp's q.
+SK_FN void sk_flash_bwd_q_row(long r, int lane, int nl, float *dinp, float *delta,
+                              const float *dout, const float *out, const float *inp,
+                              const float *lse, int T, int C, int NH) {
+    int hs = C / NH, C3 = 3 * C, nj = sk_flash_nj(hs, lane, nl);
+    long t = r % T, bh = r / T, b = bh / NH;
+    int h = (int)(bh % NH);
+    const float *head = inp + b * T * C3 + h * hs;
+    const float *q = head + t * C3;
+    const float *d = dout + (b * T + t) * C + h * hs, *o = out + (b * T + t) * C + h * hs;
+    float qr[SK_FLASH_NJ], dr[SK_FLASH_NJ], dq[SK_FLASH_NJ];
+    float D = 0.0f;
+    SK_FOR_LANE_COLS(j, nj) {
+        qr[j] = q[lane + j * nl];
+        dr[j] = d[lane + j * nl];
+        dq[j] = 0.0f;
+    }
+    SK_SIMD_SUM(D)
+    SK_FOR_LANE_COLS(j, nj) D += dr[j] * o[lane + j * nl];
+    D = SK_SUM(D);
+    if (lane == 0) delta[r] = D;
+    float scale = 1.0f / SK_SQRTF((float)hs), L = lse[r];
+    for (long s = 0; s <= t; s++) {
+        const float *k = head + s * C3 + C, *v = k + C;
+        float x = 0.0f, dp = 0.0f;
+        SK_SIMD_SUM(x)
+        SK_FOR_LANE_COLS(j, nj) x += qr[j] * k[lane + j * nl];
+        SK_SIMD_SUM(dp)
+        SK_FOR_LANE_COLS(j, nj) dp += dr[j] * v[lane + j * nl];
+        x = SK_SUM(x) * scale;
+        dp = SK_SUM(dp);
+        float ds = SK_EXPF(x - L) * (dp - D);
+        SK_FOR_LANE_COLS(j, nj) dq[j] += ds * k[lane + j * nl];
+    }
+    float *g = dinp + (b * T + t) * C3 + h * hs;
+    SK_FOR_LANE_COLS(j, nj) g[lane + j * nl] += dq[j] * scale;
+}
+
+// Backward, pass 2, key row r (s = r % T): for each query t >= s the same
+// p and ds as pass 1 (delta_t from it) give dk_s += ds q_t and dv_s += p
+// dout_t; dk_s / sqrt(hs) and dv_s are added to dinp's k and v.
+SK_FN void sk_flash_bwd_kv_row(long r, int lane, int nl, float *dinp, const float *delta,
+                               const float *dout, const float *inp, const float *lse, int T,
+                               int C, int NH) {
+    int hs = C / NH, C3 = 3 * C, nj = sk_flash_nj(hs, lane, nl);
+    long s = r % T, bh = r / T, b = bh / NH;
+    int h = (int)(bh % NH);
+    const float *head = inp + b * T * C3 + h * hs;
+    const float *k = head + s * C3 + C, *v = k + C;
+    const float *L = lse + bh * T, *Dl = delta + bh * T;
+    float kr[SK_FLASH_NJ], vr[SK_FLASH_NJ], dk[SK_FLASH_NJ], dv[SK_FLASH_NJ];
+    SK_FOR_LANE_COLS(j, nj) {
+        kr[j] = k[lane + j * nl];
+        vr[j] = v[lane + j * nl];
+        dk[j] = 0.0f;
+        dv[j] = 0.0f;
+    }
+    float scale = 1.0f / SK_SQRTF((float)hs);
+    for (long t = s; t < T; t++) {
+        const float *q = head + t * C3, *d = dout + (b * T + t) * C + h * hs;
+        float x = 0.0f, dp = 0.0f;
+        SK_SIMD_SUM(x)
+        SK_FOR_LANE_COLS(j, nj) x += q[lane + j * nl] * kr[j];
+        SK_SIMD_SUM(dp)
+        SK_FOR_LANE_COLS(j, nj) dp += d[lane + j * nl] * vr[j];
+        x = SK_SUM(x) * scale;
+        dp = SK_SUM(dp);
+        float p = SK_EXPF(x - L[t]), ds = p * (dp - Dl[t]);
+        SK_FOR_LANE_COLS(j, nj) {
+            dk[j] += ds * q[lane + j * nl];
+            dv[j] += p * d[lane + j * nl];
+        }
+    }
+    float *g = dinp + (b * T + s) * C3 + C + h * hs;
+    SK_FOR_LANE_COLS(j, nj) {
+        g[lane + j * nl] += dk[j] * scale;
+        g[C + lane + j * nl] += dv[j];
+    }
+}
+
 // The matmul's bias, added to element i of out (N,OC): out[i] += bias[i % OC].
 SK_FN void sk_bias_add_at(long i, float *out, const float *bias, int OC) { out[i] += bias[i % OC]; }
 
@@ -374,6 +538,17 @@ SK_ROW_KERNEL(sk_attention_softmax, (float *pre, float *att, long rows, int T), 
 SK_ROW_KERNEL(sk_attention_softmax_backward,
               (float *dpre, const float *att, const float *datt, long rows, int T), rows,
               sk_att_softmax_bwd_row(i, lane, nl, dpre, att, datt, T))
+SK_ROW_KERNEL(sk_flash_attention_forward,
+              (float *out, float *lse, const float *inp, long rows, int T, int C, int NH), rows,
+              sk_flash_fwd_row(i, lane, nl, out, lse, inp, T, C, NH))
+SK_ROW_KERNEL(sk_flash_attention_backward_q,
+              (float *dinp, float *delta, const float *dout, const float *out, const float *inp,
+               const float *lse, long rows, int T, int C, int NH),
+              rows, sk_flash_bwd_q_row(i, lane, nl, dinp, delta, dout, out, inp, lse, T, C, NH))
+SK_ROW_KERNEL(sk_flash_attention_backward_kv,
+              (float *dinp, const float *delta, const float *dout, const float *inp,
+               const float *lse, long rows, int T, int C, int NH),
+              rows, sk_flash_bwd_kv_row(i, lane, nl, dinp, delta, dout, inp, lse, T, C, NH))
 SK_KERNEL(sk_bias_add, (float *out, const float *bias, long n, int OC), n,
           sk_bias_add_at(i, out, bias, OC))
 SK_KERNEL(sk_bias_backward_part, (float *part, const float *dout, int N, int OC),

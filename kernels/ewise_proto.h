@@ -26,9 +26,18 @@ void sk_encoder_backward_wte(float *dwte, const float *dout, const int *toks, co
 void sk_encoder_backward_wpe(float *dwpe, const float *dout, int B, int T, int C);
 void sk_attention_softmax(float *pre, float *att, long rows, int T);
 void sk_attention_softmax_backward(float *dpre, const float *att, const float *datt, long rows, int T);
+void sk_flash_attention_forward(float *out, float *lse, const float *inp, long rows, int T, int C,
+                                int NH);
+void sk_flash_attention_backward_q(float *dinp, float *delta, const float *dout, const float *out,
+                                   const float *inp, const float *lse, long rows, int T, int C,
+                                   int NH);
+void sk_flash_attention_backward_kv(float *dinp, const float *delta, const float *dout,
+                                    const float *inp, const float *lse, long rows, int T, int C,
+                                    int NH);
 void sk_bias_add(float *out, const float *bias, long n, int OC);
 void sk_bias_backward_part(float *part, const float *dout, int N, int OC);
 void sk_bias_backward_sum(float *dbias, const float *part, int N, int OC);
 void sk_sumsq_parts(double *part, const float *x, long n, long P);
 extern const int sk_rb_value; // SK_RB, the rows of one chunk of a column sum
+extern const int sk_flash_max_hs_value; // SK_FLASH_MAX_HS, the fused attention's largest head
 #endif

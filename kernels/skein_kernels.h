@@ -69,6 +69,14 @@ void skein_attention_forward(float *out, float *preatt, float *att, const float 
 void skein_attention_backward(float *dinp, float *dpreatt, float *datt, const float *dout,
                               const float *inp, const float *att, int B, int T, int C,
                               int NH, int nthreads);
+// The fused attention (FlashAttention-2; ewise_cpu.c, the row functions of
+// ewise_kernels.h over OpenMP): lse and delta are (B,NH,T); delta is
+// scratch. Head size C/NH at most 256 (SK_FLASH_MAX_HS).
+void skein_flash_attention_forward(float *out, float *lse, const float *inp, int B, int T, int C,
+                                   int NH, int nthreads);
+void skein_flash_attention_backward(float *dinp, float *delta, const float *dout,
+                                    const float *out, const float *inp, const float *lse, int B,
+                                    int T, int C, int NH, int nthreads);
 void skein_gelu_forward(float *out, const float *inp, long n, int nthreads);
 void skein_gelu_backward(float *dinp, const float *inp, const float *dout, long n,
                          int nthreads);

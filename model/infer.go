@@ -11,19 +11,23 @@ import (
 // reuses, for up to B sequences of up to T tokens. Without gradients, AdamW
 // moments or per-layer activations it takes about a quarter of a training
 // Stage's memory plus the logits: gpt2-xl (1.56B parameters) evaluates at
-// 1 x 1024 in about 6.6 GiB. Not safe for concurrent use.
+// 1 x 1024 in about 6.6 GiB (less where the attention runs fused, as on
+// the GPU: see NewStage). Not safe for concurrent use.
 type Inference struct {
 	Config Config
 	B, T   int
 
 	dev                  kernels.Device
+	fused                bool // attention on the fused kernels (fusedAttention)
 	params               kernels.Buffer
 	wte, wpe, lnfw, lnfb kernels.Buffer
 	blocks               [][numBlockTensors]kernels.Buffer
 
-	// Activations, shared by every layer.
+	// Activations, shared by every layer: preatt and att (B,NH,T,T) for
+	// the materialized attention, lse (B,NH,T) for the fused one.
 	x, res2, ln, lnMean, lnRstd     kernels.Buffer
 	qkv, atty, preatt, att, attproj kernels.Buffer
+	lse                             kernels.Buffer
 	fch, fchGelu, fcproj            kernels.Buffer
 	logits, probs, losses           kernels.Buffer
 	lossHost                        []float32
@@ -31,13 +35,28 @@ type Inference struct {
 }
 
 // InferenceFloats is how many float32s NewInference allocates for model c
-// at B x T (parameters and the host copy of the losses included), so a caller can tell whether it fits.
-func InferenceFloats(c Config, B, T int) int64 {
+// at B x T (parameters and the host copy of the losses included), so a
+// caller can tell whether it fits, on a device that materializes the
+// attention's matrices (the CPU): an upper bound for every device.
+// InferenceFloatsOn is exact for a given device.
+func InferenceFloats(c Config, B, T int) int64 { return inferenceFloats(c, B, T, false) }
+
+// InferenceFloatsOn is InferenceFloats on dev: with the fused attention
+// where dev prefers it (the GPU), (B,NH,T) floats of attention rather than
+// two (B,NH,T,T) matrices.
+func InferenceFloatsOn(dev kernels.Device, c Config, B, T int) int64 {
+	return inferenceFloats(c, B, T, fusedAttention(dev, c))
+}
+
+func inferenceFloats(c Config, B, T int, fused bool) int64 {
 	C, N := int64(c.C), int64(B)*int64(T)
-	att := int64(B) * int64(c.Heads) * int64(T) * int64(T)
+	att := 2 * int64(B) * int64(c.Heads) * int64(T) * int64(T) // preatt, att
+	if fused {
+		att = int64(B) * int64(c.Heads) * int64(T) // lse
+	}
 	// x, res2, ln, qkv, atty, attproj, fch, fchGelu, fcproj; ln's mean and
-	// rstd; preatt, att; logits, probs; losses and their host copy.
-	return int64(c.NumParams()) + 17*N*C + 2*N + 2*att + 2*N*int64(c.PaddedVocab) + 2*N
+	// rstd; the attention's; logits, probs; losses and their host copy.
+	return int64(c.NumParams()) + 17*N*C + 2*N + att + 2*N*int64(c.PaddedVocab) + 2*N
 }
 
 // NewInference allocates the whole model c on dev for forward passes of up
@@ -49,7 +68,7 @@ func NewInference(dev kernels.Device, c Config, B, T int) (*Inference, error) {
 	if B <= 0 || T <= 0 || T > c.MaxT {
 		return nil, fmt.Errorf("%w: batch %dx%d (T must be in [1, %d])", ErrConfig, B, T, c.MaxT)
 	}
-	m := &Inference{Config: c, B: B, T: T, dev: dev}
+	m := &Inference{Config: c, B: B, T: T, dev: dev, fused: fusedAttention(dev, c)}
 	spec := FullSpec(c)
 	tensors := Layout(c, spec)
 	n := 0
@@ -76,7 +95,11 @@ func NewInference(dev kernels.Device, c Config, B, T int) (*Inference, error) {
 	m.x, m.res2 = dev.Alloc(N*C), dev.Alloc(N*C)
 	m.ln, m.lnMean, m.lnRstd = dev.Alloc(N*C), dev.Alloc(N), dev.Alloc(N)
 	m.qkv, m.atty, m.attproj = dev.Alloc(N*3*C), dev.Alloc(N*C), dev.Alloc(N*C)
-	m.preatt, m.att = dev.Alloc(att), dev.Alloc(att)
+	if m.fused {
+		m.lse = dev.Alloc(B * c.Heads * T)
+	} else {
+		m.preatt, m.att = dev.Alloc(att), dev.Alloc(att)
+	}
 	m.fch, m.fchGelu, m.fcproj = dev.Alloc(N*4*C), dev.Alloc(N*4*C), dev.Alloc(N*C)
 	m.logits, m.probs, m.losses = dev.Alloc(N*c.PaddedVocab), dev.Alloc(N*c.PaddedVocab), dev.Alloc(N)
 	m.lossHost = make([]float32, N)
@@ -121,15 +144,24 @@ func (m *Inference) Forward(tokens, targets []int32, b, t int) error {
 	x, res2, ln, attproj, atty := rows(m.x, C), rows(m.res2, C), rows(m.ln, C), rows(m.attproj, C), rows(m.atty, C)
 	mean, rstd, qkv := rows(m.lnMean, 1), rows(m.lnRstd, 1), rows(m.qkv, 3*C)
 	fch, fchGelu, fcproj := rows(m.fch, 4*C), rows(m.fchGelu, 4*C), rows(m.fcproj, C)
-	natt := b * c.Heads * t * t
-	preatt, att := m.preatt.Slice(0, natt), m.att.Slice(0, natt)
+	var preatt, att, lse kernels.Buffer
+	if m.fused {
+		lse = m.lse.Slice(0, b*c.Heads*t)
+	} else {
+		natt := b * c.Heads * t * t
+		preatt, att = m.preatt.Slice(0, natt), m.att.Slice(0, natt)
+	}
 	logits, probs, losses := rows(m.logits, c.PaddedVocab), rows(m.probs, c.PaddedVocab), rows(m.losses, 1)
 	d.EncoderForward(x, tokens, m.wte, m.wpe.Slice(0, t*C), b, t, C)
 	for i := range m.blocks {
 		p := &m.blocks[i]
 		d.LayerNormForward(ln, mean, rstd, x, p[tLn1W], p[tLn1B], N, C)
 		d.MatmulForward(qkv, ln, p[tQkvW], p[tQkvB], N, C, 3*C)
-		d.AttentionForward(atty, preatt, att, qkv, b, t, C, c.Heads)
+		if m.fused {
+			d.FlashAttentionForward(atty, lse, qkv, b, t, C, c.Heads)
+		} else {
+			d.AttentionForward(atty, preatt, att, qkv, b, t, C, c.Heads)
+		}
 		d.MatmulForward(attproj, atty, p[tAttProjW], p[tAttProjB], N, C, C)
 		d.ResidualForward(res2, x, attproj, N*C)
 		d.LayerNormForward(ln, mean, rstd, res2, p[tLn2W], p[tLn2B], N, C)

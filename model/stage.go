@@ -21,6 +21,7 @@ type Stage struct {
 	B, T   int
 
 	dev     kernels.Device
+	fused   bool // attention on the fused kernels (fusedAttention)
 	tensors []Tensor
 	index   map[string]int
 
@@ -36,7 +37,8 @@ type Stage struct {
 	input                    kernels.Buffer // (N,C): encoder output, or the caller's input
 	lnf, lnfMean, lnfRstd    kernels.Buffer
 	logits, probs, losses    kernels.Buffer
-	preatt, dpreatt, datt    kernels.Buffer // scratch shared by all layers
+	preatt, dpreatt, datt    kernels.Buffer // scratch shared by all layers (materialized attention)
+	delta                    kernels.Buffer // scratch of the fused attention's backward
 	dresA, dresB, dresFinal  kernels.Buffer
 	dln, dqkv, datty, dres2  kernels.Buffer
 	dattproj, dfch, dfchgelu kernels.Buffer
@@ -48,15 +50,37 @@ type Stage struct {
 
 type block struct {
 	p, g [numBlockTensors]kernels.Buffer
-	// activations
-	ln1, ln1Mean, ln1Rstd, qkv, atty, att, attproj, res2 kernels.Buffer
-	ln2, ln2Mean, ln2Rstd, fch, fchGelu, fcproj, res3    kernels.Buffer
+	// activations; att (B,NH,T,T) for the materialized attention, lse
+	// (B,NH,T) for the fused one (the other is nil)
+	ln1, ln1Mean, ln1Rstd, qkv, atty, att, lse, attproj, res2 kernels.Buffer
+	ln2, ln2Mean, ln2Rstd, fch, fchGelu, fcproj, res3         kernels.Buffer
+}
+
+// fusedAttention says whether model c's attention runs on dev's fused
+// kernels (FlashAttentionForward/Backward: (B,NH,T) per layer instead of
+// (B,NH,T,T)): where dev prefers them (kernels.PrefersFusedAttention, the
+// GPU) and c's head size is within their bound.
+func fusedAttention(dev kernels.Device, c Config) bool {
+	return kernels.PrefersFusedAttention(dev) && c.C/c.Heads <= kernels.FlashMaxHeadSize
+}
+
+// attentionFloats is what one layer keeps of its attention for the
+// backward, and the backward's scratch shared by all layers.
+func attentionFloats(c Config, B, T int, fused bool) (perLayer, scratch int64) {
+	rows := int64(B) * int64(c.Heads) * int64(T)
+	if fused {
+		return rows, rows // lse; delta
+	}
+	return rows * int64(T), 3 * rows * int64(T) // att; preatt, dpreatt, datt
 }
 
 // NewStage allocates a stage on dev and initializes its parameters
 // deterministically from seed. A tensor's initial values depend only on
 // (seed, tensor name), so every stage split of a model starts from the same
-// weights as the whole model.
+// weights as the whole model. The attention runs fused where dev prefers
+// it (kernels.PrefersFusedAttention: the GPU) and the head size allows,
+// keeping (B,NH,T) floats per layer rather than (B,NH,T,T); either way the
+// results agree to float32 rounding.
 func NewStage(dev kernels.Device, c Config, spec StageSpec, B, T int, seed uint64) (*Stage, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -67,7 +91,7 @@ func NewStage(dev kernels.Device, c Config, spec StageSpec, B, T int, seed uint6
 	if B <= 0 || T <= 0 || T > c.MaxT {
 		return nil, fmt.Errorf("%w: batch %dx%d (T must be in [1, %d])", ErrConfig, B, T, c.MaxT)
 	}
-	s := &Stage{Config: c, Spec: spec, B: B, T: T, dev: dev, tensors: Layout(c, spec), index: map[string]int{}}
+	s := &Stage{Config: c, Spec: spec, B: B, T: T, dev: dev, fused: fusedAttention(dev, c), tensors: Layout(c, spec), index: map[string]int{}}
 	n := 0
 	for i, t := range s.tensors {
 		s.index[t.Name] = i
@@ -91,14 +115,19 @@ func NewStage(dev kernels.Device, c Config, spec StageSpec, B, T int, seed uint6
 	s.lnfb, s.dlnfb = view("ln_f.bias")
 
 	C, N, NH := c.C, B*T, c.Heads
-	att := B * NH * T * T
+	att, rows := B*NH*T*T, B*NH*T
 	for l := spec.FirstLayer; l < spec.LastLayer; l++ {
 		var b block
 		for i := 0; i < numBlockTensors; i++ {
 			b.p[i], b.g[i] = view(fmt.Sprintf("h.%d.%s", l, blockNames[i]))
 		}
 		b.ln1, b.ln1Mean, b.ln1Rstd = dev.Alloc(N*C), dev.Alloc(N), dev.Alloc(N)
-		b.qkv, b.atty, b.att = dev.Alloc(N*3*C), dev.Alloc(N*C), dev.Alloc(att)
+		b.qkv, b.atty = dev.Alloc(N*3*C), dev.Alloc(N*C)
+		if s.fused {
+			b.lse = dev.Alloc(rows)
+		} else {
+			b.att = dev.Alloc(att)
+		}
 		b.attproj, b.res2 = dev.Alloc(N*C), dev.Alloc(N*C)
 		b.ln2, b.ln2Mean, b.ln2Rstd = dev.Alloc(N*C), dev.Alloc(N), dev.Alloc(N)
 		b.fch, b.fchGelu, b.fcproj, b.res3 = dev.Alloc(N*4*C), dev.Alloc(N*4*C), dev.Alloc(N*C), dev.Alloc(N*C)
@@ -110,7 +139,11 @@ func NewStage(dev kernels.Device, c Config, spec StageSpec, B, T int, seed uint6
 		s.inputGrad = nil // set by Backward
 	}
 	if len(s.blocks) > 0 {
-		s.preatt, s.dpreatt, s.datt = dev.Alloc(att), dev.Alloc(att), dev.Alloc(att)
+		if s.fused {
+			s.delta = dev.Alloc(rows)
+		} else {
+			s.preatt, s.dpreatt, s.datt = dev.Alloc(att), dev.Alloc(att), dev.Alloc(att)
+		}
 		s.dln, s.dqkv, s.datty, s.dres2 = dev.Alloc(N*C), dev.Alloc(N*3*C), dev.Alloc(N*C), dev.Alloc(N*C)
 		s.dattproj, s.dfch, s.dfchgelu, s.dfcproj = dev.Alloc(N*C), dev.Alloc(N*4*C), dev.Alloc(N*4*C), dev.Alloc(N*C)
 	}
@@ -131,15 +164,28 @@ func NewStage(dev kernels.Device, c Config, spec StageSpec, B, T int, seed uint6
 // ActivationFloats is how many float32s NewStage allocates for a stage's
 // activations and scratch at batch B x T (parameters, gradients and AdamW
 // moments, 4 x the stage's parameters, come on top), so that a caller can
-// tell whether a model fits before allocating it. It mirrors NewStage's
-// allocations exactly (tested).
+// tell whether a model fits before allocating it, on a device that
+// materializes the attention's (B,NH,T,T) matrices (the CPU): an upper
+// bound for every device. ActivationFloatsOn is exact for a given device.
 func ActivationFloats(c Config, spec StageSpec, B, T int) int64 {
-	C, N, NH := int64(c.C), int64(B)*int64(T), int64(c.Heads)
-	att := int64(B) * NH * int64(T) * int64(T)
+	return activationFloats(c, spec, B, T, false)
+}
+
+// ActivationFloatsOn is ActivationFloats on dev: with the fused attention
+// where dev prefers it (the GPU), each layer keeps (B,NH,T) floats of its
+// attention rather than (B,NH,T,T), and the backward's scratch shrinks
+// alike. It mirrors NewStage's allocations exactly (tested).
+func ActivationFloatsOn(dev kernels.Device, c Config, spec StageSpec, B, T int) int64 {
+	return activationFloats(c, spec, B, T, fusedAttention(dev, c))
+}
+
+func activationFloats(c Config, spec StageSpec, B, T int, fused bool) int64 {
+	C, N := int64(c.C), int64(B)*int64(T)
+	att, scratch := attentionFloats(c, B, T, fused)
 	var n int64
 	if layers := int64(spec.LastLayer - spec.FirstLayer); layers > 0 {
 		n += layers * (18*N*C + 4*N + att) // each block's activations
-		n += 3*att + 16*N*C                // backward scratch shared by all blocks
+		n += scratch + 16*N*C              // backward scratch shared by all blocks
 	}
 	if spec.Embedding {
 		n += N * C
@@ -237,7 +283,11 @@ func (s *Stage) Forward(tokens []int32, in kernels.Buffer, targets []int32) (flo
 		b := &s.blocks[i]
 		d.LayerNormForward(b.ln1, b.ln1Mean, b.ln1Rstd, res, b.p[tLn1W], b.p[tLn1B], N, C)
 		d.MatmulForward(b.qkv, b.ln1, b.p[tQkvW], b.p[tQkvB], N, C, 3*C)
-		d.AttentionForward(b.atty, s.preatt, b.att, b.qkv, B, T, C, c.Heads)
+		if s.fused {
+			d.FlashAttentionForward(b.atty, b.lse, b.qkv, B, T, C, c.Heads)
+		} else {
+			d.AttentionForward(b.atty, s.preatt, b.att, b.qkv, B, T, C, c.Heads)
+		}
 		d.MatmulForward(b.attproj, b.atty, b.p[tAttProjW], b.p[tAttProjB], N, C, C)
 		d.ResidualForward(b.res2, res, b.attproj, N*C)
 		d.LayerNormForward(b.ln2, b.ln2Mean, b.ln2Rstd, b.res2, b.p[tLn2W], b.p[tLn2B], N, C)
@@ -346,7 +396,11 @@ func (s *Stage) Backward(dout kernels.Buffer) error {
 		d.Zero(s.datty)
 		d.MatmulBackward(s.datty, b.g[tAttProjW], b.g[tAttProjB], s.dattproj, b.atty, b.p[tAttProjW], N, C, C)
 		d.Zero(s.dqkv)
-		d.AttentionBackward(s.dqkv, s.dpreatt, s.datt, s.datty, b.qkv, b.att, B, T, C, c.Heads)
+		if s.fused {
+			d.FlashAttentionBackward(s.dqkv, s.delta, s.datty, b.atty, b.qkv, b.lse, B, T, C, c.Heads)
+		} else {
+			d.AttentionBackward(s.dqkv, s.dpreatt, s.datt, s.datty, b.qkv, b.att, B, T, C, c.Heads)
+		}
 		d.Zero(s.dln)
 		d.MatmulBackward(s.dln, b.g[tQkvW], b.g[tQkvB], s.dqkv, b.ln1, b.p[tQkvW], N, C, 3*C)
 		d.LayerNormBackward(dprev, b.g[tLn1W], b.g[tLn1B], s.dln, in, b.p[tLn1W], b.ln1Mean, b.ln1Rstd, N, C)

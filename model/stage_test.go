@@ -196,6 +196,10 @@ func (d *countingDevice) Alloc(n int) kernels.Buffer {
 	return d.Device.Alloc(n)
 }
 
+// PrefersFusedAttention passes on the wrapped device's preference, which
+// embedding the interface would hide.
+func (d *countingDevice) PrefersFusedAttention() bool { return kernels.PrefersFusedAttention(d.Device) }
+
 // ActivationFloats is what NewStage allocates beyond the four parameter
 // buffers, for any stage split.
 func TestActivationFloatsMatchesNewStage(t *testing.T) {

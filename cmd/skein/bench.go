@@ -25,7 +25,7 @@ func benchCommand() *cli.Command {
 				&cli.StringFlag{Name: "preset", Value: "tiny", Usage: "model preset"},
 				&cli.IntFlag{Name: "batch", Value: 16, Usage: "sequences per step"},
 				&cli.IntFlag{Name: "threads", Value: 1, Usage: "CPU threads (0: all cores)"},
-				&cli.StringFlag{Name: "device", Value: "cpu", Usage: "cpu, auto or cuda:N[,fp32] (GEMMs in TF32 unless fp32)"},
+				&cli.StringFlag{Name: "device", Value: "cpu", Usage: "cpu, auto or cuda:N[,fp32][,flash] (GEMMs in TF32 unless fp32; flash: the fused attention, no T x T scores)"},
 				&cli.IntFlag{Name: "steps", Value: 20, Usage: "timed steps"},
 				&cli.IntFlag{Name: "warmup", Value: 3, Usage: "untimed steps first"},
 			},

@@ -33,7 +33,7 @@ func doctorCommand() *cli.Command {
 			altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "listen", EnvVars: envVars("listen"), Usage: "multiaddrs to listen on (default: QUIC and TCP, any port)"}),
 			altsrc.NewStringFlag(&cli.StringFlag{Name: "timing", Value: "wan", EnvVars: envVars("timing"), Usage: "membership timers: " + strings.Join(p2p.TimingNames(), ", ")}),
 			altsrc.NewIntFlag(&cli.IntFlag{Name: "threads", EnvVars: envVars("threads"), Usage: "CPU threads to measure with (0: all cores)"}),
-			altsrc.NewStringFlag(&cli.StringFlag{Name: "device", Value: "auto", EnvVars: envVars("device"), Usage: "the device to measure: auto, cpu or cuda:N[,fp32] (as node join)"}),
+			altsrc.NewStringFlag(&cli.StringFlag{Name: "device", Value: "auto", EnvVars: envVars("device"), Usage: "the device to measure: auto, cpu or cuda:N[,fp32][,flash] (as node join)"}),
 			altsrc.NewIntFlag(&cli.IntFlag{Name: "max-memory", EnvVars: envVars("max-memory"), Usage: "judge the memory check against this many MiB, as node join --max-memory would"}),
 			&cli.BoolFlag{Name: "json", Usage: "print the checks as JSON"},
 		}, emulationFlags()...),

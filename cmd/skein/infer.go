@@ -19,7 +19,7 @@ import (
 func inferFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.PathFlag{Name: "checkpoint", Required: true, Usage: "a whole model's checkpoint (skein train's <out>/checkpoint.safetensors, a data-parallel volunteer's)"},
-		&cli.StringFlag{Name: "device", Value: "auto", Usage: "where to run: auto (GPU 0 if one answers, else the CPU, saying why), cpu, or cuda:N[,fp32]"},
+		&cli.StringFlag{Name: "device", Value: "auto", Usage: "where to run: auto (GPU 0 if one answers, else the CPU, saying why), cpu, or cuda:N[,fp32][,flash] (flash: the fused attention)"},
 		&cli.IntFlag{Name: "threads", Usage: "CPU threads (0: all cores)"},
 	}
 }

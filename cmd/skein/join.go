@@ -27,7 +27,7 @@ func nodeCommand() *cli.Command {
 		altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "listen", EnvVars: envVars("listen"), Usage: "multiaddrs to listen on (default: QUIC and TCP, any port)"}),
 		altsrc.NewStringFlag(&cli.StringFlag{Name: "timing", Value: "wan", EnvVars: envVars("timing"), Usage: "membership timers: " + strings.Join(p2p.TimingNames(), ", ") + " (tests)"}),
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "threads", Value: 0, EnvVars: envVars("threads"), Usage: "CPU threads to lend (0: all cores)"}),
-		altsrc.NewStringFlag(&cli.StringFlag{Name: "device", Value: "auto", EnvVars: envVars("device"), Usage: "what to train on: auto (GPU 0 if one answers, else the CPU, saying why), cpu, or cuda:N[,fp32] (an NVIDIA GPU through its driver; GEMMs in TF32 unless fp32)"}),
+		altsrc.NewStringFlag(&cli.StringFlag{Name: "device", Value: "auto", EnvVars: envVars("device"), Usage: "what to train on: auto (GPU 0 if one answers, else the CPU, saying why), cpu, or cuda:N[,fp32][,flash] (an NVIDIA GPU through its driver; GEMMs in TF32 unless fp32; flash: the fused attention, no T x T scores in memory)"}),
 		altsrc.NewFloat64Flag(&cli.Float64Flag{Name: "max-upload", EnvVars: envVars("max-upload"), Usage: "cap what this volunteer sends, in Mbit/s, on every stream (0: no cap); the run's planners are told"}),
 		altsrc.NewFloat64Flag(&cli.Float64Flag{Name: "max-download", EnvVars: envVars("max-download"), Usage: "cap what this volunteer receives, in Mbit/s, on every stream (0: no cap)"}),
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "max-memory", EnvVars: envVars("max-memory"), Usage: "refuse a run whose model, optimizer state and activations need more than this many MiB (0: the system's available memory)"}),

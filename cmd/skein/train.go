@@ -31,7 +31,7 @@ func trainCommand() *cli.Command {
 		altsrc.NewFloat64Flag(&cli.Float64Flag{Name: "clip", Value: d.AdamW.Clip, EnvVars: envVars("clip"), Usage: "global gradient-norm clip (0 disables)"}),
 		altsrc.NewUint64Flag(&cli.Uint64Flag{Name: "seed", Value: d.Seed, EnvVars: envVars("seed"), Usage: "seed of the initial weights and the data order"}),
 		altsrc.NewIntFlag(&cli.IntFlag{Name: "threads", Value: 0, EnvVars: envVars("threads"), Usage: "CPU threads (0: all cores)"}),
-		altsrc.NewStringFlag(&cli.StringFlag{Name: "device", Value: "auto", EnvVars: envVars("device"), Usage: "what to train on: auto (GPU 0 if one answers, else the CPU, saying why), cpu, or cuda:N[,fp32] (GEMMs in TF32 unless fp32)"}),
+		altsrc.NewStringFlag(&cli.StringFlag{Name: "device", Value: "auto", EnvVars: envVars("device"), Usage: "what to train on: auto (GPU 0 if one answers, else the CPU, saying why), cpu, or cuda:N[,fp32][,flash] (GEMMs in TF32 unless fp32; flash: the fused attention, no T x T scores)"}),
 		altsrc.NewStringSliceFlag(&cli.StringSliceFlag{Name: "corpus", EnvVars: envVars("corpus"),
 			Usage: "files or directories to train on (repeatable; default: the Go standard library sources of this Go installation)"}),
 		altsrc.NewPathFlag(&cli.PathFlag{Name: "dataset", EnvVars: envVars("dataset"),
