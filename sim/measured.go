@@ -88,12 +88,12 @@ var SparseCodec = WireCodec{Name: "sparse", Ratio: 32 / 0.1739, EncodeBps: 1.0e9
 // SupportCodec is a shared support of 64 of every 4096 coordinates
 // through the butterfly (wire.outer = "support"): minmax8 on the
 // compacted vector, so 64x smaller than minmax8 with no positions on the
-// wire; its local work (support, compaction, scatter, outer step, state
-// hash: BenchmarkSupportRound) ran at 0.17-0.20 GB/s of fp32 parameters on
-// one core (0.18 taken, the state hash included, which the other codecs'
-// figures leave out); the owners decode the compacted parts at minmax8's
-// speed.
-var SupportCodec = WireCodec{Name: "support", Ratio: MinMax8Ratio * 4096 / 64, EncodeBps: 0.18e9, DecodeBps: MinMax8DecodeBps * 4096 / 64}
+// wire; its local work (support, error feedback, state hash, one member's
+// codec work at M = 8, outer step: BenchmarkSupportRound at 124M) ran at
+// 0.31-0.38 GB/s of fp32 parameters on one core (0.31 taken, the state
+// hash included, which the other codecs' figures leave out); the owners
+// decode the compacted parts at minmax8's speed.
+var SupportCodec = WireCodec{Name: "support", Ratio: MinMax8Ratio * 4096 / 64, EncodeBps: 0.31e9, DecodeBps: MinMax8DecodeBps * 4096 / 64}
 
 // SparseDecodeBps is the sparse codec's decode-and-add speed on one core,
 // per byte of fp32 output: BenchmarkSparseVsMinMax8/sparse-decode measured
