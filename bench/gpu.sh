@@ -30,7 +30,7 @@ grep -E -- '--- |weights after|step 9' "$OUT/trainer.log"
 {
 	for spec in "tiny 16" "small 16" "gpt2-124m 8"; do
 		set -- $spec
-		for dev in cuda:0 cuda:0,fp32; do
+		for dev in cuda:0 cuda:0,flash cuda:0,fp32; do
 			$D/skein bench train --device $dev --preset $1 --batch $2 --steps 10 --warmup 2 2>/dev/null || echo "skein $dev $1 failed"
 		done
 		python3 bench/torch_gpt.py --device cuda --tf32 --preset $1 --batch $2 --steps 10 --warmup 2

@@ -381,6 +381,15 @@ func (c *CPU) SoftmaxCrossEntropyBackward(dlogits, probs Buffer, targets []int32
 		C.int(c.threads))
 }
 
+// SoftmaxCrossEntropyFused writes losses and overwrites logits with their
+// gradient (Device).
+func (c *CPU) SoftmaxCrossEntropyFused(losses, logits Buffer, targets []int32, dloss float32, N, V, Vp int) {
+	const op = "SoftmaxCrossEntropyFused"
+	vocabShape(op, N, V, Vp)
+	C.skein_softmax_xent_fused(ptr(op, "losses", losses, N), ptr(op, "logits", logits, N*Vp),
+		ids(op, "targets", targets, N, V), C.float(dloss), C.int(N), C.int(V), C.int(Vp), C.int(c.threads))
+}
+
 // SumSquares returns the sum of squares of b, accumulated in float64 with a
 // summation order that depends only on b.Len().
 func (c *CPU) SumSquares(b Buffer) float64 {

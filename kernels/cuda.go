@@ -47,7 +47,7 @@ var ewisePTX []byte
 // cudaKernels are the entry points of ewisePTX.
 var cudaKernels = []string{"sk_gelu_forward", "sk_gelu_backward", "sk_residual_forward", "sk_residual_backward",
 	"sk_scale", "sk_adamw", "sk_layernorm_forward", "sk_layernorm_backward_dinp",
-	"sk_softmax_xent_forward", "sk_softmax_xent_backward", "sk_encoder_forward", "sk_encoder_backward_wte",
+	"sk_softmax_xent_forward", "sk_softmax_xent_backward", "sk_softmax_xent_fused", "sk_encoder_forward", "sk_encoder_backward_wte",
 	"sk_encoder_backward_wpe",
 	"sk_attention_softmax", "sk_attention_softmax_backward",
 	"sk_flash_attention_forward", "sk_flash_attention_backward_q", "sk_flash_attention_backward_kv",
@@ -864,6 +864,19 @@ func (c *CUDA) SoftmaxCrossEntropyBackward(dlogits, probs Buffer, targets []int3
 	c.do(func() error {
 		tg := c.uploadInts(targets)
 		return c.rowsOf("sk_softmax_xent_backward", N, dl, p, tg, dloss, int32(N), int32(V), int32(Vp))
+	})
+}
+
+// SoftmaxCrossEntropyFused writes losses and overwrites logits with their
+// gradient (Device), one warp per row.
+func (c *CUDA) SoftmaxCrossEntropyFused(losses, logits Buffer, targets []int32, dloss float32, N, V, Vp int) {
+	const op = "SoftmaxCrossEntropyFused"
+	vocabShape(op, N, V, Vp)
+	l, lg := c.gbuf(op, "losses", losses, N), c.gbuf(op, "logits", logits, N*Vp)
+	checkIDs(op, "targets", targets, N, V)
+	c.do(func() error {
+		tg := c.uploadInts(targets)
+		return c.rowsOf("sk_softmax_xent_fused", N, l, lg, tg, dloss, int32(N), int32(V), int32(Vp))
 	})
 }
 

@@ -87,7 +87,8 @@ func exercise(dev Device) []output {
 	read("layernorm dbias", false, ldb)
 
 	targets := randomIDs(rng, N, V)
-	logits := in(rv(N*Vp, 3))
+	lh := rv(N*Vp, 3)
+	logits := in(lh)
 	sl, sp := in(rv(N, 1)), in(rv(N*Vp, 1))
 	dev.SoftmaxCrossEntropyForward(sl, sp, logits, targets, N, V, Vp)
 	read("cross-entropy losses", false, sl)
@@ -95,6 +96,10 @@ func exercise(dev Device) []output {
 	dl := in(rv(N*Vp, 1))
 	dev.SoftmaxCrossEntropyBackward(dl, sp, targets, 1.0/N, N, V, Vp)
 	read("cross-entropy dlogits", false, dl)
+	fl, fg := in(rv(N, 1)), in(lh)
+	dev.SoftmaxCrossEntropyFused(fl, fg, targets, 1.0/N, N, V, Vp)
+	read("fused cross-entropy losses", false, fl)
+	read("fused cross-entropy dlogits", false, fg)
 
 	for _, sh := range [][3]int{{67, 96, 130}, {256, 384, 1152}, {64, 1, 16}, {64, 16, 1}} {
 		mN, mC, mOC := sh[0], sh[1], sh[2]
@@ -384,6 +389,7 @@ func BenchmarkCUDAOps(b *testing.B) {
 		{"lm-head-matmul-backward", func() { c.MatmulBackward(y, wte, nil, logits, x, wte, N, Ch, Vp) }},
 		{"softmax-xent-forward", func() { c.SoftmaxCrossEntropyForward(losses, probs, logits, targets, N, V, Vp) }},
 		{"softmax-xent-backward", func() { c.SoftmaxCrossEntropyBackward(logits, probs, targets, 1.0/N, N, V, Vp) }},
+		{"softmax-xent-fused", func() { c.SoftmaxCrossEntropyFused(losses, logits, targets, 1.0/N, N, V, Vp) }},
 		{"sum-squares-124M", func() { c.SumSquares(grads) }},
 		{"adamw-124M", func() { c.AdamW(params, grads, m, v, 1e-4, 0.9, 0.95, 1e-8, 0.1, 1) }},
 	} {

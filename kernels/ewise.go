@@ -66,6 +66,10 @@ func ewiseSoftmaxXentBackward(dlogits, probs []float32, targets []int32, dloss f
 	C.sk_softmax_xent_backward(fp(dlogits), fp(probs), ip(targets), C.float(dloss), C.int(rows), C.int(v), C.int(vp))
 }
 
+func ewiseSoftmaxXentFused(losses, logits []float32, targets []int32, dloss float32, rows, v, vp int) {
+	C.sk_softmax_xent_fused(fp(losses), fp(logits), ip(targets), C.float(dloss), C.int(rows), C.int(v), C.int(vp))
+}
+
 func ewiseEncoderForward(out []float32, tokens []int32, wte, wpe []float32, b, t, c int) {
 	C.sk_encoder_forward(fp(out), ip(tokens), fp(wte), fp(wpe), C.int(b), C.int(t), C.int(c))
 }

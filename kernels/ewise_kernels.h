@@ -238,6 +238,36 @@ SK_FN void sk_smce_fwd_row(long n, int lane, int nl, float *losses, float *probs
     if (lane == 0) losses[n] = SK_LOGF(s) - (l[targets[n]] - mx);
 }
 
+// The forward and the backward in one pass, in place: logits' row n
+// becomes dloss * (softmax - onehot(target)) in its first V columns and 0
+// in the padding, the bits sk_smce_fwd_row then sk_smce_bwd_row into zeroed
+// dlogits give, without a probs row. Every lane reads the target's logit
+// before the max's shuffle, which no lane passes before all arrive, and
+// writes only after it.
+SK_FN void sk_smce_fused_row(long n, int lane, int nl, float *losses, float *logits,
+                             const int *targets, float dloss, int V, int Vp) {
+    float *l = logits + n * Vp;
+    const int t = targets[n];
+    const float lt = l[t];
+    float mx = SK_NEG_INF;
+    for (int i = lane; i < V; i += nl) mx = l[i] > mx ? l[i] : mx;
+    mx = SK_MAX(mx);
+    float s = 0.0f;
+    for (int i = lane; i < V; i += nl) {
+        float e = SK_EXPF(l[i] - mx);
+        l[i] = e;
+        s += e;
+    }
+    s = SK_SUM(s);
+    float inv = 1.0f / s;
+    for (int i = lane; i < V; i += nl) {
+        float p = l[i] * inv;
+        l[i] = dloss * (i == t ? p - 1.0f : p);
+    }
+    for (int i = V + lane; i < Vp; i += nl) l[i] = 0.0f;
+    if (lane == 0) losses[n] = SK_LOGF(s) - (lt - mx);
+}
+
 // Its backward: dlogits += dloss * (probs - onehot(target)) (accumulated;
 // each lane writes only its own columns).
 SK_FN void sk_smce_bwd_row(long n, int lane, int nl, float *dlogits, const float *probs,
@@ -528,6 +558,9 @@ SK_ROW_KERNEL(sk_softmax_xent_forward,
               (float *losses, float *probs, const float *logits, const int *targets, int N,
                int V, int Vp),
               N, sk_smce_fwd_row(i, lane, nl, losses, probs, logits, targets, V, Vp))
+SK_ROW_KERNEL(sk_softmax_xent_fused,
+              (float *losses, float *logits, const int *targets, float dloss, int N, int V, int Vp),
+              N, sk_smce_fused_row(i, lane, nl, losses, logits, targets, dloss, V, Vp))
 SK_ROW_KERNEL(sk_softmax_xent_backward,
               (float *dlogits, const float *probs, const int *targets, float dloss, int N,
                int V, int Vp),

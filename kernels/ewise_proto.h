@@ -17,6 +17,8 @@ void sk_layernorm_dparams_part(float *part, const float *dout, const float *inp,
 void sk_layernorm_dparams_sum(float *dw, float *db, const float *part, int N, int C);
 void sk_softmax_xent_forward(float *losses, float *probs, const float *logits, const int *targets,
                              int N, int V, int Vp);
+void sk_softmax_xent_fused(float *losses, float *logits, const int *targets, float dloss, int N,
+                          int V, int Vp);
 void sk_softmax_xent_backward(float *dlogits, const float *probs, const int *targets, float dloss,
                               int N, int V, int Vp);
 void sk_encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe, int B,

@@ -203,6 +203,7 @@ func TestPTXEntriesMatchLaunches(t *testing.T) {
 		"sk_flash_attention_forward":     "u64 u64 u64 u64 u32 u32 u32",             // out, lse, inp, rows, T, C, NH
 		"sk_flash_attention_backward_q":  "u64 u64 u64 u64 u64 u64 u64 u32 u32 u32", // dinp, delta, dout, out, inp, lse, rows, T, C, NH
 		"sk_flash_attention_backward_kv": "u64 u64 u64 u64 u64 u64 u32 u32 u32",     // dinp, delta, dout, inp, lse, rows, T, C, NH
+		"sk_softmax_xent_fused":          "u64 u64 u64 f32 u32 u32 u32",             // losses, logits, targets, dloss, N, V, Vp
 	} {
 		_, decl, ok := strings.Cut(ptx, ".entry "+fn+"(")
 		decl, _, _ = strings.Cut(decl, ")")

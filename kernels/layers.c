@@ -314,6 +314,30 @@ INLINE float k_smce_fwd_row(float *probs, const float *logits, int target, int V
     return logf(s) - (logits[target] - mx);
 }
 
+// The classifier's forward and backward in one pass over a row of logits,
+// in place: returns the loss and leaves dloss * (softmax - onehot(target))
+// in the first V columns and 0 in the padding, the bits k_smce_fwd_row,
+// then k_smce_bwd_row into zeroed dlogits, give (no probs row).
+INLINE float k_smce_fused_row(float *l, int target, float dloss, int V, int Vp) {
+    const float lt = l[target];
+    float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
+    for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int i = 0; i < V; i++) {
+        float e = fast_expf(l[i] - mx);
+        l[i] = e;
+        s += e;
+    }
+    float inv = 1.0f / s;
+#pragma omp simd
+    for (int i = 0; i < V; i++) l[i] = dloss * (l[i] * inv);
+    l[target] -= dloss;
+    for (int i = V; i < Vp; i++) l[i] = 0.0f;
+    return logf(s) - (lt - mx);
+}
+
 INLINE void k_smce_bwd_row(float *dlogits, const float *probs, int target, float dloss, int V) {
 #pragma omp simd
     for (int i = 0; i < V; i++) dlogits[i] += dloss * probs[i];
@@ -736,6 +760,7 @@ struct isa {
     void (*softmax_bwd_row)(float *, const float *, const float *, int, int);
     float (*smce_fwd_row)(float *, const float *, int, int, int);
     void (*smce_bwd_row)(float *, const float *, int, float, int);
+    float (*smce_fused_row)(float *, int, float, int, int);
     void (*adamw)(float *, const float *, float *, float *, long, float, float, float, float,
                   float, float, float);
     double (*sumsq)(const float *, long);
@@ -785,6 +810,9 @@ struct isa {
     TGT static void smce_bwd_row_##SUF(float *dl, const float *p, int tg, float dloss, int V) { \
         k_smce_bwd_row(dl, p, tg, dloss, V);                                                   \
     }                                                                                          \
+    TGT static float smce_fused_row_##SUF(float *l, int tg, float dloss, int V, int Vp) {      \
+        return k_smce_fused_row(l, tg, dloss, V, Vp);                                          \
+    }                                                                                          \
     TGT static void adamw_##SUF(float *p, const float *g, float *m, float *v, long n,          \
                                 float lr, float b1, float b2, float eps, float wd, float bc1,  \
                                 float bc2) {                                                   \
@@ -796,7 +824,7 @@ struct isa {
         ISA_FN(GELU_FWD, SUF), ISA_FN(GELU_BWD, SUF), ln_fwd_row_##SUF, ln_bwd_rows_##SUF,     \
         sum_parts_##SUF, enc_bwd_block_##SUF,                                                  \
         softmax_causal_row_##SUF, softmax_bwd_row_##SUF, smce_fwd_row_##SUF,                   \
-        smce_bwd_row_##SUF, adamw_##SUF, sumsq_##SUF,                                          \
+        smce_bwd_row_##SUF, smce_fused_row_##SUF, adamw_##SUF, sumsq_##SUF,                    \
         ISA_FN(ATT_FWD, SUF), ISA_FN(ATT_BWD, SUF),                                            \
     };
 
@@ -1116,6 +1144,15 @@ void skein_softmax_xent_backward(float *dlogits, const float *probs, const int32
     for (int n = 0; n < N; n++) {
         size_t o = (size_t)n * Vp;
         k->smce_bwd_row(dlogits + o, probs + o, targets[n], dloss, V);
+    }
+}
+
+void skein_softmax_xent_fused(float *losses, float *logits, const int32_t *targets, float dloss,
+                              int N, int V, int Vp, int nthreads) {
+    const struct isa *k = K;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+    for (int n = 0; n < N; n++) {
+        losses[n] = k->smce_fused_row(logits + (size_t)n * Vp, targets[n], dloss, V, Vp);
     }
 }
 

@@ -86,6 +86,8 @@ void skein_softmax_xent_forward(float *losses, float *probs, const float *logits
                                 const int32_t *targets, int N, int V, int Vp, int nthreads);
 void skein_softmax_xent_backward(float *dlogits, const float *probs, const int32_t *targets,
                                  float dloss, int N, int V, int Vp, int nthreads);
+void skein_softmax_xent_fused(float *losses, float *logits, const int32_t *targets, float dloss,
+                              int N, int V, int Vp, int nthreads);
 double skein_sum_squares(const float *x, long n, int nthreads);
 void skein_scale(float *x, float s, long n, int nthreads);
 void skein_adamw(float *params, const float *grads, float *m, float *v, long n, float lr,

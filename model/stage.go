@@ -36,7 +36,7 @@ type Stage struct {
 	// Activations kept for the backward pass.
 	input                    kernels.Buffer // (N,C): encoder output, or the caller's input
 	lnf, lnfMean, lnfRstd    kernels.Buffer
-	logits, probs, losses    kernels.Buffer
+	logits, losses           kernels.Buffer // logits hold their gradient after Forward
 	preatt, dpreatt, datt    kernels.Buffer // scratch shared by all layers (materialized attention)
 	delta                    kernels.Buffer // scratch of the fused attention's backward
 	dresA, dresB, dresFinal  kernels.Buffer
@@ -45,7 +45,7 @@ type Stage struct {
 	dfcproj, dlnf            kernels.Buffer
 	lossHost                 []float32
 	inputGrad                kernels.Buffer
-	tokens, targets          []int32
+	tokens                   []int32
 }
 
 type block struct {
@@ -150,7 +150,7 @@ func NewStage(dev kernels.Device, c Config, spec StageSpec, B, T int, seed uint6
 	s.dresA, s.dresB = dev.Alloc(N*C), dev.Alloc(N*C)
 	if spec.Head {
 		s.lnf, s.lnfMean, s.lnfRstd = dev.Alloc(N*C), dev.Alloc(N), dev.Alloc(N)
-		s.logits, s.probs, s.losses = dev.Alloc(N*c.PaddedVocab), dev.Alloc(N*c.PaddedVocab), dev.Alloc(N)
+		s.logits, s.losses = dev.Alloc(N*c.PaddedVocab), dev.Alloc(N)
 		s.dlnf, s.dresFinal = dev.Alloc(N*C), dev.Alloc(N*C)
 		s.lossHost = make([]float32, N)
 	}
@@ -192,7 +192,7 @@ func activationFloats(c Config, spec StageSpec, B, T int, fused bool) int64 {
 	}
 	n += 2 * N * C // dresA, dresB
 	if spec.Head {
-		n += 3*N*C + 4*N + 2*N*int64(c.PaddedVocab) // ln_f, logits, probs, losses (and their host copy)
+		n += 3*N*C + 4*N + N*int64(c.PaddedVocab) // ln_f, logits (their gradient after Forward), losses (and their host copy)
 	}
 	return n
 }
@@ -275,7 +275,6 @@ func (s *Stage) Forward(tokens []int32, in kernels.Buffer, targets []int32) (flo
 		if err := s.checkTokens("targets", targets); err != nil {
 			return 0, err
 		}
-		s.targets = targets
 	}
 	d := s.dev
 	res := s.input
@@ -302,7 +301,9 @@ func (s *Stage) Forward(tokens []int32, in kernels.Buffer, targets []int32) (flo
 	}
 	d.LayerNormForward(s.lnf, s.lnfMean, s.lnfRstd, res, s.lnfw, s.lnfb, N, C)
 	d.MatmulForward(s.logits, s.lnf, s.wte, nil, N, C, c.PaddedVocab)
-	d.SoftmaxCrossEntropyForward(s.losses, s.probs, s.logits, targets, N, c.Vocab, c.PaddedVocab)
+	// The loss and, in place of the logits, their gradient for Backward:
+	// one pass, no (N, Vp) probabilities.
+	d.SoftmaxCrossEntropyFused(s.losses, s.logits, targets, 1/float32(N), N, c.Vocab, c.PaddedVocab)
 	d.CopyOut(s.lossHost, s.losses)
 	if err := kernels.Err(d); err != nil {
 		return 0, err
@@ -358,9 +359,7 @@ func (s *Stage) Backward(dout kernels.Buffer) error {
 		top = s.blocks[len(s.blocks)-1].res3
 	}
 	if s.Spec.Head {
-		// The logits buffer is reused for their gradient.
-		d.Zero(s.logits)
-		d.SoftmaxCrossEntropyBackward(s.logits, s.probs, s.targets, 1/float32(N), N, c.Vocab, c.PaddedVocab)
+		// Forward left the logits' gradient in their buffer.
 		d.Zero(s.dlnf)
 		d.MatmulBackward(s.dlnf, s.dwte, nil, s.logits, s.lnf, s.wte, N, C, c.PaddedVocab)
 		d.Zero(s.dresFinal)
