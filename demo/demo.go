@@ -56,6 +56,10 @@ type Config struct {
 	HTTPAddr string
 	// Threads per volunteer.
 	Threads int
+	// Device is the volunteers' --device (auto, cpu or cuda:N[,options]);
+	// empty leaves node join's default (auto: GPU 0 if one answers). The
+	// volunteers of one machine share its GPU, a context each.
+	Device string
 	// LogLevel of the children (their logs go to Dir).
 	LogLevel string
 	// Out receives the demo's progress and summary.
@@ -357,6 +361,9 @@ func (cfg *Config) startBootstrap(ctx context.Context, kids *children, out io.Wr
 func (cfg *Config) joinArgs(addr, name string, netFlags []string, extra ...string) []string {
 	args := []string{"--log-level", cfg.LogLevel, "node", "join", "--run-id", cfg.Manifest.RunID, "--bootstrap", addr,
 		"--data-dir", filepath.Join(cfg.Dir, name), "--threads", strconv.Itoa(max(cfg.Threads, 1))}
+	if cfg.Device != "" {
+		args = append(args, "--device", cfg.Device)
+	}
 	return append(append(args, extra...), netFlags...)
 }
 

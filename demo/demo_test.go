@@ -24,3 +24,25 @@ func TestPortInUse(t *testing.T) {
 		t.Fatal("port 0 reported busy")
 	}
 }
+
+// The volunteers' command line carries --device when one is set, and
+// leaves node join's default otherwise.
+func TestJoinArgsDevice(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Dir = t.TempDir()
+	has := func(args []string) string {
+		for i, a := range args {
+			if a == "--device" && i+1 < len(args) {
+				return args[i+1]
+			}
+		}
+		return ""
+	}
+	if d := has(cfg.joinArgs("addr", "volunteer-1", nil)); d != "" {
+		t.Fatalf("no device set, but --device %q", d)
+	}
+	cfg.Device = "cuda:1,flash"
+	if d := has(cfg.joinArgs("addr", "volunteer-1", nil, "--hostile", "scale")); d != "cuda:1,flash" {
+		t.Fatalf("--device %q, want cuda:1,flash", d)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"github.com/urfave/cli/v2"
 
 	"github.com/skein-ml/skein/demo"
+	"github.com/skein-ml/skein/kernels"
 	"github.com/skein-ml/skein/manifest"
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/node"
@@ -59,6 +60,7 @@ func demoCommand() *cli.Command {
 			&cli.DurationFlag{Name: "latency", Value: d.Latency, Usage: "emulated one-way latency of every link"},
 			&cli.StringFlag{Name: "http", Value: d.HTTPAddr, Usage: "status page address (port 0: any free port)"},
 			&cli.IntFlag{Name: "threads", Value: d.Threads, Usage: "CPU threads per volunteer"},
+			&cli.StringFlag{Name: "device", Value: "auto", Usage: "what the volunteers train on: auto (GPU 0 if one answers, else the CPU, each saying why), cpu, or cuda:N[,fp32][,flash]; the volunteers share the GPU, a context each"},
 			&cli.IntFlag{Name: "inner-steps", Value: d.Manifest.Optimizer.InnerSteps, Usage: "inner steps per round (H); 10 with --stages unless set"},
 			&cli.StringSliceFlag{Name: "corpus", Usage: "files or directories to train on, packed into the run's shards (default: the Go standard library sources)"},
 			&cli.PathFlag{Name: "dataset", Usage: "train on the packed dataset in DIR (`skein data pack`) instead of --corpus: each volunteer fetches only the chunks of its blocks"},
@@ -100,6 +102,11 @@ func demoCommand() *cli.Command {
 			cfg.Volunteers, cfg.Duration, cfg.TargetLoss = c.Int("volunteers"), c.Duration("duration"), c.Float64("target-loss")
 			cfg.RateMbit, cfg.Latency, cfg.HTTPAddr = c.Float64("rate"), c.Duration("latency"), c.String("http")
 			cfg.Threads, cfg.LogLevel, cfg.Logger, cfg.Out = c.Int("threads"), c.String("child-log-level"), log, os.Stdout
+			if cfg.Device = c.String("device"); cfg.Device != "auto" && cfg.Device != "cpu" {
+				if _, err := kernels.ParseCUDASpec(cfg.Device); err != nil {
+					return err
+				}
+			}
 			switch kind := c.String("optimizer"); {
 			case !c.IsSet("optimizer") && c.Path("manifest") != "": // the manifest's
 			case kind == manifest.KindDiLoCo:

@@ -130,6 +130,8 @@ func TestStagedDemoRefusesBadSettings(t *testing.T) {
 		{[]string{"--stages", "0", "--hostile", "staged-grad"}, "--hostile staged-grad attacks a staged run"},
 		{[]string{"--hostile", "checkfree-norm", "--chaos"}, "--chaos applies to the data-parallel demo"},
 		{[]string{"--hostile", "checkfree-norm", "--hostile-count", "6"}, "the hostile ones must be fewer"},
+		{[]string{"--device", "tpu"}, `--device "tpu": want auto, cpu or cuda:N`},
+		{[]string{"--stages", "3", "--device", "cuda:0,bf16"}, `unknown option "bf16"`},
 	} {
 		dir := t.TempDir()
 		var out bytes.Buffer
