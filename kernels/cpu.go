@@ -424,6 +424,49 @@ func (c *CPU) AdamW(params, grads, m, v Buffer, lr, beta1, beta2, eps, wd float3
 		C.float(wd), C.int(t), C.int(c.threads))
 }
 
+// checkSegments panics unless ends partition [0, n) (increasing, above 0,
+// the last n) with one decay flag each, and t >= 1.
+func checkSegments(op string, n int, ends []int, decay []bool, t int) {
+	if t < 1 {
+		panic(fmt.Sprintf("kernels: %s: step t = %d, want >= 1", op, t))
+	}
+	if len(decay) != len(ends) {
+		panic(fmt.Errorf("%w: %s: %d decay flags for %d segments", ErrShape, op, len(decay), len(ends)))
+	}
+	prev := 0
+	for j, e := range ends {
+		if e <= prev {
+			panic(fmt.Errorf("%w: %s: segment %d ends at %d, after %d", ErrShape, op, j, e, prev))
+		}
+		prev = e
+	}
+	if prev != n {
+		panic(fmt.Errorf("%w: %s: the segments end at %d, the buffers hold %d", ErrShape, op, prev, n))
+	}
+}
+
+// AdamWSegments is AdamW over a whole model's segments in one parallel
+// region (Device).
+func (c *CPU) AdamWSegments(params, grads, m, v Buffer, ends []int, decay []bool, gscale, lr, beta1, beta2, eps, wd float32, t int) {
+	const op = "AdamWSegments"
+	n := params.Len()
+	checkSegments(op, n, ends, decay, t)
+	if n == 0 {
+		return
+	}
+	e64, d32 := make([]int64, len(ends)), make([]int32, len(ends))
+	for j, e := range ends {
+		e64[j] = int64(e)
+		if decay[j] {
+			d32[j] = 1
+		}
+	}
+	C.skein_adamw_segments(ptr(op, "params", params, n), ptr(op, "grads", grads, n), ptr(op, "m", m, n),
+		ptr(op, "v", v, n), C.long(n), (*C.int64_t)(unsafe.Pointer(&e64[0])), (*C.int32_t)(unsafe.Pointer(&d32[0])),
+		C.int(len(ends)), C.float(gscale), C.float(lr), C.float(beta1), C.float(beta2), C.float(eps), C.float(wd),
+		C.int(t), C.int(c.threads))
+}
+
 // setLayersISA forces the layer kernels' instruction set ("avx512", "avx2",
 // "portable") for tests; it reports false if the CPU cannot run it.
 func setLayersISA(name string) bool {

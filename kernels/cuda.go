@@ -46,7 +46,7 @@ var ewisePTX []byte
 
 // cudaKernels are the entry points of ewisePTX.
 var cudaKernels = []string{"sk_gelu_forward", "sk_gelu_backward", "sk_residual_forward", "sk_residual_backward",
-	"sk_scale", "sk_adamw", "sk_layernorm_forward", "sk_layernorm_backward_dinp",
+	"sk_scale", "sk_adamw", "sk_adamw_segments", "sk_layernorm_forward", "sk_layernorm_backward_dinp",
 	"sk_softmax_xent_forward", "sk_softmax_xent_backward", "sk_softmax_xent_fused", "sk_encoder_forward", "sk_encoder_backward_wte",
 	"sk_encoder_backward_wpe",
 	"sk_attention_softmax", "sk_attention_softmax_backward",
@@ -926,6 +926,49 @@ func (c *CUDA) AdamW(params, grads, m, v Buffer, lr, beta1, beta2, eps, wd float
 	c.do(func() error {
 		return c.over("sk_adamw", n, p, g, mb, vb, lr, beta1, beta2, eps, wd, bc1, bc2, n)
 	})
+}
+
+// AdamWSegments is AdamW over a whole model's segments, one launch
+// (Device): each element finds its segment in a table of ends and decay
+// flags uploaded with it. Buffers of 2^31 elements or more take one launch
+// a segment.
+func (c *CUDA) AdamWSegments(params, grads, m, v Buffer, ends []int, decay []bool, gscale, lr, beta1, beta2, eps, wd float32, t int) {
+	const op = "AdamWSegments"
+	n := params.Len()
+	checkSegments(op, n, ends, decay, t)
+	p, g, mb, vb := c.gbuf(op, "params", params, n), c.gbuf(op, "grads", grads, n), c.gbuf(op, "m", m, n), c.gbuf(op, "v", v, n)
+	bc1 := float32(1 - math.Pow(float64(beta1), float64(t)))
+	bc2 := float32(1 - math.Pow(float64(beta2), float64(t)))
+	flag := func(j int) int32 {
+		if decay[j] {
+			return 1
+		}
+		return 0
+	}
+	if n < 1<<31 {
+		seg := make([]int32, 2*len(ends))
+		for j, e := range ends {
+			seg[j], seg[len(ends)+j] = int32(e), flag(j)
+		}
+		c.do(func() error {
+			return c.over("sk_adamw_segments", n, p, g, mb, vb, c.uploadInts(seg), int32(len(ends)), gscale, lr, beta1, beta2, eps, wd, bc1, bc2, n)
+		})
+		return
+	}
+	lo := 0
+	for j, e := range ends {
+		k := e - lo
+		if k >= 1<<31 {
+			panic(fmt.Errorf("%w: %s: segment %d holds %d elements, over 2^31", ErrShape, op, j, k))
+		}
+		ps, gs := c.gbuf(op, "params", params.Slice(lo, k), k), c.gbuf(op, "grads", grads.Slice(lo, k), k)
+		ms, vs := c.gbuf(op, "m", m.Slice(lo, k), k), c.gbuf(op, "v", v.Slice(lo, k), k)
+		seg := []int32{int32(k), flag(j)}
+		c.do(func() error {
+			return c.over("sk_adamw_segments", k, ps, gs, ms, vs, c.uploadInts(seg), int32(1), gscale, lr, beta1, beta2, eps, wd, bc1, bc2, k)
+		})
+		lo = e
+	}
 }
 
 // SelectDevice is --device: "cpu", "auto", or "cuda:N" with options after

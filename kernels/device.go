@@ -127,6 +127,14 @@ type Device interface {
 	// same length). t is the 1-based step for bias correction. Weight decay is
 	// decoupled: p -= lr * (mhat/(sqrt(vhat)+eps) + wd*p).
 	AdamW(params, grads, m, v Buffer, lr, beta1, beta2, eps, wd float32, t int)
+	// AdamWSegments is AdamW over a whole model's flat buffers in one call
+	// (a multi-tensor AdamW: one launch on a GPU, not one per tensor):
+	// segment j is [ends[j-1], ends[j]) (ends increasing, from above 0 to
+	// params.Len()), decayed by wd where decay[j] and not elsewhere, and
+	// the gradients are read times gscale (a clip's scale, folded in: the
+	// grads are left as they are). Each element gets AdamW's update with
+	// its segment's decay, the bits of AdamW on the segment after Scale.
+	AdamWSegments(params, grads, m, v Buffer, ends []int, decay []bool, gscale, lr, beta1, beta2, eps, wd float32, t int)
 }
 
 // FlashMaxHeadSize is the largest head size (C/NH) of FlashAttentionForward

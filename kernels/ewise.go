@@ -70,6 +70,11 @@ func ewiseSoftmaxXentFused(losses, logits []float32, targets []int32, dloss floa
 	C.sk_softmax_xent_fused(fp(losses), fp(logits), ip(targets), C.float(dloss), C.int(rows), C.int(v), C.int(vp))
 }
 
+func ewiseAdamWSegments(p, g, m, v []float32, seg []int32, gscale, lr, b1, b2, eps, wd, bc1, bc2 float32) {
+	C.sk_adamw_segments(fp(p), fp(g), fp(m), fp(v), ip(seg), C.int(len(seg)/2), C.float(gscale), C.float(lr), C.float(b1),
+		C.float(b2), C.float(eps), C.float(wd), C.float(bc1), C.float(bc2), C.long(len(p)))
+}
+
 func ewiseEncoderForward(out []float32, tokens []int32, wte, wpe []float32, b, t, c int) {
 	C.sk_encoder_forward(fp(out), ip(tokens), fp(wte), fp(wpe), C.int(b), C.int(t), C.int(c))
 }

@@ -153,6 +153,30 @@ SK_FN void sk_adamw_at(long i, float *p, const float *g, float *m, float *v, flo
     p[i] -= lr * ((mi / bc1) / (SK_SQRTF(vi / bc2) + eps) + wd * p[i]);
 }
 
+// AdamW over the segments of flat buffers (one launch for a whole model):
+// seg holds the nseg segments' ends (increasing, the last n), then their
+// decay flags; element i takes the weight decay of the first segment
+// ending past it, and its gradient times gscale (a clip's scale).
+SK_FN void sk_adamw_seg_at(long i, float *p, const float *g, float *m, float *v, const int *seg,
+                           int nseg, float gscale, float lr, float b1, float b2, float eps,
+                           float wd, float bc1, float bc2) {
+    int a = 0, b = nseg;
+    while (a < b) {
+        int mid = (a + b) / 2;
+        if ((long)seg[mid] > i)
+            b = mid;
+        else
+            a = mid + 1;
+    }
+    float gi = g[i] * gscale;
+    float mi = b1 * m[i] + (1.0f - b1) * gi;
+    float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    float d = a < nseg && seg[nseg + a] ? wd : 0.0f;
+    p[i] -= lr * ((mi / bc1) / (SK_SQRTF(vi / bc2) + eps) + d * p[i]);
+}
+
 #define SK_LN_EPS 1e-5f
 
 // LayerNorm of row n: out = (x - mean) * rstd * w + b; mean and rstd saved.
@@ -528,6 +552,10 @@ SK_KERNEL(sk_residual_forward, (float *out, const float *a, const float *b, long
 SK_KERNEL(sk_residual_backward, (float *da, float *db, const float *dout, long n), n,
           sk_acc2_at(i, da, db, dout))
 SK_KERNEL(sk_scale, (float *x, float s, long n), n, sk_scale_at(i, x, s))
+SK_KERNEL(sk_adamw_segments,
+          (float *p, const float *g, float *m, float *v, const int *seg, int nseg, float gscale,
+           float lr, float b1, float b2, float eps, float wd, float bc1, float bc2, long n),
+          n, sk_adamw_seg_at(i, p, g, m, v, seg, nseg, gscale, lr, b1, b2, eps, wd, bc1, bc2))
 SK_KERNEL(sk_adamw, (float *p, const float *g, float *m, float *v, float lr, float b1, float b2,
                      float eps, float wd, float bc1, float bc2, long n),
           n, sk_adamw_at(i, p, g, m, v, lr, b1, b2, eps, wd, bc1, bc2))

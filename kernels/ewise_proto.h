@@ -8,6 +8,9 @@ void sk_residual_backward(float *da, float *db, const float *dout, long n);
 void sk_scale(float *x, float s, long n);
 void sk_adamw(float *p, const float *g, float *m, float *v, float lr, float b1, float b2, float eps,
               float wd, float bc1, float bc2, long n);
+void sk_adamw_segments(float *p, const float *g, float *m, float *v, const int *seg, int nseg,
+                       float gscale, float lr, float b1, float b2, float eps, float wd, float bc1,
+                       float bc2, long n);
 void sk_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
                           const float *b, int N, int C);
 void sk_layernorm_backward_dinp(float *dinp, const float *dout, const float *inp, const float *w,

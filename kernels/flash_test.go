@@ -200,10 +200,11 @@ func TestPTXEntriesMatchLaunches(t *testing.T) {
 		}
 	}
 	for fn, want := range map[string]string{
-		"sk_flash_attention_forward":     "u64 u64 u64 u64 u32 u32 u32",             // out, lse, inp, rows, T, C, NH
-		"sk_flash_attention_backward_q":  "u64 u64 u64 u64 u64 u64 u64 u32 u32 u32", // dinp, delta, dout, out, inp, lse, rows, T, C, NH
-		"sk_flash_attention_backward_kv": "u64 u64 u64 u64 u64 u64 u32 u32 u32",     // dinp, delta, dout, inp, lse, rows, T, C, NH
-		"sk_softmax_xent_fused":          "u64 u64 u64 f32 u32 u32 u32",             // losses, logits, targets, dloss, N, V, Vp
+		"sk_flash_attention_forward":     "u64 u64 u64 u64 u32 u32 u32",                                 // out, lse, inp, rows, T, C, NH
+		"sk_flash_attention_backward_q":  "u64 u64 u64 u64 u64 u64 u64 u32 u32 u32",                     // dinp, delta, dout, out, inp, lse, rows, T, C, NH
+		"sk_flash_attention_backward_kv": "u64 u64 u64 u64 u64 u64 u32 u32 u32",                         // dinp, delta, dout, inp, lse, rows, T, C, NH
+		"sk_softmax_xent_fused":          "u64 u64 u64 f32 u32 u32 u32",                                 // losses, logits, targets, dloss, N, V, Vp
+		"sk_adamw_segments":              "u64 u64 u64 u64 u64 u32 f32 f32 f32 f32 f32 f32 f32 f32 u64", // p, g, m, v, seg, nseg, gscale, lr, b1, b2, eps, wd, bc1, bc2, n
 	} {
 		_, decl, ok := strings.Cut(ptx, ".entry "+fn+"(")
 		decl, _, _ = strings.Cut(decl, ")")

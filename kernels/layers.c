@@ -359,6 +359,24 @@ INLINE void k_adamw(float *p, const float *g, float *m, float *v, long n, float 
     }
 }
 
+// k_adamw with the gradient read times gscale (a clip's scale; 1 reads
+// it as it is, the same bits as k_adamw).
+INLINE void k_adamw_scaled(float *p, const float *g, float *m, float *v, long n, float gscale,
+                           float lr, float b1, float b2, float eps, float wd, float bc1,
+                           float bc2) {
+#pragma omp simd
+    for (long i = 0; i < n; i++) {
+        float gi = g[i] * gscale;
+        float mi = b1 * m[i] + (1.0f - b1) * gi;
+        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        float mhat = mi / bc1;
+        float vhat = vi / bc2;
+        p[i] -= lr * (mhat / (fast_sqrtf(vhat) + eps) + wd * p[i]);
+    }
+}
+
 INLINE double k_sumsq(const float *x, long n) {
     double s = 0.0;
 #pragma omp simd reduction(+ : s)
@@ -761,6 +779,8 @@ struct isa {
     float (*smce_fwd_row)(float *, const float *, int, int, int);
     void (*smce_bwd_row)(float *, const float *, int, float, int);
     float (*smce_fused_row)(float *, int, float, int, int);
+    void (*adamw_scaled)(float *, const float *, float *, float *, long, float, float, float,
+                         float, float, float, float, float);
     void (*adamw)(float *, const float *, float *, float *, long, float, float, float, float,
                   float, float, float);
     double (*sumsq)(const float *, long);
@@ -813,6 +833,11 @@ struct isa {
     TGT static float smce_fused_row_##SUF(float *l, int tg, float dloss, int V, int Vp) {      \
         return k_smce_fused_row(l, tg, dloss, V, Vp);                                          \
     }                                                                                          \
+    TGT static void adamw_scaled_##SUF(float *p, const float *g, float *m, float *v, long n,   \
+                                       float gs, float lr, float b1, float b2, float eps,      \
+                                       float wd, float bc1, float bc2) {                       \
+        k_adamw_scaled(p, g, m, v, n, gs, lr, b1, b2, eps, wd, bc1, bc2);                      \
+    }                                                                                          \
     TGT static void adamw_##SUF(float *p, const float *g, float *m, float *v, long n,          \
                                 float lr, float b1, float b2, float eps, float wd, float bc1,  \
                                 float bc2) {                                                   \
@@ -824,7 +849,7 @@ struct isa {
         ISA_FN(GELU_FWD, SUF), ISA_FN(GELU_BWD, SUF), ln_fwd_row_##SUF, ln_bwd_rows_##SUF,     \
         sum_parts_##SUF, enc_bwd_block_##SUF,                                                  \
         softmax_causal_row_##SUF, softmax_bwd_row_##SUF, smce_fwd_row_##SUF,                   \
-        smce_bwd_row_##SUF, smce_fused_row_##SUF, adamw_##SUF, sumsq_##SUF,                    \
+        smce_bwd_row_##SUF, smce_fused_row_##SUF, adamw_scaled_##SUF, adamw_##SUF, sumsq_##SUF, \
         ISA_FN(ATT_FWD, SUF), ISA_FN(ATT_BWD, SUF),                                            \
     };
 
@@ -1153,6 +1178,39 @@ void skein_softmax_xent_fused(float *losses, float *logits, const int32_t *targe
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
     for (int n = 0; n < N; n++) {
         losses[n] = k->smce_fused_row(logits + (size_t)n * Vp, targets[n], dloss, V, Vp);
+    }
+}
+
+// AdamW over nseg consecutive segments of flat buffers of n in one
+// parallel region (the chunks do not depend on the segments): segment j
+// ends at ends[j] and decays by wd where decay[j]; gradients are read
+// times gscale. Each element's update is k_adamw's with its segment's wd,
+// so the result does not depend on the thread count.
+void skein_adamw_segments(float *params, const float *grads, float *m, float *v, long n,
+                          const int64_t *ends, const int32_t *decay, int nseg, float gscale,
+                          float lr, float beta1, float beta2, float eps, float wd, int t,
+                          int nthreads) {
+    const struct isa *k = K;
+    float bc1 = (float)(1.0 - pow((double)beta1, (double)t));
+    float bc2 = (float)(1.0 - pow((double)beta2, (double)t));
+    long nc = nchunks(n);
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1 && nc > 1)
+    for (long c = 0; c < nc; c++) {
+        long lo = c * CHUNK, hi = lo + mn(CHUNK, n - lo);
+        int a = 0, b = nseg; // the first segment ending past lo
+        while (a < b) {
+            int mid = (a + b) / 2;
+            if (ends[mid] > lo)
+                b = mid;
+            else
+                a = mid + 1;
+        }
+        for (int j = a; lo < hi && j < nseg; j++) {
+            long e = ends[j] < hi ? ends[j] : hi;
+            k->adamw_scaled(params + lo, grads + lo, m + lo, v + lo, e - lo, gscale, lr, beta1,
+                            beta2, eps, decay[j] ? wd : 0.0f, bc1, bc2);
+            lo = e;
+        }
     }
 }
 

@@ -88,6 +88,10 @@ void skein_softmax_xent_backward(float *dlogits, const float *probs, const int32
                                  float dloss, int N, int V, int Vp, int nthreads);
 void skein_softmax_xent_fused(float *losses, float *logits, const int32_t *targets, float dloss,
                               int N, int V, int Vp, int nthreads);
+void skein_adamw_segments(float *params, const float *grads, float *m, float *v, long n,
+                          const int64_t *ends, const int32_t *decay, int nseg, float gscale,
+                          float lr, float beta1, float beta2, float eps, float wd, int t,
+                          int nthreads);
 double skein_sum_squares(const float *x, long n, int nthreads);
 void skein_scale(float *x, float s, long n, int nthreads);
 void skein_adamw(float *params, const float *grads, float *m, float *v, long n, float lr,

@@ -91,6 +91,11 @@ type AdamW struct {
 	// views of the last stage stepped, built once so Step does not allocate.
 	stage *model.Stage
 	views []adamViews
+	// The stage's tensors as segments of its flat buffers (ends, decay),
+	// for one kernels.Device.AdamWSegments call; nil when its tensors do
+	// not tile the buffers in order (then one AdamW a tensor).
+	ends  []int
+	decay []bool
 }
 
 type adamViews struct {
@@ -119,18 +124,40 @@ func (o *AdamW) Step(s *model.Stage, step int) (gradNorm, lr float64, err error)
 	if math.IsNaN(gradNorm) || math.IsInf(gradNorm, 0) {
 		return gradNorm, 0, fmt.Errorf("optimizer: gradient norm is %v at step %d", gradNorm, step)
 	}
+	gscale := float32(1)
 	if o.cfg.Clip > 0 && gradNorm > o.cfg.Clip {
-		d.Scale(s.Grads, float32(o.cfg.Clip/gradNorm))
+		gscale = float32(o.cfg.Clip / gradNorm)
 	}
 	lr = o.cfg.LRAt(step)
 	c := o.cfg
 	if o.stage != s {
-		o.stage, o.views = s, o.views[:0]
+		o.stage, o.views, o.ends, o.decay = s, o.views[:0], o.ends[:0], o.decay[:0]
+		end := 0
 		for _, t := range s.Tensors() {
 			o.views = append(o.views, adamViews{
 				p: s.Params.Slice(t.Offset, t.Size()), g: s.Grads.Slice(t.Offset, t.Size()),
 				m: s.M.Slice(t.Offset, t.Size()), v: s.V.Slice(t.Offset, t.Size()), decay: t.Decay})
+			if t.Offset != end || t.Size() == 0 {
+				end = -1 // not a tiling: one AdamW a tensor
+			}
+			if end >= 0 {
+				end = t.Offset + t.Size()
+				o.ends, o.decay = append(o.ends, end), append(o.decay, t.Decay)
+			}
 		}
+		if end != s.Params.Len() {
+			o.ends, o.decay = nil, nil
+		}
+	}
+	if o.ends != nil {
+		// One call for the whole stage (one launch on a GPU), the clip's
+		// scale folded in: the bits of Scale, then AdamW a tensor.
+		d.AdamWSegments(s.Params, s.Grads, s.M, s.V, o.ends, o.decay, gscale, float32(lr), float32(c.Beta1), float32(c.Beta2),
+			float32(c.Eps), float32(c.WeightDecay), step+1)
+		return gradNorm, lr, nil
+	}
+	if gscale != 1 {
+		d.Scale(s.Grads, gscale)
 	}
 	for _, v := range o.views {
 		wd := float32(0)
