@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strconv"
 
+	"github.com/skein-ml/skein/kernels"
 	"github.com/skein-ml/skein/model"
 )
 
@@ -44,6 +45,19 @@ func stageParams(mc model.Config, spec model.StageSpec) uint64 {
 // parameters' four copies and hostCopies more, and its activations.
 func StageMemoryNeed(mc model.Config, spec model.StageSpec, B, T, hostCopies int) uint64 {
 	acts := uint64(model.ActivationFloats(mc, spec, B, T))
+	return 4 * ((4+uint64(hostCopies))*stageParams(mc, spec) + acts)
+}
+
+// stageMemoryOn is StageMemoryNeed with the activations of the attention
+// dev runs (model.ActivationFloatsOn: the fused attention keeps (B,NH,T)
+// per layer, not (B,NH,T,T)); dev not a kernels.Device gives the upper
+// bound.
+func stageMemoryOn(dev any, mc model.Config, spec model.StageSpec, B, T, hostCopies int) uint64 {
+	d, ok := dev.(kernels.Device)
+	if !ok {
+		return StageMemoryNeed(mc, spec, B, T, hostCopies)
+	}
+	acts := uint64(model.ActivationFloatsOn(d, mc, spec, B, T))
 	return 4 * ((4+uint64(hostCopies))*stageParams(mc, spec) + acts)
 }
 
@@ -84,13 +98,13 @@ func checkMemory(mc model.Config, B, T, hostCopies int, available uint64, dev an
 
 func checkSpecMemory(mc model.Config, spec model.StageSpec, name string, B, T, hostCopies int, available uint64, dev any) error {
 	what := "weights, gradients, AdamW moments, outer state and activations"
-	need := StageMemoryNeed(mc, spec, B, T, hostCopies)
+	need := stageMemoryOn(dev, mc, spec, B, T, hostCopies)
 	if dm, ok := dev.(deviceMemory); ok {
 		free, _, err := dm.MemInfo()
 		if err != nil {
 			return err
 		}
-		onDev := StageMemoryNeed(mc, spec, B, T, 0)
+		onDev := stageMemoryOn(dev, mc, spec, B, T, 0)
 		if onDev > free {
 			return fmt.Errorf("%w: %s at batch %d x %d needs about %.2f GiB on %s (weights, gradients, AdamW moments and activations), but %.2f GiB of it is free; use a smaller model or batch",
 				ErrMemory, name, B, T, gib(onDev), dm.Name(), gib(free))

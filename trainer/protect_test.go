@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/skein-ml/skein/kernels"
 	"github.com/skein-ml/skein/model"
 	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/pipeline"
@@ -136,6 +137,37 @@ func TestCheckMemoryOnAGPU(t *testing.T) {
 		case tc.fails != "" && (!errors.Is(err, ErrMemory) || !strings.Contains(err.Error(), tc.fails)):
 			t.Errorf("%s: got %v, want ErrMemory naming %q", tc.name, err, tc.fails)
 		}
+	}
+}
+
+// flashGPU is a fake GPU that runs the fused attention: a CPU device with
+// memory of its own that prefers the fused kernels.
+type flashGPU struct {
+	*kernels.CPU
+	free uint64
+}
+
+func (g flashGPU) MemInfo() (uint64, uint64, error) { return g.free, 2 * g.free, nil }
+func (g flashGPU) Name() string                     { return "cuda:0,flash (fake)" }
+func (g flashGPU) PrefersFusedAttention() bool      { return true }
+
+// On a device that runs the fused attention, the check counts its
+// (B,NH,T) per layer, not the (B,NH,T,T) matrices: a batch that only fits
+// that way is let in there and refused on a device without it.
+func TestCheckMemoryCountsFusedAttention(t *testing.T) {
+	mc, _ := model.Preset("tiny")
+	const B, T = 8, 256
+	dev := flashGPU{CPU: kernels.NewCPU(1)}
+	fused, materialized := stageMemoryOn(dev, mc, model.FullSpec(mc), B, T, 0), memoryNeed(mc, B, T, 0)
+	if fused >= materialized {
+		t.Fatalf("fused %d bytes, materialized %d: the fused attention saves nothing", fused, materialized)
+	}
+	dev.free = fused
+	if err := checkMemory(mc, B, T, 4, 1<<40, dev); err != nil {
+		t.Fatalf("fits with the fused attention: %v", err)
+	}
+	if err := checkMemory(mc, B, T, 4, 1<<40, fakeGPU{fused}); !errors.Is(err, ErrMemory) {
+		t.Fatalf("the same memory without the fused attention: %v, want ErrMemory", err)
 	}
 }
 
