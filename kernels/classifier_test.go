@@ -136,3 +136,39 @@ func BenchmarkClassifier(b *testing.B) {
 		})
 	}
 }
+
+// The residual with its LayerNorm in one pass gives the bits of
+// ResidualForward then LayerNormForward (the CPU backend at several thread
+// counts, and the CPU build of the GPU source against its own two kernels).
+func TestResidualLayerNormForward(t *testing.T) {
+	for _, sh := range [][2]int{{1, 1}, {3, 7}, {17, 64}, {64, 768}, {5, 1000}} {
+		N, C := sh[0], sh[1]
+		rng := rand.New(rand.NewPCG(uint64(N), uint64(C)))
+		a, b, w, bias := randomVec(rng, N*C, 2), randomVec(rng, N*C, 1), randomVec(rng, C, 1), randomVec(rng, C, 0.2)
+		for _, threads := range []int{1, 2, 3} {
+			d := NewCPU(threads)
+			in := func(x []float32) Buffer { buf := d.Alloc(len(x)); d.CopyIn(buf, x); return buf }
+			out := func(buf Buffer) []float32 { x := make([]float32, buf.Len()); d.CopyOut(x, buf); return x }
+			ab, bb, wb, biasb := in(a), in(b), in(w), in(bias)
+			res, ln, mean, rstd := d.Alloc(N*C), d.Alloc(N*C), d.Alloc(N), d.Alloc(N)
+			d.ResidualForward(res, ab, bb, N*C)
+			d.LayerNormForward(ln, mean, rstd, res, wb, biasb, N, C)
+			fres, fln, fmean, frstd := d.Alloc(N*C), d.Alloc(N*C), d.Alloc(N), d.Alloc(N)
+			d.ResidualLayerNormForward(fres, fln, fmean, frstd, ab, bb, wb, biasb, N, C)
+			tag := fmt.Sprintf("N %d C %d threads %d", N, C, threads)
+			sameBits(t, tag+" res", out(fres), out(res))
+			sameBits(t, tag+" out", out(fln), out(ln))
+			sameBits(t, tag+" mean", out(fmean), out(mean))
+			sameBits(t, tag+" rstd", out(frstd), out(rstd))
+		}
+		res, ln, mean, rstd := make([]float32, N*C), make([]float32, N*C), make([]float32, N), make([]float32, N)
+		ewiseResidualForward(res, a, b)
+		ewiseLayerNormForward(ln, mean, rstd, res, w, bias, N, C)
+		fres, fln, fmean, frstd := make([]float32, N*C), make([]float32, N*C), make([]float32, N), make([]float32, N)
+		ewiseResidualLayerNormForward(fres, fln, fmean, frstd, a, b, w, bias, N, C)
+		sameBits(t, "ewise res", fres, res)
+		sameBits(t, "ewise out", fln, ln)
+		sameBits(t, "ewise mean", fmean, mean)
+		sameBits(t, "ewise rstd", frstd, rstd)
+	}
+}

@@ -210,6 +210,18 @@ func (c *CPU) LayerNormForward(out, mean, rstd, inp, weight, bias Buffer, N, Ch 
 		ptr(op, "bias", bias, Ch), C.int(N), C.int(Ch), C.int(c.threads))
 }
 
+// ResidualLayerNormForward: res = a + b, then its LayerNorm, a row at a
+// time (Device).
+func (c *CPU) ResidualLayerNormForward(res, out, mean, rstd, a, b, weight, bias Buffer, N, Ch int) {
+	const op = "ResidualLayerNormForward"
+	if N <= 0 || Ch <= 0 {
+		positive(op, N, Ch)
+	}
+	C.skein_residual_layernorm_forward(ptr(op, "res", res, N*Ch), ptr(op, "out", out, N*Ch),
+		ptr(op, "mean", mean, N), ptr(op, "rstd", rstd, N), ptr(op, "a", a, N*Ch), ptr(op, "b", b, N*Ch),
+		ptr(op, "weight", weight, Ch), ptr(op, "bias", bias, Ch), C.int(N), C.int(Ch), C.int(c.threads))
+}
+
 // LayerNormBackward accumulates dinp, dweight and dbias.
 func (c *CPU) LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd Buffer, N, Ch int) {
 	const op = "LayerNormBackward"

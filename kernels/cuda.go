@@ -47,7 +47,7 @@ var ewisePTX []byte
 // cudaKernels are the entry points of ewisePTX.
 var cudaKernels = []string{"sk_gelu_forward", "sk_gelu_backward", "sk_residual_forward", "sk_residual_backward",
 	"sk_scale", "sk_adamw", "sk_adamw_segments", "sk_layernorm_forward", "sk_layernorm_backward_dinp",
-	"sk_softmax_xent_forward", "sk_softmax_xent_backward", "sk_softmax_xent_fused", "sk_encoder_forward", "sk_encoder_backward_wte",
+	"sk_softmax_xent_forward", "sk_softmax_xent_backward", "sk_softmax_xent_fused", "sk_residual_layernorm_forward", "sk_encoder_forward", "sk_encoder_backward_wte",
 	"sk_encoder_backward_wpe",
 	"sk_attention_softmax", "sk_attention_softmax_backward",
 	"sk_flash_attention_forward", "sk_flash_attention_backward_q", "sk_flash_attention_backward_kv",
@@ -646,6 +646,18 @@ func (c *CUDA) LayerNormForward(out, mean, rstd, inp, weight, bias Buffer, N, Ch
 	args := []arg{c.gbuf(op, "out", out, N*Ch), c.gbuf(op, "mean", mean, N), c.gbuf(op, "rstd", rstd, N),
 		c.gbuf(op, "inp", inp, N*Ch), c.gbuf(op, "weight", weight, Ch), c.gbuf(op, "bias", bias, Ch), int32(N), int32(Ch)}
 	c.do(func() error { return c.rowsOf("sk_layernorm_forward", N, args...) })
+}
+
+// ResidualLayerNormForward: res = a + b, then its LayerNorm, one warp per
+// row (Device).
+func (c *CUDA) ResidualLayerNormForward(res, out, mean, rstd, a, b, weight, bias Buffer, N, Ch int) {
+	const op = "ResidualLayerNormForward"
+	if N <= 0 || Ch <= 0 {
+		positive(op, N, Ch)
+	}
+	args := []arg{c.gbuf(op, "res", res, N*Ch), c.gbuf(op, "out", out, N*Ch), c.gbuf(op, "mean", mean, N), c.gbuf(op, "rstd", rstd, N),
+		c.gbuf(op, "a", a, N*Ch), c.gbuf(op, "b", b, N*Ch), c.gbuf(op, "weight", weight, Ch), c.gbuf(op, "bias", bias, Ch), int32(N), int32(Ch)}
+	c.do(func() error { return c.rowsOf("sk_residual_layernorm_forward", N, args...) })
 }
 
 // LayerNormBackward accumulates dinp, dweight and dbias.

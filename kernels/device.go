@@ -66,6 +66,10 @@ type Device interface {
 	// saved for the backward. eps = 1e-5.
 	LayerNormForward(out, mean, rstd, inp, weight, bias Buffer, N, C int)
 	LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd Buffer, N, C int)
+	// ResidualLayerNormForward is ResidualForward (res = a + b, N*C) and
+	// LayerNormForward of res into out, mean and rstd, in one pass over
+	// the rows (the same bits).
+	ResidualLayerNormForward(res, out, mean, rstd, a, b, weight, bias Buffer, N, C int)
 
 	// MatmulForward: out (N,OC) = inp (N,C) @ weight(OC,C)^T + bias (OC).
 	// bias may be nil.

@@ -75,6 +75,10 @@ func ewiseAdamWSegments(p, g, m, v []float32, seg []int32, gscale, lr, b1, b2, e
 		C.float(b2), C.float(eps), C.float(wd), C.float(bc1), C.float(bc2), C.long(len(p)))
 }
 
+func ewiseResidualLayerNormForward(res, out, mean, rstd, a, b, w, bias []float32, rows, cols int) {
+	C.sk_residual_layernorm_forward(fp(res), fp(out), fp(mean), fp(rstd), fp(a), fp(b), fp(w), fp(bias), C.int(rows), C.int(cols))
+}
+
 func ewiseEncoderForward(out []float32, tokens []int32, wte, wpe []float32, b, t, c int) {
 	C.sk_encoder_forward(fp(out), ip(tokens), fp(wte), fp(wpe), C.int(b), C.int(t), C.int(c))
 }

@@ -197,6 +197,17 @@ SK_FN void sk_ln_fwd_row(long n, int lane, int nl, float *out, float *mean, floa
     }
 }
 
+// The residual and the LayerNorm that follows it, row n: res = a + b, then
+// out = LayerNorm(res). Each lane reads back only the columns it wrote
+// (sk_ln_fwd_row takes the same columns), so no lane waits for another.
+SK_FN void sk_res_ln_fwd_row(long n, int lane, int nl, float *res, float *out, float *mean,
+                             float *rstd, const float *a, const float *b, const float *w,
+                             const float *bias, int C) {
+    long o = n * C;
+    for (int i = lane; i < C; i += nl) res[o + i] = a[o + i] + b[o + i];
+    sk_ln_fwd_row(n, lane, nl, out, mean, rstd, res, w, bias, C);
+}
+
 // LayerNorm backward, the input gradient of row n (accumulated).
 SK_FN void sk_ln_bwd_dinp_row(long n, int lane, int nl, float *dinp, const float *dout,
                               const float *inp, const float *w, const float *mean,
@@ -586,6 +597,10 @@ SK_ROW_KERNEL(sk_softmax_xent_forward,
               (float *losses, float *probs, const float *logits, const int *targets, int N,
                int V, int Vp),
               N, sk_smce_fwd_row(i, lane, nl, losses, probs, logits, targets, V, Vp))
+SK_ROW_KERNEL(sk_residual_layernorm_forward,
+              (float *res, float *out, float *mean, float *rstd, const float *a, const float *b,
+               const float *w, const float *bias, int N, int C),
+              N, sk_res_ln_fwd_row(i, lane, nl, res, out, mean, rstd, a, b, w, bias, C))
 SK_ROW_KERNEL(sk_softmax_xent_fused,
               (float *losses, float *logits, const int *targets, float dloss, int N, int V, int Vp),
               N, sk_smce_fused_row(i, lane, nl, losses, logits, targets, dloss, V, Vp))

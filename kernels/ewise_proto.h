@@ -13,6 +13,8 @@ void sk_adamw_segments(float *p, const float *g, float *m, float *v, const int *
                        float bc2, long n);
 void sk_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *w,
                           const float *b, int N, int C);
+void sk_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a,
+                                   const float *b, const float *w, const float *bias, int N, int C);
 void sk_layernorm_backward_dinp(float *dinp, const float *dout, const float *inp, const float *w,
                                 const float *mean, const float *rstd, int N, int C);
 void sk_layernorm_dparams_part(float *part, const float *dout, const float *inp,

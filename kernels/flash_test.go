@@ -205,6 +205,7 @@ func TestPTXEntriesMatchLaunches(t *testing.T) {
 		"sk_flash_attention_backward_kv": "u64 u64 u64 u64 u64 u64 u32 u32 u32",                         // dinp, delta, dout, inp, lse, rows, T, C, NH
 		"sk_softmax_xent_fused":          "u64 u64 u64 f32 u32 u32 u32",                                 // losses, logits, targets, dloss, N, V, Vp
 		"sk_adamw_segments":              "u64 u64 u64 u64 u64 u32 f32 f32 f32 f32 f32 f32 f32 f32 u64", // p, g, m, v, seg, nseg, gscale, lr, b1, b2, eps, wd, bc1, bc2, n
+		"sk_residual_layernorm_forward":  "u64 u64 u64 u64 u64 u64 u64 u64 u32 u32",                     // res, out, mean, rstd, a, b, w, bias, N, C
 	} {
 		_, decl, ok := strings.Cut(ptx, ".entry "+fn+"(")
 		decl, _, _ = strings.Cut(decl, ")")

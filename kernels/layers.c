@@ -967,6 +967,21 @@ void skein_layernorm_forward(float *out, float *mean, float *rstd, const float *
     }
 }
 
+// The residual and the LayerNorm that follows it, a row at a time: res =
+// a + b, out = LayerNorm(res); the bits of ResidualForward then
+// LayerNormForward, the row still in cache for the second.
+void skein_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd,
+                                      const float *a, const float *b, const float *weight,
+                                      const float *bias, int N, int C, int nthreads) {
+    const struct isa *k = K;
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1)
+    for (int n = 0; n < N; n++) {
+        size_t o = (size_t)n * C;
+        k->add(res + o, a + o, b + o, C);
+        k->ln_fwd_row(out + o, mean + n, rstd + n, res + o, weight, bias, C);
+    }
+}
+
 // LayerNorm backward in one pass over fixed chunks of LN_RB rows: each chunk
 // writes its partial dweight and dbias to scratch, and the partials are then
 // summed in chunk order per column. The chunking depends only on N.

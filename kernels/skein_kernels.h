@@ -92,6 +92,9 @@ void skein_adamw_segments(float *params, const float *grads, float *m, float *v,
                           const int64_t *ends, const int32_t *decay, int nseg, float gscale,
                           float lr, float beta1, float beta2, float eps, float wd, int t,
                           int nthreads);
+void skein_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd,
+                                      const float *a, const float *b, const float *weight,
+                                      const float *bias, int N, int C, int nthreads);
 double skein_sum_squares(const float *x, long n, int nthreads);
 void skein_scale(float *x, float s, long n, int nthreads);
 void skein_adamw(float *params, const float *grads, float *m, float *v, long n, float lr,

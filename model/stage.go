@@ -277,10 +277,15 @@ func (s *Stage) Forward(tokens []int32, in kernels.Buffer, targets []int32) (flo
 		}
 	}
 	d := s.dev
+	// Each residual is added in one pass with the LayerNorm that reads it
+	// (ResidualLayerNormForward): the next block's ln1, or ln_f.
 	res := s.input
+	lnDone, lnfDone := false, false
 	for i := range s.blocks {
 		b := &s.blocks[i]
-		d.LayerNormForward(b.ln1, b.ln1Mean, b.ln1Rstd, res, b.p[tLn1W], b.p[tLn1B], N, C)
+		if !lnDone {
+			d.LayerNormForward(b.ln1, b.ln1Mean, b.ln1Rstd, res, b.p[tLn1W], b.p[tLn1B], N, C)
+		}
 		d.MatmulForward(b.qkv, b.ln1, b.p[tQkvW], b.p[tQkvB], N, C, 3*C)
 		if s.fused {
 			d.FlashAttentionForward(b.atty, b.lse, b.qkv, B, T, C, c.Heads)
@@ -288,18 +293,29 @@ func (s *Stage) Forward(tokens []int32, in kernels.Buffer, targets []int32) (flo
 			d.AttentionForward(b.atty, s.preatt, b.att, b.qkv, B, T, C, c.Heads)
 		}
 		d.MatmulForward(b.attproj, b.atty, b.p[tAttProjW], b.p[tAttProjB], N, C, C)
-		d.ResidualForward(b.res2, res, b.attproj, N*C)
-		d.LayerNormForward(b.ln2, b.ln2Mean, b.ln2Rstd, b.res2, b.p[tLn2W], b.p[tLn2B], N, C)
+		d.ResidualLayerNormForward(b.res2, b.ln2, b.ln2Mean, b.ln2Rstd, res, b.attproj, b.p[tLn2W], b.p[tLn2B], N, C)
 		d.MatmulForward(b.fch, b.ln2, b.p[tFcW], b.p[tFcB], N, C, 4*C)
 		d.GeluForward(b.fchGelu, b.fch, N*4*C)
 		d.MatmulForward(b.fcproj, b.fchGelu, b.p[tFcProjW], b.p[tFcProjB], N, 4*C, C)
-		d.ResidualForward(b.res3, b.res2, b.fcproj, N*C)
+		switch {
+		case i+1 < len(s.blocks):
+			nb := &s.blocks[i+1]
+			d.ResidualLayerNormForward(b.res3, nb.ln1, nb.ln1Mean, nb.ln1Rstd, b.res2, b.fcproj, nb.p[tLn1W], nb.p[tLn1B], N, C)
+			lnDone = true
+		case s.Spec.Head:
+			d.ResidualLayerNormForward(b.res3, s.lnf, s.lnfMean, s.lnfRstd, b.res2, b.fcproj, s.lnfw, s.lnfb, N, C)
+			lnfDone = true
+		default:
+			d.ResidualForward(b.res3, b.res2, b.fcproj, N*C)
+		}
 		res = b.res3
 	}
 	if !s.Spec.Head {
 		return 0, kernels.Err(d)
 	}
-	d.LayerNormForward(s.lnf, s.lnfMean, s.lnfRstd, res, s.lnfw, s.lnfb, N, C)
+	if !lnfDone {
+		d.LayerNormForward(s.lnf, s.lnfMean, s.lnfRstd, res, s.lnfw, s.lnfb, N, C)
+	}
 	d.MatmulForward(s.logits, s.lnf, s.wte, nil, N, C, c.PaddedVocab)
 	// The loss and, in place of the logits, their gradient for Backward:
 	// one pass, no (N, Vp) probabilities.
