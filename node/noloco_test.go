@@ -546,6 +546,12 @@ func (d *countingDevice) AdamW(p, g, m, v kernels.Buffer, lr, b1, b2, eps, wd fl
 	d.CPU.AdamW(p, g, m, v, lr, b1, b2, eps, wd, t)
 }
 
+// AdamWSegments is how optimizer.AdamW steps a whole stage.
+func (d *countingDevice) AdamWSegments(p, g, m, v kernels.Buffer, ends []int, decay []bool, gscale, lr, b1, b2, eps, wd float32, t int) {
+	d.steps.Add(1)
+	d.CPU.AdamWSegments(p, g, m, v, ends, decay, gscale, lr, b1, b2, eps, wd, t)
+}
+
 func TestCatchUpTarget(t *testing.T) {
 	for _, tt := range []struct {
 		own, slack uint64
