@@ -295,18 +295,28 @@ INLINE void k_softmax_bwd_row(float *dpre, const float *att, const float *datt, 
     for (int j = L; j < T; j++) dpre[j] = 0.0f;
 }
 
-// One row of softmax + cross-entropy; returns the loss.
-INLINE float k_smce_fwd_row(float *probs, const float *logits, int target, int V, int Vp) {
+// exp(x - max) of a row's first V logits into e (which may be x itself:
+// each element is read before it is written); returns their sum, and the
+// max in *mxp.
+INLINE float k_exp_row(float *e, const float *x, int V, float *mxp) {
     float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
-    for (int i = 0; i < V; i++) mx = logits[i] > mx ? logits[i] : mx;
+    for (int i = 0; i < V; i++) mx = x[i] > mx ? x[i] : mx;
     float s = 0.0f;
 #pragma omp simd reduction(+ : s)
     for (int i = 0; i < V; i++) {
-        float e = fast_expf(logits[i] - mx);
-        probs[i] = e;
-        s += e;
+        float ei = fast_expf(x[i] - mx);
+        e[i] = ei;
+        s += ei;
     }
+    *mxp = mx;
+    return s;
+}
+
+// One row of softmax + cross-entropy; returns the loss.
+INLINE float k_smce_fwd_row(float *probs, const float *logits, int target, int V, int Vp) {
+    float mx;
+    float s = k_exp_row(probs, logits, V, &mx);
     float inv = 1.0f / s;
 #pragma omp simd
     for (int i = 0; i < V; i++) probs[i] *= inv;
@@ -320,16 +330,8 @@ INLINE float k_smce_fwd_row(float *probs, const float *logits, int target, int V
 // then k_smce_bwd_row into zeroed dlogits, give (no probs row).
 INLINE float k_smce_fused_row(float *l, int target, float dloss, int V, int Vp) {
     const float lt = l[target];
-    float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-    for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int i = 0; i < V; i++) {
-        float e = fast_expf(l[i] - mx);
-        l[i] = e;
-        s += e;
-    }
+    float mx;
+    float s = k_exp_row(l, l, V, &mx);
     float inv = 1.0f / s;
 #pragma omp simd
     for (int i = 0; i < V; i++) l[i] = dloss * (l[i] * inv);
