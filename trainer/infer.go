@@ -44,7 +44,7 @@ func LoadModel(path string, dev kernels.Device, available uint64) (*Loaded, erro
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	T := ck.SeqLen()
-	need := 4 * uint64(model.InferenceFloats(ck.Config, 1, T))
+	need := 4 * uint64(model.InferenceFloatsOn(dev, ck.Config, 1, T)) // exact for the attention dev runs
 	if err := checkInferenceMemory(ck.Config, T, need, available, dev); err != nil {
 		return nil, err
 	}
