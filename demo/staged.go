@@ -249,7 +249,6 @@ func RunStaged(ctx context.Context, cfg StagedConfig) (*StagedResult, error) {
 	var shown uint64
 	plan, half := "", false
 	var reachedAt time.Time // when the run first met its end but for judgedRounds
-	waiting := false
 watch:
 	for {
 		select {
@@ -334,13 +333,17 @@ watch:
 		// Iterations.
 		if cfg.Iterations > 0 && snap.Pipeline.Iteration >= uint64(cfg.Iterations) &&
 			(len(fresh) == 0 || res.Recovered > 0 || time.Since(killedAt) > recoverWait) {
-			if reachedAt.IsZero() {
+			first := reachedAt.IsZero()
+			if first {
 				reachedAt = time.Now()
 			}
-			if n := lossRounds(res.VolunteerLogs); res.Hostile != nil && n < judgedRounds {
+			n := judgedRounds // only a judged run counts them
+			if res.Hostile != nil {
+				n = lossRounds(res.VolunteerLogs)
+			}
+			if n < judgedRounds {
 				if time.Since(reachedAt) < judgeWait {
-					if !waiting {
-						waiting = true
+					if first {
 						fmt.Fprintf(out, "iteration %d reached with %d of stage 0's rounds reported: waiting for %d to judge the run\n",
 							snap.Pipeline.Iteration, n, judgedRounds)
 					}

@@ -457,6 +457,10 @@ func checkSegments(op string, n int, ends []int, decay []bool, t int) {
 	}
 }
 
+// The package does not compile where an int is not an int64_t, which
+// AdamWSegments hands C its segment ends as.
+var _ = [1]struct{}{}[unsafe.Sizeof(int(0))-8]
+
 // AdamWSegments is AdamW over a whole model's segments in one parallel
 // region (Device).
 func (c *CPU) AdamWSegments(params, grads, m, v Buffer, ends []int, decay []bool, gscale, lr, beta1, beta2, eps, wd float32, t int) {
@@ -466,15 +470,10 @@ func (c *CPU) AdamWSegments(params, grads, m, v Buffer, ends []int, decay []bool
 	if n == 0 {
 		return
 	}
-	e64, d32 := make([]int64, len(ends)), make([]int32, len(ends))
-	for j, e := range ends {
-		e64[j] = int64(e)
-		if decay[j] {
-			d32[j] = 1
-		}
-	}
+	// ends and decay go to C as they are: an int is 64 bits (checked at build time above) and
+	// a bool one byte, 0 or 1.
 	C.skein_adamw_segments(ptr(op, "params", params, n), ptr(op, "grads", grads, n), ptr(op, "m", m, n),
-		ptr(op, "v", v, n), C.long(n), (*C.int64_t)(unsafe.Pointer(&e64[0])), (*C.int32_t)(unsafe.Pointer(&d32[0])),
+		ptr(op, "v", v, n), C.long(n), (*C.int64_t)(unsafe.Pointer(&ends[0])), (*C.uint8_t)(unsafe.Pointer(&decay[0])),
 		C.int(len(ends)), C.float(gscale), C.float(lr), C.float(beta1), C.float(beta2), C.float(eps), C.float(wd),
 		C.int(t), C.int(c.threads))
 }

@@ -113,6 +113,7 @@ type CUDA struct {
 	params *[32]unsafe.Pointer // C memory: one launch's parameter pointers
 	cells  *[32]uint64         // C memory: their values
 	ids    *gpuMem             // token ids and targets, grown on demand
+	segTab []int32             // AdamWSegments' table, reused under mu
 	part   *gpuMem             // column sums' partial sums, grown on demand
 	groups groupScratch        // the encoder backward's grouping of rows by token
 	parts  *gpuMem             // SumSquares's partial sums (doubles)
@@ -951,19 +952,25 @@ func (c *CUDA) AdamWSegments(params, grads, m, v Buffer, ends []int, decay []boo
 	p, g, mb, vb := c.gbuf(op, "params", params, n), c.gbuf(op, "grads", grads, n), c.gbuf(op, "m", m, n), c.gbuf(op, "v", v, n)
 	bc1 := float32(1 - math.Pow(float64(beta1), float64(t)))
 	bc2 := float32(1 - math.Pow(float64(beta2), float64(t)))
-	flag := func(j int) int32 {
-		if decay[j] {
-			return 1
+	// The kernel's table: the segments' ends (from lo), then their decay
+	// flags, in scratch reused under c.mu.
+	table := func(ends []int, decay []bool, lo int) C.ulonglong {
+		c.segTab = c.segTab[:0]
+		for _, e := range ends {
+			c.segTab = append(c.segTab, int32(e-lo))
 		}
-		return 0
+		for _, d := range decay {
+			f := int32(0)
+			if d {
+				f = 1
+			}
+			c.segTab = append(c.segTab, f)
+		}
+		return c.uploadInts(c.segTab)
 	}
 	if n < 1<<31 {
-		seg := make([]int32, 2*len(ends))
-		for j, e := range ends {
-			seg[j], seg[len(ends)+j] = int32(e), flag(j)
-		}
 		c.do(func() error {
-			return c.over("sk_adamw_segments", n, p, g, mb, vb, c.uploadInts(seg), int32(len(ends)), gscale, lr, beta1, beta2, eps, wd, bc1, bc2, n)
+			return c.over("sk_adamw_segments", n, p, g, mb, vb, table(ends, decay, 0), int32(len(ends)), gscale, lr, beta1, beta2, eps, wd, bc1, bc2, n)
 		})
 		return
 	}
@@ -975,9 +982,8 @@ func (c *CUDA) AdamWSegments(params, grads, m, v Buffer, ends []int, decay []boo
 		}
 		ps, gs := c.gbuf(op, "params", params.Slice(lo, k), k), c.gbuf(op, "grads", grads.Slice(lo, k), k)
 		ms, vs := c.gbuf(op, "m", m.Slice(lo, k), k), c.gbuf(op, "v", v.Slice(lo, k), k)
-		seg := []int32{int32(k), flag(j)}
 		c.do(func() error {
-			return c.over("sk_adamw_segments", k, ps, gs, ms, vs, c.uploadInts(seg), int32(1), gscale, lr, beta1, beta2, eps, wd, bc1, bc2, k)
+			return c.over("sk_adamw_segments", k, ps, gs, ms, vs, table(ends[j:j+1], decay[j:j+1], lo), int32(1), gscale, lr, beta1, beta2, eps, wd, bc1, bc2, k)
 		})
 		lo = e
 	}

@@ -143,14 +143,18 @@ SK_FN void sk_scale_at(long i, float *x, float s) { x[i] *= s; }
 
 // One AdamW step with decoupled weight decay; bc1 and bc2 are the bias
 // corrections 1 - beta^t.
-SK_FN void sk_adamw_at(long i, float *p, const float *g, float *m, float *v, float lr, float b1,
-                       float b2, float eps, float wd, float bc1, float bc2) {
-    float gi = g[i];
+SK_FN void sk_adamw_upd(long i, float *p, float gi, float *m, float *v, float lr, float b1,
+                        float b2, float eps, float wd, float bc1, float bc2) {
     float mi = b1 * m[i] + (1.0f - b1) * gi;
     float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
     m[i] = mi;
     v[i] = vi;
     p[i] -= lr * ((mi / bc1) / (SK_SQRTF(vi / bc2) + eps) + wd * p[i]);
+}
+
+SK_FN void sk_adamw_at(long i, float *p, const float *g, float *m, float *v, float lr, float b1,
+                       float b2, float eps, float wd, float bc1, float bc2) {
+    sk_adamw_upd(i, p, g[i], m, v, lr, b1, b2, eps, wd, bc1, bc2);
 }
 
 // AdamW over the segments of flat buffers (one launch for a whole model):
@@ -168,13 +172,8 @@ SK_FN void sk_adamw_seg_at(long i, float *p, const float *g, float *m, float *v,
         else
             a = mid + 1;
     }
-    float gi = g[i] * gscale;
-    float mi = b1 * m[i] + (1.0f - b1) * gi;
-    float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
     float d = a < nseg && seg[nseg + a] ? wd : 0.0f;
-    p[i] -= lr * ((mi / bc1) / (SK_SQRTF(vi / bc2) + eps) + d * p[i]);
+    sk_adamw_upd(i, p, g[i] * gscale, m, v, lr, b1, b2, eps, d, bc1, bc2);
 }
 
 #define SK_LN_EPS 1e-5f

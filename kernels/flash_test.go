@@ -43,16 +43,6 @@ func flashName(sh [4]int) string {
 	return fmt.Sprintf("B%d_T%d_hs%d_NH%d", sh[0], sh[1], sh[2]/sh[3], sh[3])
 }
 
-// bitsEqual reports the first element where got and want differ in bits.
-func bitsEqual(t *testing.T, what string, got, want []float32) {
-	t.Helper()
-	for i := range want {
-		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
-			t.Fatalf("%s[%d] = %g, want %g bit for bit", what, i, got[i], want[i])
-		}
-	}
-}
-
 // The fused forward against the float64 reference (out and lse) and the
 // materialized AttentionForward; bit-identical for 1 and 2 threads, across
 // runs, and to the single-threaded build of the same source that the GPU
@@ -81,8 +71,8 @@ func TestFlashAttentionForward(t *testing.T) {
 				checkClose(t, "out vs float64", out, ro, fwdTol)
 				checkClose(t, "lse vs float64", lse, rl, fwdTol)
 				checkClose(t, "out vs AttentionForward", out, to64(old), fwdTol)
-				bitsEqual(t, fmt.Sprintf("out, %d threads", threads), out, wantOut)
-				bitsEqual(t, fmt.Sprintf("lse, %d threads", threads), lse, wantLSE)
+				sameBits(t, fmt.Sprintf("out, %d threads", threads), out, wantOut)
+				sameBits(t, fmt.Sprintf("lse, %d threads", threads), lse, wantLSE)
 			}
 		})
 	}
@@ -130,7 +120,7 @@ func TestFlashAttentionBackward(t *testing.T) {
 				NewCPU(threads).FlashAttentionBackward(dinp, delta, dout, out, inp, lse, B, T, C, NH)
 				checkClose(t, "dinp vs float64", dinp, want, fwdTol)
 				checkClose(t, "dinp vs AttentionBackward", dinp, to64(old), fwdTol)
-				bitsEqual(t, fmt.Sprintf("dinp, %d threads", threads), dinp, ref)
+				sameBits(t, fmt.Sprintf("dinp, %d threads", threads), dinp, ref)
 			}
 		})
 	}

@@ -346,23 +346,8 @@ INLINE void k_smce_bwd_row(float *dlogits, const float *probs, int target, float
     dlogits[target] -= dloss;
 }
 
-INLINE void k_adamw(float *p, const float *g, float *m, float *v, long n, float lr, float b1,
-                    float b2, float eps, float wd, float bc1, float bc2) {
-#pragma omp simd
-    for (long i = 0; i < n; i++) {
-        float gi = g[i];
-        float mi = b1 * m[i] + (1.0f - b1) * gi;
-        float vi = b2 * v[i] + (1.0f - b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        float mhat = mi / bc1;
-        float vhat = vi / bc2;
-        p[i] -= lr * (mhat / (fast_sqrtf(vhat) + eps) + wd * p[i]);
-    }
-}
-
-// k_adamw with the gradient read times gscale (a clip's scale; 1 reads
-// it as it is, the same bits as k_adamw).
+// AdamW over n elements, the gradient read times gscale (a clip's scale;
+// 1 reads it as it is: x * 1 is x).
 INLINE void k_adamw_scaled(float *p, const float *g, float *m, float *v, long n, float gscale,
                            float lr, float b1, float b2, float eps, float wd, float bc1,
                            float bc2) {
@@ -783,8 +768,6 @@ struct isa {
     float (*smce_fused_row)(float *, int, float, int, int);
     void (*adamw_scaled)(float *, const float *, float *, float *, long, float, float, float,
                          float, float, float, float, float);
-    void (*adamw)(float *, const float *, float *, float *, long, float, float, float, float,
-                  float, float, float);
     double (*sumsq)(const float *, long);
     void (*att_fwd_head)(float *, float *, float *, const float *, const float *, const float *,
                          int, int, int, float, float *);
@@ -840,18 +823,13 @@ struct isa {
                                        float wd, float bc1, float bc2) {                       \
         k_adamw_scaled(p, g, m, v, n, gs, lr, b1, b2, eps, wd, bc1, bc2);                      \
     }                                                                                          \
-    TGT static void adamw_##SUF(float *p, const float *g, float *m, float *v, long n,          \
-                                float lr, float b1, float b2, float eps, float wd, float bc1,  \
-                                float bc2) {                                                   \
-        k_adamw(p, g, m, v, n, lr, b1, b2, eps, wd, bc1, bc2);                                 \
-    }                                                                                          \
     TGT static double sumsq_##SUF(const float *x, long n) { return k_sumsq(x, n); }            \
     static const struct isa isa_##SUF = {                                                      \
         NAME,           add_##SUF,           acc_##SUF,          scale_##SUF,                  \
         ISA_FN(GELU_FWD, SUF), ISA_FN(GELU_BWD, SUF), ln_fwd_row_##SUF, ln_bwd_rows_##SUF,     \
         sum_parts_##SUF, enc_bwd_block_##SUF,                                                  \
         softmax_causal_row_##SUF, softmax_bwd_row_##SUF, smce_fwd_row_##SUF,                   \
-        smce_bwd_row_##SUF, smce_fused_row_##SUF, adamw_scaled_##SUF, adamw_##SUF, sumsq_##SUF, \
+        smce_bwd_row_##SUF, smce_fused_row_##SUF, adamw_scaled_##SUF, sumsq_##SUF,              \
         ISA_FN(ATT_FWD, SUF), ISA_FN(ATT_BWD, SUF),                                            \
     };
 
@@ -1201,10 +1179,10 @@ void skein_softmax_xent_fused(float *losses, float *logits, const int32_t *targe
 // AdamW over nseg consecutive segments of flat buffers of n in one
 // parallel region (the chunks do not depend on the segments): segment j
 // ends at ends[j] and decays by wd where decay[j]; gradients are read
-// times gscale. Each element's update is k_adamw's with its segment's wd,
+// times gscale. Each element's update is k_adamw_scaled's with its segment's wd,
 // so the result does not depend on the thread count.
 void skein_adamw_segments(float *params, const float *grads, float *m, float *v, long n,
-                          const int64_t *ends, const int32_t *decay, int nseg, float gscale,
+                          const int64_t *ends, const uint8_t *decay, int nseg, float gscale,
                           float lr, float beta1, float beta2, float eps, float wd, int t,
                           int nthreads) {
     const struct isa *k = K;
@@ -1269,7 +1247,7 @@ void skein_adamw(float *params, const float *grads, float *m, float *v, long n, 
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (nthreads > 1 && nc > 1)
     for (long c = 0; c < nc; c++) {
         long o = c * CHUNK;
-        k->adamw(params + o, grads + o, m + o, v + o, mn(CHUNK, n - o), lr, beta1, beta2, eps,
-                 wd, bc1, bc2);
+        k->adamw_scaled(params + o, grads + o, m + o, v + o, mn(CHUNK, n - o), 1.0f, lr, beta1,
+                        beta2, eps, wd, bc1, bc2);
     }
 }

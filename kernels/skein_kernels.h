@@ -89,7 +89,7 @@ void skein_softmax_xent_backward(float *dlogits, const float *probs, const int32
 void skein_softmax_xent_fused(float *losses, float *logits, const int32_t *targets, float dloss,
                               int N, int V, int Vp, int nthreads);
 void skein_adamw_segments(float *params, const float *grads, float *m, float *v, long n,
-                          const int64_t *ends, const int32_t *decay, int nseg, float gscale,
+                          const int64_t *ends, const uint8_t *decay, int nseg, float gscale,
                           float lr, float beta1, float beta2, float eps, float wd, int t,
                           int nthreads);
 void skein_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd,

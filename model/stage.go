@@ -278,12 +278,12 @@ func (s *Stage) Forward(tokens []int32, in kernels.Buffer, targets []int32) (flo
 	}
 	d := s.dev
 	// Each residual is added in one pass with the LayerNorm that reads it
-	// (ResidualLayerNormForward): the next block's ln1, or ln_f.
+	// (ResidualLayerNormForward): the next block's ln1, or ln_f; only
+	// the first block's ln1 and a stage without blocks' ln_f stand alone.
 	res := s.input
-	lnDone, lnfDone := false, false
 	for i := range s.blocks {
 		b := &s.blocks[i]
-		if !lnDone {
+		if i == 0 {
 			d.LayerNormForward(b.ln1, b.ln1Mean, b.ln1Rstd, res, b.p[tLn1W], b.p[tLn1B], N, C)
 		}
 		d.MatmulForward(b.qkv, b.ln1, b.p[tQkvW], b.p[tQkvB], N, C, 3*C)
@@ -301,10 +301,8 @@ func (s *Stage) Forward(tokens []int32, in kernels.Buffer, targets []int32) (flo
 		case i+1 < len(s.blocks):
 			nb := &s.blocks[i+1]
 			d.ResidualLayerNormForward(b.res3, nb.ln1, nb.ln1Mean, nb.ln1Rstd, b.res2, b.fcproj, nb.p[tLn1W], nb.p[tLn1B], N, C)
-			lnDone = true
 		case s.Spec.Head:
 			d.ResidualLayerNormForward(b.res3, s.lnf, s.lnfMean, s.lnfRstd, b.res2, b.fcproj, s.lnfw, s.lnfb, N, C)
-			lnfDone = true
 		default:
 			d.ResidualForward(b.res3, b.res2, b.fcproj, N*C)
 		}
@@ -313,7 +311,7 @@ func (s *Stage) Forward(tokens []int32, in kernels.Buffer, targets []int32) (flo
 	if !s.Spec.Head {
 		return 0, kernels.Err(d)
 	}
-	if !lnfDone {
+	if len(s.blocks) == 0 {
 		d.LayerNormForward(s.lnf, s.lnfMean, s.lnfRstd, res, s.lnfw, s.lnfb, N, C)
 	}
 	d.MatmulForward(s.logits, s.lnf, s.wte, nil, N, C, c.PaddedVocab)

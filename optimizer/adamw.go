@@ -12,7 +12,6 @@ import (
 	"fmt"
 	"math"
 
-	"github.com/skein-ml/skein/kernels"
 	"github.com/skein-ml/skein/model"
 )
 
@@ -88,19 +87,11 @@ func (c AdamWConfig) LRAt(step int) float64 {
 // stage's own moment buffers (so they checkpoint with it).
 type AdamW struct {
 	cfg AdamWConfig
-	// views of the last stage stepped, built once so Step does not allocate.
+	// The last stage stepped and its tensors as segments of its flat
+	// buffers (ends, decay), built once so Step does not allocate.
 	stage *model.Stage
-	views []adamViews
-	// The stage's tensors as segments of its flat buffers (ends, decay),
-	// for one kernels.Device.AdamWSegments call; nil when its tensors do
-	// not tile the buffers in order (then one AdamW a tensor).
 	ends  []int
 	decay []bool
-}
-
-type adamViews struct {
-	p, g, m, v kernels.Buffer
-	decay      bool
 }
 
 // NewAdamW validates cfg.
@@ -131,40 +122,18 @@ func (o *AdamW) Step(s *model.Stage, step int) (gradNorm, lr float64, err error)
 	lr = o.cfg.LRAt(step)
 	c := o.cfg
 	if o.stage != s {
-		o.stage, o.views, o.ends, o.decay = s, o.views[:0], o.ends[:0], o.decay[:0]
-		end := 0
+		// model.Layout lays a stage's tensors end to end over its flat
+		// buffers: each is a segment (AdamWSegments checks that they tile).
+		o.stage, o.ends, o.decay = s, o.ends[:0], o.decay[:0]
 		for _, t := range s.Tensors() {
-			o.views = append(o.views, adamViews{
-				p: s.Params.Slice(t.Offset, t.Size()), g: s.Grads.Slice(t.Offset, t.Size()),
-				m: s.M.Slice(t.Offset, t.Size()), v: s.V.Slice(t.Offset, t.Size()), decay: t.Decay})
-			if t.Offset != end || t.Size() == 0 {
-				end = -1 // not a tiling: one AdamW a tensor
-			}
-			if end >= 0 {
-				end = t.Offset + t.Size()
-				o.ends, o.decay = append(o.ends, end), append(o.decay, t.Decay)
+			if t.Size() > 0 {
+				o.ends, o.decay = append(o.ends, t.Offset+t.Size()), append(o.decay, t.Decay)
 			}
 		}
-		if end != s.Params.Len() {
-			o.ends, o.decay = nil, nil
-		}
 	}
-	if o.ends != nil {
-		// One call for the whole stage (one launch on a GPU), the clip's
-		// scale folded in: the bits of Scale, then AdamW a tensor.
-		d.AdamWSegments(s.Params, s.Grads, s.M, s.V, o.ends, o.decay, gscale, float32(lr), float32(c.Beta1), float32(c.Beta2),
-			float32(c.Eps), float32(c.WeightDecay), step+1)
-		return gradNorm, lr, nil
-	}
-	if gscale != 1 {
-		d.Scale(s.Grads, gscale)
-	}
-	for _, v := range o.views {
-		wd := float32(0)
-		if v.decay {
-			wd = float32(c.WeightDecay)
-		}
-		d.AdamW(v.p, v.g, v.m, v.v, float32(lr), float32(c.Beta1), float32(c.Beta2), float32(c.Eps), wd, step+1)
-	}
+	// One call for the whole stage (one launch on a GPU), the clip's scale
+	// folded in: the bits of Scale, then AdamW a tensor.
+	d.AdamWSegments(s.Params, s.Grads, s.M, s.V, o.ends, o.decay, gscale, float32(lr), float32(c.Beta1), float32(c.Beta2),
+		float32(c.Eps), float32(c.WeightDecay), step+1)
 	return gradNorm, lr, nil
 }

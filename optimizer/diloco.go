@@ -312,8 +312,8 @@ func (d *DiLoCo) apply() error {
 	if len(d.norms) > normWindow {
 		d.norms = d.norms[1:]
 	}
-	switch eta, mu := float32(d.cfg.OuterLR), float32(d.cfg.Momentum); {
-	case d.cfg.Support != nil && mu == 0:
+	eta, mu := float32(d.cfg.OuterLR), float32(d.cfg.Momentum)
+	if d.cfg.Support != nil && mu == 0 {
 		// Off the support NesterovStep with a zero average and no momentum
 		// sets the momentum to +0 and leaves phi as it is: only the
 		// support is worked (the same bits).
@@ -321,13 +321,13 @@ func (d *DiLoCo) apply() error {
 		for j, p := range d.sup {
 			NesterovStep(d.Phi[p:p+1], d.Mom[p:p+1], d.cavg[j:j+1], eta, mu)
 		}
-	case d.cfg.Support != nil:
-		clear(d.avg)
-		for j, p := range d.sup {
-			d.avg[p] = d.cavg[j]
+	} else {
+		if d.cfg.Support != nil {
+			clear(d.avg)
+			for j, p := range d.sup {
+				d.avg[p] = d.cavg[j]
+			}
 		}
-		NesterovStep(d.Phi, d.Mom, d.avg, eta, mu)
-	default:
 		NesterovStep(d.Phi, d.Mom, d.avg, eta, mu)
 	}
 	if d.sub != nil {

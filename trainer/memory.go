@@ -44,8 +44,13 @@ func stageParams(mc model.Config, spec model.StageSpec) uint64 {
 // StageMemoryNeed is memoryNeed for one stage of a pipeline: its
 // parameters' four copies and hostCopies more, and its activations.
 func StageMemoryNeed(mc model.Config, spec model.StageSpec, B, T, hostCopies int) uint64 {
-	acts := uint64(model.ActivationFloats(mc, spec, B, T))
-	return 4 * ((4+uint64(hostCopies))*stageParams(mc, spec) + acts)
+	return stageBytes(mc, spec, model.ActivationFloats(mc, spec, B, T), hostCopies)
+}
+
+// stageBytes is a stage's parameters' four copies and hostCopies more, and
+// acts float32s of activations, in bytes.
+func stageBytes(mc model.Config, spec model.StageSpec, acts int64, hostCopies int) uint64 {
+	return 4 * ((4+uint64(hostCopies))*stageParams(mc, spec) + uint64(acts))
 }
 
 // stageMemoryOn is StageMemoryNeed with the activations of the attention
@@ -57,8 +62,7 @@ func stageMemoryOn(dev any, mc model.Config, spec model.StageSpec, B, T, hostCop
 	if !ok {
 		return StageMemoryNeed(mc, spec, B, T, hostCopies)
 	}
-	acts := uint64(model.ActivationFloatsOn(d, mc, spec, B, T))
-	return 4 * ((4+uint64(hostCopies))*stageParams(mc, spec) + acts)
+	return stageBytes(mc, spec, model.ActivationFloatsOn(d, mc, spec, B, T), hostCopies)
 }
 
 // CheckStageMemory refuses a staged volunteer that could be placed on a
