@@ -110,6 +110,11 @@ func elementBound(c Codec, sr bool, x []float32, i, block int) float64 {
 			return amax
 		}
 		return k*amax/7 + slack*amax
+	case Int2:
+		if amax < minScaleAbs {
+			return amax
+		}
+		return k*amax/1.5 + slack*amax
 	case MinMax8:
 		if mx-mn < minScaleAbs { // decodes to min
 			return mx - mn
@@ -121,7 +126,7 @@ func elementBound(c Codec, sr bool, x []float32, i, block int) float64 {
 
 // Relative L2 error bounds on N(0,1) data with the default block size (256).
 var gaussianRelL2 = map[Codec]float64{
-	FP32: 0, BF16: 0.003, FP16: 0.0004, Int8: 0.008, Int4: 0.14, MinMax8: 0.008,
+	FP32: 0, BF16: 0.003, FP16: 0.0004, Int8: 0.008, Int4: 0.14, MinMax8: 0.008, Int2: 0.6,
 }
 
 func TestRoundTrip(t *testing.T) {

@@ -18,6 +18,7 @@ const (
 	Int8    Codec = 4 // blockwise absmax int8: scale = absmax/127, codes in [-127, 127]
 	Int4    Codec = 5 // blockwise absmax int4: scale = absmax/7, codes in [-7, 7], two per byte
 	MinMax8 Codec = 6 // blockwise min-max uint8 for the collective's contributions and aggregates (ALGORITHMS.md 1)
+	Int2    Codec = 7 // blockwise absmax 2-bit: step = absmax/1.5, codes 0..3 decode to (q-1.5)*step, four per byte
 )
 
 // String returns the codec's lowercase name.
@@ -35,12 +36,14 @@ func (c Codec) String() string {
 		return "int4"
 	case MinMax8:
 		return "minmax8"
+	case Int2:
+		return "int2"
 	}
 	return fmt.Sprintf("codec(%d)", uint8(c))
 }
 
 // Codecs lists every codec, in id order.
-func Codecs() []Codec { return []Codec{FP32, BF16, FP16, Int8, Int4, MinMax8} }
+func Codecs() []Codec { return []Codec{FP32, BF16, FP16, Int8, Int4, MinMax8, Int2} }
 
 // CodecNames lists the codecs' names, in id order.
 func CodecNames() []string {
@@ -65,9 +68,9 @@ func ParseCodec(name string) (Codec, error) {
 func (c Codec) Lossy() bool { return c != FP32 }
 
 // blocked reports whether the codec stores per-block scales.
-func (c Codec) blocked() bool { return c == Int8 || c == Int4 || c == MinMax8 }
+func (c Codec) blocked() bool { return c == Int8 || c == Int4 || c == MinMax8 || c == Int2 }
 
-func (c Codec) valid() bool { return c >= FP32 && c <= MinMax8 }
+func (c Codec) valid() bool { return c >= FP32 && c <= Int2 }
 
 // Limits and defaults.
 const (
@@ -98,7 +101,7 @@ type Config struct {
 	// Codec used by an Encoder. Ignored by a Decoder, which reads it from the frame.
 	Codec Codec
 	// BlockSize is the number of elements sharing one scale (Int8, Int4,
-	// MinMax8). It must be a multiple of 8 in [MinBlockSize, MaxBlockSize] for
+	// MinMax8, Int2). It must be a multiple of 8 in [MinBlockSize, MaxBlockSize] for
 	// every codec, so that any frame's header is checked the same way.
 	BlockSize int
 	// Stochastic selects stochastic rounding (unbiased, seeded by the seed
@@ -196,6 +199,8 @@ func bodyLen(c Codec, m, block int) int {
 		return 4*nb + (m+1)/2
 	case MinMax8:
 		return 8*nb + m
+	case Int2:
+		return 4*nb + (m+3)/4
 	}
 	return 0
 }

@@ -35,6 +35,11 @@
 //     or min(floor(... + u), 255); decode min + q*((max-min)/255). A block
 //     with max-min < 2^-100 (max == min included) has codes 0 and decodes to
 //     min exactly.
+//   - Int2: step = absmax/1.5 per block, four levels without a zero,
+//     q = round(x/step + 1.5) or min(floor(x/step + 1.5 + u), 3); decode
+//     (q-1.5)*step. For pseudo-gradients whose error feedback keeps what
+//     rounding loses (the shared support's compacted vector); a block with
+//     absmax < 2^-100 has step 0 and codes 2, and decodes to +0.
 //   - BF16 and FP16 saturate at their largest finite value instead of
 //     overflowing to Inf.
 //
@@ -51,7 +56,7 @@
 //	Header (32 bytes)
 //	  0  4  magic "SKNT"
 //	  4  1  version = 1
-//	  5  1  codec id: 1 fp32, 2 bf16, 3 fp16, 4 int8, 5 int4, 6 minmax8
+//	  5  1  codec id: 1 fp32, 2 bf16, 3 fp16, 4 int8, 5 int4, 6 minmax8, 7 int2
 //	  6  1  flags: bit 0 = stochastic rounding was used (informational); other bits 0
 //	  7  1  reserved, 0
 //	  8  8  element count (uint64)
@@ -78,6 +83,9 @@
 //	           nibble of byte k, 2k+1 in the high nibble, 4-bit two's complement
 //	           (a final unpaired high nibble is 0)
 //	  minmax8  nb x (float32 min, float32 max), then m x uint8 codes
+//	  int2     nb x float32 step, then ceil(m/4) bytes: element 4k+j in bits
+//	           2j and 2j+1 of byte k, code q decoding to (q-1.5)*step (the
+//	           unused bits of a final partial byte are 0)
 //
 // Decoders accept every code value (-128 for int8, -8 for int4) but check
 // that scales are finite, non-negative and small enough that every decoded

@@ -87,7 +87,7 @@ func TestDeterminismAcrossWorkers(t *testing.T) {
 func TestStochasticRoundingUnbiased(t *testing.T) {
 	const S, n = 1000, 512
 	x := gaussian(n, 77)
-	for _, c := range []Codec{Int8, Int4, MinMax8, BF16, FP16} {
+	for _, c := range []Codec{Int8, Int4, MinMax8, Int2, BF16, FP16} {
 		for _, sr := range []bool{true, false} {
 			cfg := testConfig(c, sr, 0)
 			enc, _ := NewEncoder(cfg)
@@ -127,7 +127,7 @@ func TestStochasticRoundingUnbiased(t *testing.T) {
 func TestErrorFeedbackTracksSum(t *testing.T) {
 	const n, rounds = 2048, 300
 	x := gaussian(n, 3)
-	for _, c := range []Codec{Int4, Int8, MinMax8, BF16} {
+	for _, c := range []Codec{Int4, Int8, MinMax8, Int2, BF16} {
 		for _, mode := range []FeedbackMode{0, EF, EF21} {
 			cfg := testConfig(c, false, 1)
 			enc, _ := NewEncoder(cfg)

@@ -113,6 +113,10 @@ func Arms() []Arm {
 			c.Algorithm, c.InnerSteps, c.Sparse, c.SparseBeta = DiLoCo, 50, &sc, 0.95
 			c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 3, 0
 		}},
+		{Name: "diloco-h50-sparse-ef3-robust", Description: "diloco-h50-sparse-ef3 with the default robust rule per coordinate over the union of the members' messages (norms clipped, trim 1; a coordinate one member alone sends is trimmed)", configure: sparseRobust(64, 3, 0)},
+		{Name: "diloco-h50-sparse-ef3-robust-attack", Description: "diloco-h50-sparse-ef3-robust with one worker scaling its pseudo-gradient by 1000", configure: sparseRobust(64, 3, 1000)},
+		{Name: "diloco-h50-sparse-ef3-robust-flip", Description: "diloco-h50-sparse-ef3-robust with one worker flipping the sign of its pseudo-gradient (x -4)", configure: sparseRobust(64, 3, -4)},
+		{Name: "diloco-h50-sparse128-ef3-robust", Description: "diloco-h50-sparse-ef3-robust at top-128/4096", configure: sparseRobust(128, 3, 0)},
 		{Name: "diloco-h50-sparse128-ef", Description: "diloco-h50-sparse-ef at twice the density: top-128/4096", configure: func(c *SwarmConfig) {
 			sc := compression.DefaultSparseConfig()
 			sc.K = 128
@@ -130,6 +134,23 @@ func Arms() []Arm {
 			c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support = DiLoCo, 50, optimizer.DefaultRobust(), &s
 			c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 3, 0
 		}},
+		// Denser supports with fewer bits a value, at about the same bytes
+		// (session 7): the density/precision trade at 2000x.
+		{Name: "diloco-h50-random2048-int4", Description: "DiLoCo H=50, a shared support of 2048 of every 4096 by a keyed hash of the round + error feedback (decay 1), int4 through the butterfly (default robust rule), outer Nesterov 0.7/0.9", configure: randomSupport(2048, compression.Int4)},
+		{Name: "diloco-h50-random256", Description: "diloco-h50-random2048-int4 at 256 of every 4096, minmax8", configure: randomSupport(256, compression.MinMax8)},
+		{Name: "diloco-h50-nominated256", Description: "diloco-h50-nominated at 256/4096 (64 nominations a member), outer SGD lr 2", configure: nominatedCodec(256, 64, 2, compression.MinMax8)},
+		{Name: "diloco-h50-nominated256-int4", Description: "diloco-h50-nominated256 with int4 values through the butterfly", configure: nominatedCodec(256, 64, 2, compression.Int4)},
+		{Name: "diloco-h50-nominated512-int4", Description: "diloco-h50-nominated at 512/4096 (128 nominations a member), int4 values, outer SGD lr 2", configure: nominatedCodec(512, 128, 2, compression.Int4)},
+		{Name: "diloco-h50-nomblock16-512-int4", Description: "diloco-h50-nominated512-int4 with nominations by blocks of 16 coordinates (8 blocks a member and chunk)", configure: blockNominated(512, 128, 16, 2, compression.Int4)},
+		{Name: "diloco-h50-random512-int4", Description: "DiLoCo H=50, a shared support of 512 of every 4096 by a keyed hash of the round + error feedback (decay 0.95), int4 through the butterfly (default robust rule), outer SGD lr 2", configure: randomSGD(512, compression.Int4)},
+		{Name: "diloco-h50-random1024-int4", Description: "diloco-h50-random512-int4 at 1024 of every 4096", configure: randomSGD(1024, compression.Int4)},
+		{Name: "diloco-h50-random1024-int2", Description: "diloco-h50-random512-int4 at 1024 of every 4096 with int2 values (about the same bytes)", configure: randomSGD(1024, compression.Int2)},
+		{Name: "diloco-h50-random512-int4-fr", Description: "diloco-h50-random512-int4 whose residual also keeps what the butterfly's rounding lost (SupportConfig.FeedRounding)", configure: feedRounding(randomSGD(512, compression.Int4))},
+		{Name: "diloco-h50-random1024-int2-fr", Description: "diloco-h50-random1024-int2 with FeedRounding", configure: feedRounding(randomSGD(1024, compression.Int2))},
+		{Name: "diloco-h50-nominated1024-int2-fr", Description: "diloco-h50-nominated1024-int2 with FeedRounding", configure: feedRounding(nominatedCodec(1024, 256, 2, compression.Int2))},
+		{Name: "diloco-h50-cycle1024-int2", Description: "DiLoCo H=50, a cycling shared support of 1024 of every 4096 (each coordinate every 4 rounds) + error feedback (decay 0.95), int2 through the butterfly (default robust rule), outer SGD lr 2", configure: cycle(1024, compression.Int2, false)},
+		{Name: "diloco-h50-cycle1024-int2-fr", Description: "diloco-h50-cycle1024-int2 with FeedRounding", configure: cycle(1024, compression.Int2, true)},
+		{Name: "diloco-h50-nominated1024-int2", Description: "diloco-h50-nominated512-int4 at 1024 of every 4096 (256 nominations a member) with int2 values (about the same bytes)", configure: nominatedCodec(1024, 256, 2, compression.Int2)},
 		{Name: "diloco-h50-nominated", Description: "DiLoCo H=50, a shared support 64/4096 of the union of each member's own top 16 (nominations exchanged for free, in process) + error feedback (decay 0.95), outer SGD lr 3, butterfly default robust rule, minmax8", configure: nominated(64, 16, optimizer.DefaultRobust(), false, 0)},
 		{Name: "diloco-h50-nominated-mean", Description: "diloco-h50-nominated with the butterfly's plain mean (trim 0, no clip): what the robust rule costs", configure: nominated(64, 16, optimizer.RobustConfig{}, false, 0)},
 		{Name: "diloco-h50-nominated128", Description: "diloco-h50-nominated at twice the density: 128/4096, 32 nominations a member", configure: nominated(128, 32, optimizer.DefaultRobust(), false, 0)},
@@ -188,6 +209,68 @@ func Arms() []Arm {
 // round's hash (nominations exchanged in process), with error feedback
 // (decay 0.95), outer SGD lr 3, the butterfly's rule robust and minmax8;
 // attack as SwarmConfig.Attack.
+func randomSupport(k int, codec compression.Codec) func(c *SwarmConfig) {
+	return func(c *SwarmConfig) {
+		s := optimizer.SupportConfig{Chunk: 4096, K: k, Decay: 1}
+		c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support = DiLoCo, 50, optimizer.DefaultRobust(), &s
+		c.Codec.Codec = codec
+	}
+}
+
+func nominatedCodec(k, each int, lr float64, codec compression.Codec) func(c *SwarmConfig) {
+	return func(c *SwarmConfig) {
+		nominated(k, each, optimizer.DefaultRobust(), false, 0)(c)
+		c.DiLoCo.OuterLR, c.Codec.Codec = lr, codec
+	}
+}
+
+func blockNominated(k, each, block int, lr float64, codec compression.Codec) func(c *SwarmConfig) {
+	return func(c *SwarmConfig) {
+		nominatedCodec(k, each, lr, codec)(c)
+		c.DiLoCo.Support.NominateBlock = block
+	}
+}
+
+func randomSGD(k int, codec compression.Codec) func(c *SwarmConfig) {
+	return func(c *SwarmConfig) {
+		s := optimizer.SupportConfig{Chunk: 4096, K: k, Decay: 0.95}
+		c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support = DiLoCo, 50, optimizer.DefaultRobust(), &s
+		c.DiLoCo.OuterLR, c.DiLoCo.Momentum, c.Codec.Codec = 2, 0, codec
+	}
+}
+
+func sparseRobust(k int, lr, attack float64) func(c *SwarmConfig) {
+	return func(c *SwarmConfig) {
+		sc := compression.DefaultSparseConfig()
+		sc.K = k
+		c.Algorithm, c.InnerSteps, c.Sparse, c.SparseBeta, c.Robust, c.Attack = DiLoCo, 50, &sc, 0.95, optimizer.DefaultRobust(), attack
+		c.DiLoCo.OuterLR, c.DiLoCo.Momentum = lr, 0
+	}
+}
+
+func cycle(k int, codec compression.Codec, feed bool) func(c *SwarmConfig) {
+	return func(c *SwarmConfig) {
+		randomSGD(k, codec)(c)
+		c.DiLoCo.Support.Cycle, c.DiLoCo.Support.FeedRounding = true, feed
+	}
+}
+
+// withAttack makes an arm's last worker hostile (SwarmConfig.Attack).
+func withAttack(arm func(c *SwarmConfig), attack float64) func(c *SwarmConfig) {
+	return func(c *SwarmConfig) {
+		arm(c)
+		c.Attack = attack
+	}
+}
+
+// feedRounding sets SupportConfig.FeedRounding on an arm with a support.
+func feedRounding(arm func(c *SwarmConfig)) func(c *SwarmConfig) {
+	return func(c *SwarmConfig) {
+		arm(c)
+		c.DiLoCo.Support.FeedRounding = true
+	}
+}
+
 func nominated(k, each int, robust optimizer.RobustConfig, fromResidual bool, attack float64) func(c *SwarmConfig) {
 	return func(c *SwarmConfig) {
 		s := optimizer.SupportConfig{Chunk: 4096, K: k, Nominate: each, Decay: 0.95, NominateFromResidual: fromResidual}

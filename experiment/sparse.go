@@ -26,6 +26,12 @@ type sparseGather struct {
 	dec  *compression.SparseDecoder
 	fb   *compression.SparseFeedback
 	buf  []float32
+	// robust, if set, replaces the mean: each message decoded on its own
+	// (zeros where it sent nothing), then the robust rule per coordinate
+	// over the union, so a coordinate one member alone sends is trimmed.
+	robust  optimizer.RobustConfig
+	inputs  [][]float32
+	scratch []float32
 }
 
 // sparseHub is the members' meeting point, one round at a time.
@@ -87,15 +93,28 @@ func (g *sparseGather) AllReduceMean(ctx context.Context, round uint64, x, out [
 	msgs := append([][]byte(nil), h.msgs...)
 	h.mu.Unlock()
 
-	clear(out)
-	for _, b := range msgs {
-		if err := g.dec.DecodeAdd(b, out); err != nil {
-			return optimizer.RoundStats{}, err
+	if g.robust != (optimizer.RobustConfig{}) {
+		for len(g.inputs) < len(msgs) {
+			g.inputs = append(g.inputs, make([]float32, len(out)))
 		}
-	}
-	inv := float32(1) / float32(len(msgs))
-	for i := range out {
-		out[i] *= inv
+		for i, b := range msgs {
+			clear(g.inputs[i])
+			if err := g.dec.DecodeAdd(b, g.inputs[i]); err != nil {
+				return optimizer.RoundStats{}, err
+			}
+		}
+		g.scratch = g.robust.Aggregate(out, g.inputs[:len(msgs)], g.scratch)
+	} else {
+		clear(out)
+		for _, b := range msgs {
+			if err := g.dec.DecodeAdd(b, out); err != nil {
+				return optimizer.RoundStats{}, err
+			}
+		}
+		inv := float32(1) / float32(len(msgs))
+		for i := range out {
+			out[i] *= inv
+		}
 	}
 
 	h.mu.Lock()

@@ -58,8 +58,9 @@ type SwarmConfig struct {
 	// zero value is the plain mean, as in the papers.
 	Robust optimizer.RobustConfig
 	// Sparse, if set (DiLoCo), replaces the butterfly with an all-gather of
-	// sparse messages with error feedback and a plain mean (sparse.go):
-	// the sparse codec's quality, not yet its robust aggregation.
+	// sparse messages with error feedback and a plain mean, or with Robust
+	// set the robust rule per coordinate over the union (sparse.go): the
+	// sparse codec's quality, in process.
 	Sparse *compression.SparseConfig
 	// SparseBeta is the sparse error feedback's decay (0: 1, none).
 	SparseBeta float32
@@ -244,6 +245,7 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 				if err != nil {
 					return nil, err
 				}
+				g.robust = cfg.Robust
 				d, err := optimizer.NewDiLoCo(cfg.DiLoCo, g, w.theta)
 				if err != nil {
 					return nil, err

@@ -2,6 +2,9 @@ package experiment
 
 import (
 	"context"
+	"errors"
+	"slices"
+	"sync"
 	"testing"
 
 	"github.com/skein-ml/skein/compression"
@@ -83,5 +86,53 @@ func TestRunSwarmSparse(t *testing.T) {
 	}
 	if a.BytesSent <= 0 || a.BytesSent*10 > dense.BytesSent {
 		t.Fatalf("sparse sent %d bytes, the minmax8 butterfly %d", a.BytesSent, dense.BytesSent)
+	}
+}
+
+// The sparse all-gather's robust rule works per coordinate over the union:
+// a coordinate one member alone sends is trimmed (however large), one that
+// every member sends comes through, and a hostile member's x1000 is
+// clipped; every member gets the same bits.
+func TestSparseGatherRobust(t *testing.T) {
+	const m, n = 4, 1024
+	sc := compression.SparseConfig{Chunk: 1024, K: 4, Level: 1}
+	hub := newSparseHub(m)
+	outs := make([][]float32, m)
+	errs := make([]error, m)
+	var wg sync.WaitGroup
+	for i := range m {
+		g, err := newSparseGather(hub, i, n, sc, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.robust = optimizer.DefaultRobust()
+		x := make([]float32, n)
+		x[5], x[9] = 1, -1 // every member
+		x[100+i] = 1.5     // this member alone
+		if i == m-1 {
+			for j := range x {
+				x[j] *= 1000
+			}
+		}
+		outs[i] = make([]float32, n)
+		wg.Go(func() { _, errs[i] = g.AllReduceMean(context.Background(), 0, x, outs[i]) })
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	got := outs[0]
+	for i := range m {
+		if !slices.Equal(outs[i], got) {
+			t.Fatalf("member %d got other bits", i)
+		}
+		if got[100+i] != 0 {
+			t.Errorf("member %d's lone coordinate came through: %v", i, got[100+i])
+		}
+	}
+	// 2-bit values (1 and -1 decode to 1.25 and -0.5 here): the shared
+	// coordinates come through with their signs and the x1000 clipped.
+	if !(got[5] > 0.4 && got[5] < 2 && got[9] < -0.4 && got[9] > -2) {
+		t.Errorf("shared coordinates %v, %v; want about 1, -1", got[5], got[9])
 	}
 }

@@ -82,7 +82,7 @@
 //	gamma = 0.7          # NoLoCo: pull towards the group's mean weights
 //
 //	[wire]
-//	codec = "minmax8" # "bf16", "fp16", "fp32", "int4", "int8" or "minmax8"
+//	codec = "minmax8" # "bf16", "fp16", "fp32", "int2", "int4", "int8" or "minmax8"
 //	# outer = "support"     # DiLoCo, one stage: send only each round's shared support ("dense", the default: every coordinate)
 //	# support_k = 64        # with "support": coordinates of every 4096 sent each round, 1..1024
 //	# residual_decay = 0.95 # with "support": decay per round of what a volunteer has not sent yet, (0, 1]

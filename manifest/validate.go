@@ -148,6 +148,9 @@ func (w Wire) validate() error {
 		if w.SupportK != 0 || w.ResidualDecay != 0 {
 			return bad("wire.outer", w.Outer, "a dense exchange takes no support_k or residual_decay")
 		}
+		if w.Codec == compression.Int2.String() {
+			return bad("wire.codec", w.Codec, "only with wire.outer = %q, whose residual keeps what its rounding loses", OuterSupport)
+		}
 		return nil
 	case OuterSupport:
 		if w.SupportK < 1 || w.SupportK > SupportChunk/4 {

@@ -287,6 +287,7 @@ type bfRound struct {
 	attempt   uint32
 	stateHash uint64
 	x, out    []float32
+	sent      []float32 // x as sent, decoded (StartSent), or nil
 
 	readies    map[transport.PeerID]bfReady
 	ranked     []transport.PeerID
@@ -432,8 +433,16 @@ func (b *Butterfly) Tick() {
 // written into out (len(x) each, not touched by the caller until the
 // round's result is out).
 func (b *Butterfly) Start(round uint64, stateHash uint64, x, out []float32) error {
-	if len(x) != b.cfg.Len || len(out) != b.cfg.Len {
-		return fmt.Errorf("%w: vectors of %d and %d elements, want %d", ErrConfig, len(x), len(out), b.cfg.Len)
+	return b.StartSent(round, stateHash, x, out, nil)
+}
+
+// StartSent is Start that also writes into sent (nil: nothing) x as this
+// member's parts cross the wire, encoded and decoded (zeros where it sent
+// none, as when it is left out): what error feedback needs to keep the
+// codec's rounding. sent is written by the machine until the round ends.
+func (b *Butterfly) StartSent(round uint64, stateHash uint64, x, out, sent []float32) error {
+	if len(x) != b.cfg.Len || len(out) != b.cfg.Len || (sent != nil && len(sent) != b.cfg.Len) {
+		return fmt.Errorf("%w: vectors of %d, %d and %d elements, want %d", ErrConfig, len(x), len(out), len(sent), b.cfg.Len)
 	}
 	if b.Busy() {
 		return fmt.Errorf("optimizer: round %d started while round %d is in progress", round, b.cur.round)
@@ -445,7 +454,8 @@ func (b *Butterfly) Start(round uint64, stateHash uint64, x, out []float32) erro
 			delete(b.attempts, r)
 		}
 	}
-	c := &bfRound{round: round, attempt: att, stateHash: stateHash, x: x, out: out,
+	clear(sent)
+	c := &bfRound{round: round, attempt: att, stateHash: stateHash, x: x, out: out, sent: sent,
 		readies: map[transport.PeerID]bfReady{b.self: {stateHash, att, b.now}}, finishedBy: map[transport.PeerID]bool{}, me: -1}
 	c.ranked = b.rank(round)
 	for _, p := range b.view {

@@ -27,6 +27,12 @@ type stateCollective interface {
 	AllReduceFrom(ctx context.Context, round, stateHash uint64, x, out []float32) (RoundStats, error)
 }
 
+// sentCollective is a stateCollective that also reports what of x crossed
+// the wire (Butterfly.StartSent).
+type sentCollective interface {
+	AllReduceSent(ctx context.Context, round, stateHash uint64, x, out, sent []float32) (RoundStats, error)
+}
+
 // ButterflyDriver runs a Butterfly machine over Peers (driver.go): the
 // driver owns the goroutines, the clock and the sends; the machine owns
 // every decision. One round at a time.
@@ -92,7 +98,13 @@ func (d *ButterflyDriver) AllReduceMean(ctx context.Context, round uint64, x, ou
 // that start from another state are not in the group (ErrExcluded: the
 // caller re-syncs). On error out is unspecified and nothing happened.
 func (d *ButterflyDriver) AllReduceFrom(ctx context.Context, round, stateHash uint64, x, out []float32) (RoundStats, error) {
-	r := d.d.call(ctx, func() error { return d.m.Start(round, stateHash, x, out) })
+	return d.AllReduceSent(ctx, round, stateHash, x, out, nil)
+}
+
+// AllReduceSent is AllReduceFrom that also writes into sent (nil: nothing)
+// x as this member sent it, encoded and decoded (Butterfly.StartSent).
+func (d *ButterflyDriver) AllReduceSent(ctx context.Context, round, stateHash uint64, x, out, sent []float32) (RoundStats, error) {
+	r := d.d.call(ctx, func() error { return d.m.StartSent(round, stateHash, x, out, sent) })
 	st := RoundStats{Round: round, BytesSent: r.sent, BytesRecv: r.recv, Duration: r.took}
 	if res := r.res; res != nil {
 		st.Group, st.Attempts, st.Adopted = res.Group, int(res.Attempt), res.LeftOut

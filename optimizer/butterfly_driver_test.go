@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/skein-ml/skein/compression"
 	"github.com/skein-ml/skein/transport"
 )
 
@@ -381,4 +382,72 @@ func TestButterflyDriverMute(t *testing.T) {
 		}
 	}
 	t.Logf("round times, 4 honest and 1 mute: %v", took)
+}
+
+// With FeedRounding a member's error feedback keeps the wire's rounding
+// too: over the butterfly with int2 (coarse on purpose), what each member
+// sent (as the owners decoded it) plus its residual is the sum of its
+// pseudo-gradients. Without it the support's residual is emptied, rounding
+// and all.
+func TestButterflyDriverSupportFeedRounding(t *testing.T) {
+	for _, feed := range []bool{true, false} {
+		t.Run(fmt.Sprintf("feed=%v", feed), func(t *testing.T) {
+			net := transport.NewMemNetwork()
+			defer net.Close()
+			const n, members, rounds = 4000, 3, 3
+			dc := DefaultDiLoCo()
+			dc.OuterLR, dc.Momentum = 1, 0
+			dc.Support = &SupportConfig{Chunk: 512, K: 64, Decay: 1, FeedRounding: feed}
+			ds, thetas, _ := bfMembersDiLoCo(t, net, members, n, dc, func(_ int, c *ButterflyConfig, _ *ButterflyOptions) {
+				c.Codec.Codec = compression.Int2
+			})
+			meant := make([][]float64, members) // the sum of each member's pseudo-gradients
+			sent := make([][]float64, members)  // what crossed the wire of it
+			for i := range members {
+				meant[i], sent[i] = make([]float64, n), make([]float64, n)
+			}
+			var rounding float64 // the largest |sent - meant| of a support value
+			all := []int{0, 1, 2}
+			for range rounds {
+				for i := range members {
+					th := slices.Clone(thetas[i])
+					innerPhase(th, i, ds[i].Round)
+					for j := range th {
+						meant[i][j] += float64(ds[i].Phi[j] - th[j])
+					}
+				}
+				bfStep(t, ds, thetas, all)
+				for i, d := range ds {
+					if feed != d.sentOK {
+						t.Fatalf("member %d: rounding reported %v", i, d.sentOK)
+					}
+					for j, p := range d.sup {
+						if !feed {
+							if d.resid[p] != 0 {
+								t.Fatalf("member %d: residual %v at support position %d", i, d.resid[p], p)
+							}
+							continue
+						}
+						sent[i][p] += float64(d.csent[j])
+						rounding = max(rounding, math.Abs(float64(d.csent[j]-d.cdelta[j])))
+					}
+				}
+			}
+			if !feed {
+				return
+			}
+			if rounding < 1e-3 {
+				t.Fatalf("int2 rounded the support by at most %g: the test sees no rounding", rounding)
+			}
+			for i, d := range ds {
+				var worst float64
+				for j := range n {
+					worst = max(worst, math.Abs(sent[i][j]+float64(d.resid[j])-meant[i][j]))
+				}
+				if worst > 1e-5 {
+					t.Errorf("member %d: sent + residual is %g from the pseudo-gradients' sum (rounding up to %g)", i, worst, rounding)
+				}
+			}
+		})
+	}
 }

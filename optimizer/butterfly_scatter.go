@@ -51,6 +51,12 @@ func (b *Butterfly) scatter(c *bfRound) {
 			b.finish(c, fmt.Errorf("%w: encoding part %d: %v", ErrRoundFailed, p, err))
 			return
 		}
+		if c.sent != nil {
+			if _, err := b.dec.DecodeBytes(frame, c.sent[lo:hi]); err != nil {
+				b.finish(c, fmt.Errorf("%w: decoding own part %d: %v", ErrRoundFailed, p, err))
+				return
+			}
+		}
 		hash := sha256.Sum256(frame)
 		sig, err := b.cfg.Signer.Sign(partSigMsg(c.round, c.attempt, c.gh, uint32(p), hash))
 		if err != nil || len(sig) != sigLen {

@@ -120,6 +120,10 @@ type DiLoCo struct {
 	resid        []float32
 	sup          []int32
 	cdelta, cavg []float32
+	// csent is cdelta as the wire carried it (SupportConfig.FeedRounding),
+	// and sentOK whether the last round's collective filled it.
+	csent  []float32
+	sentOK bool
 
 	// shared subspace (DiLoCoConfig.Subspace): the bases, and this
 	// member's full contribution (residual plus delta) of the round
@@ -151,6 +155,9 @@ func NewDiLoCo(cfg DiLoCoConfig, coll Collective, phi []float32) (*DiLoCo, error
 	if s := cfg.Support; s != nil {
 		k := s.SupportLen(n)
 		d.resid, d.sup, d.cdelta, d.cavg = make([]float32, n), make([]int32, 0, k), make([]float32, k), make([]float32, k)
+		if s.FeedRounding {
+			d.csent = make([]float32, k)
+		}
 		if s.Nominate > 0 {
 			d.mfull = make([]float32, n)
 		}
@@ -219,13 +226,25 @@ func (d *DiLoCo) prepare(ctx context.Context, start, theta []float32) error {
 	if len(theta) != len(d.Phi) {
 		return fmt.Errorf("optimizer: %d local parameters, global has %d", len(theta), len(d.Phi))
 	}
-	var ss float64 // l2(delta), in the same pass
-	for i := range theta {
-		v := start[i] - theta[i]
-		d.delta[i] = v
-		ss += float64(v) * float64(v)
+	// l2(delta), in the same pass, over four sums: one sum's chain of
+	// dependent adds would bound the pass (the norm only meets a bound).
+	var s0, s1, s2, s3 float64
+	theta, start, delta := theta[:len(theta)], start[:len(theta)], d.delta[:len(theta)]
+	i := 0
+	for ; i+4 <= len(theta); i += 4 {
+		v0, v1, v2, v3 := start[i]-theta[i], start[i+1]-theta[i+1], start[i+2]-theta[i+2], start[i+3]-theta[i+3]
+		delta[i], delta[i+1], delta[i+2], delta[i+3] = v0, v1, v2, v3
+		s0 += float64(v0) * float64(v0)
+		s1 += float64(v1) * float64(v1)
+		s2 += float64(v2) * float64(v2)
+		s3 += float64(v3) * float64(v3)
 	}
-	if n := math.Sqrt(ss); math.IsNaN(n) || math.IsInf(n, 0) || (d.cfg.MaxDeltaNorm > 0 && n > d.cfg.MaxDeltaNorm) {
+	for ; i < len(theta); i++ {
+		v := start[i] - theta[i]
+		delta[i] = v
+		s0 += float64(v) * float64(v)
+	}
+	if n := math.Sqrt((s0 + s1) + (s2 + s3)); math.IsNaN(n) || math.IsInf(n, 0) || (d.cfg.MaxDeltaNorm > 0 && n > d.cfg.MaxDeltaNorm) {
 		return fmt.Errorf("%w: own pseudo-gradient norm %v (bound %v)", ErrRejected, n, d.cfg.MaxDeltaNorm)
 	}
 	switch {
@@ -316,8 +335,15 @@ func (d *DiLoCo) apply() error {
 	if d.cfg.Support != nil && mu == 0 {
 		// Off the support NesterovStep with a zero average and no momentum
 		// sets the momentum to +0 and leaves phi as it is: only the
-		// support is worked (the same bits).
-		clear(d.Mom)
+		// support is worked (the same bits). The momentum is non-zero at
+		// the last support alone (or anywhere, after a state was
+		// installed): a read that writes only those costs far less than
+		// clearing it all.
+		for i, v := range d.Mom {
+			if math.Float32bits(v) != 0 {
+				d.Mom[i] = 0
+			}
+		}
 		for j, p := range d.sup {
 			NesterovStep(d.Phi[p:p+1], d.Mom[p:p+1], d.cavg[j:j+1], eta, mu)
 		}
@@ -353,8 +379,15 @@ func (d *DiLoCo) apply() error {
 				d.resid[i] = float32(s.Decay*d.resid[i]) + v
 			}
 		}
-		for _, p := range d.sup {
-			d.resid[p] = 0
+		if d.sentOK {
+			// What the rounding lost stays too.
+			for j, p := range d.sup {
+				d.resid[p] -= d.csent[j]
+			}
+		} else {
+			for _, p := range d.sup {
+				d.resid[p] = 0
+			}
 		}
 	}
 	return nil
@@ -452,6 +485,12 @@ func (d *DiLoCo) reduce(ctx context.Context, round, hash uint64) (RoundStats, er
 	x, out := d.delta, d.avg
 	if d.cfg.Support != nil || d.sub != nil {
 		x, out = d.cdelta, d.cavg
+	}
+	d.sentOK = false
+	if sc, ok := d.coll.(sentCollective); ok && d.csent != nil {
+		st, err := sc.AllReduceSent(ctx, round, hash, x, out, d.csent)
+		d.sentOK = err == nil
+		return st, err
 	}
 	if sc, ok := d.coll.(stateCollective); ok {
 		return sc.AllReduceFrom(ctx, round, hash, x, out)

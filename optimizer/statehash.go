@@ -4,6 +4,9 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"math"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -20,37 +23,48 @@ func StateChunks(n int) int { return int((8*int64(n) + StateChunkBytes - 1) / St
 // StateChunkHashes returns the SHA-256 of each StateChunkBytes piece of the
 // state's body: phi then the momentum, float32 bits little-endian. On a
 // little-endian host it hashes the slices' memory in place (no copy: the
-// state of a 124M model is 1 GB, hashed every round); elsewhere it streams
-// through a buffer of one chunk. Hashing the encoded body's slices with
-// sha256.Sum256 gives the same hashes.
+// state of a 124M model is 1 GB, hashed every round), its chunks spread
+// over GOMAXPROCS goroutines; elsewhere it streams through a buffer of one
+// chunk. Hashing the encoded body's slices with sha256.Sum256 gives the
+// same hashes.
 func StateChunkHashes(phi, mom []float32) [][sha256.Size]byte {
 	if !littleEndian {
 		return stateChunkHashesPortable(phi, mom)
 	}
-	out := make([][sha256.Size]byte, 0, StateChunks(len(phi)))
-	h := sha256.New()
-	fill := 0 // bytes of the current chunk written to h
-	for _, v := range [][]float32{phi, mom} {
-		b := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(v))), 4*len(v))
-		for len(b) > 0 {
-			if fill == 0 && len(b) >= StateChunkBytes {
-				out = append(out, sha256.Sum256(b[:StateChunkBytes]))
-				b = b[StateChunkBytes:]
-				continue
-			}
-			k := min(len(b), StateChunkBytes-fill)
-			h.Write(b[:k])
-			b, fill = b[k:], fill+k
-			if fill == StateChunkBytes {
-				out = append(out, [sha256.Size]byte(h.Sum(nil)))
-				h.Reset()
-				fill = 0
-			}
+	pb := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(phi))), 4*len(phi))
+	mb := unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(mom))), 4*len(mom))
+	out := make([][sha256.Size]byte, StateChunks(len(phi)))
+	chunk := func(c int) {
+		lo, hi := c*StateChunkBytes, min((c+1)*StateChunkBytes, len(pb)+len(mb))
+		switch {
+		case hi <= len(pb):
+			out[c] = sha256.Sum256(pb[lo:hi])
+		case lo >= len(pb):
+			out[c] = sha256.Sum256(mb[lo-len(pb) : hi-len(pb)])
+		default: // the chunk where phi ends and the momentum starts
+			h := sha256.New()
+			h.Write(pb[lo:])
+			h.Write(mb[:hi-len(pb)])
+			h.Sum(out[c][:0])
 		}
 	}
-	if fill > 0 {
-		out = append(out, [sha256.Size]byte(h.Sum(nil)))
+	workers := min(runtime.GOMAXPROCS(0), len(out))
+	if workers <= 1 {
+		for c := range out {
+			chunk(c)
+		}
+		return out
 	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for c := int(next.Add(1) - 1); c < len(out); c = int(next.Add(1) - 1) {
+				chunk(c)
+			}
+		})
+	}
+	wg.Wait()
 	return out
 }
 

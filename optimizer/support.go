@@ -1,6 +1,7 @@
 package optimizer
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -40,6 +41,23 @@ type SupportConfig struct {
 	// the previous round ends, so the nominations can cross the network
 	// during the inner phase instead of after it.
 	NominateFromResidual bool
+	// Cycle takes the coordinates the nominations and the momentum leave
+	// in turn instead of by the hash: round r takes of each chunk the
+	// positions congruent to r (plus a keyed phase of the chunk) modulo
+	// Chunk/K, so every coordinate is sent once every Chunk/K rounds with
+	// what its residual gathered meanwhile, where a hash makes some wait
+	// far longer. K must divide Chunk.
+	Cycle bool
+	// FeedRounding keeps in the residual what the wire's rounding lost of
+	// the support's values (error feedback of the quantization too, when
+	// the collective reports what it sent: the butterfly does), instead
+	// of nothing: a member's sent values then add up to what it meant.
+	FeedRounding bool
+	// NominateBlock, if above 1, nominates whole blocks of that many
+	// consecutive coordinates (a chunk's Nominate/NominateBlock blocks of
+	// the largest sum of squares) instead of single coordinates: a block's
+	// index costs the wire what one position did.
+	NominateBlock int
 }
 
 // DefaultSupport is 64 of every 4096 (1.56%), half by momentum.
@@ -60,6 +78,10 @@ func (c SupportConfig) Validate() error {
 		return fmt.Errorf("%w: residual decay %v out of range (0, 1]", ErrConfig, c.Decay)
 	case c.Nominate < 0 || c.Nominate > c.K:
 		return fmt.Errorf("%w: nominations %d out of range [0, %d]", ErrConfig, c.Nominate, c.K)
+	case c.Cycle && c.Chunk%c.K != 0:
+		return fmt.Errorf("%w: a cycling support needs K (%d) to divide the chunk (%d)", ErrConfig, c.K, c.Chunk)
+	case c.NominateBlock > 1 && (c.Chunk%c.NominateBlock != 0 || c.Nominate%c.NominateBlock != 0):
+		return fmt.Errorf("%w: nomination blocks of %d must divide the chunk (%d) and the nominations (%d)", ErrConfig, c.NominateBlock, c.Chunk, c.Nominate)
 	}
 	return nil
 }
@@ -119,6 +141,17 @@ func (c SupportConfig) SupportWith(dst []int32, mom []float32, round uint64, nom
 			}
 			slices.Sort(chosen)
 		}
+		if c.Cycle {
+			// The round's turn of the chunk's positions.
+			stride := c.Chunk / c.K
+			pre := len(chosen)
+			for p := int32((splitmix(uint64(base)) + round) % uint64(stride)); p < int32(m) && len(chosen) < k; p += int32(stride) {
+				if _, taken := slices.BinarySearch(chosen[:pre], p); !taken {
+					chosen = append(chosen, p)
+				}
+			}
+			slices.Sort(chosen)
+		}
 		// The rest by a keyed hash of (round, chunk, draw), without repeats.
 		for t := uint64(0); len(chosen) < k; t++ {
 			p := int32(splitmix(round*0x9E3779B97F4A7C15^uint64(base)*0xBF58476D1CE4E5B9^t) % uint64(m))
@@ -140,6 +173,9 @@ func (c SupportConfig) Nominations(dst []int32, x []float32, n int) []int32 {
 	if n <= 0 {
 		return dst
 	}
+	if b := c.NominateBlock; b > 1 {
+		return c.blockNominations(dst, x, n/b, b)
+	}
 	var top topk.Top
 	for base := 0; base < len(x); base += c.Chunk {
 		m := min(c.Chunk, len(x)-base)
@@ -157,6 +193,37 @@ func (c SupportConfig) Nominations(dst []int32, x []float32, n int) []int32 {
 			dst = append(dst, int32(base)+int32(math.MaxUint32-uint32(key)))
 		}
 		slices.Sort(dst[start:])
+	}
+	return dst
+}
+
+// blockNominations is Nominations by blocks: the positions of each chunk's
+// n blocks of b coordinates with the largest sums of squares.
+func (c SupportConfig) blockNominations(dst []int32, x []float32, n, b int) []int32 {
+	var top topk.Top
+	for base := 0; base < len(x); base += c.Chunk {
+		m := min(c.Chunk, len(x)-base)
+		top.Reset(n)
+		floor := top.Floor()
+		for blk := 0; blk*b < m; blk++ {
+			var e float32
+			for _, v := range x[base+blk*b : base+min(m, (blk+1)*b)] {
+				e += v * v
+			}
+			a := math.Float32bits(e)
+			if key := uint64(a)<<32 | uint64(math.MaxUint32-uint32(blk)); a != 0 && a < 0x7f800000 && key > floor {
+				top.Push(key)
+				floor = top.Floor()
+			}
+		}
+		blocks := top.Keys()
+		slices.SortFunc(blocks, func(p, q uint64) int { return cmp.Compare(math.MaxUint32-uint32(p), math.MaxUint32-uint32(q)) })
+		for _, key := range blocks {
+			lo := base + int(math.MaxUint32-uint32(key))*b
+			for p := lo; p < min(lo+b, base+m); p++ {
+				dst = append(dst, int32(p))
+			}
+		}
 	}
 	return dst
 }

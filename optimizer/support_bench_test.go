@@ -11,7 +11,8 @@ import (
 )
 
 // BenchmarkSupportRound is one member's local work in a round with a
-// shared support of 64 of every 4096 coordinates (issue [3/4]) at M = 8:
+// shared support (issue [3/4]) at M = 8, of 64 of every 4096 coordinates
+// with minmax8 (half by momentum, or nominated) or of 512 with int4:
 // choosing the support from the momentum (or nominations), the error
 // feedback (residual plus pseudo-gradient, compacted), the state hash the
 // round starts from, the butterfly's codec work of one member on the
@@ -24,22 +25,29 @@ import (
 //	go test ./optimizer -run '^$' -bench SupportRound -benchtime 3x -cpu 1
 func BenchmarkSupportRound(b *testing.B) {
 	for _, n := range []int{16 << 20, 124_439_808} {
-		for _, nominate := range []int{0, 16} {
-			name := "support"
-			if nominate > 0 {
-				name = "nominated"
-			}
-			b.Run(fmt.Sprintf("%s/%dM", name, (n+500_000)/1_000_000), func(b *testing.B) {
+		for _, arm := range []struct {
+			name         string
+			k, nominate  int
+			codec        compression.Codec
+			fromMomentum bool
+		}{
+			{"support", 64, 0, compression.MinMax8, true},
+			{"nominated", 64, 16, compression.MinMax8, false},
+			{"support512-int4", 512, 0, compression.Int4, false},
+		} {
+			b.Run(fmt.Sprintf("%s/%dM", arm.name, (n+500_000)/1_000_000), func(b *testing.B) {
 				cfg := DefaultDiLoCo()
 				cfg.OuterLR, cfg.Momentum, cfg.NormGrowth = 3, 0, 0
-				s := SupportConfig{Chunk: 4096, K: 64, FromMomentum: 32, Decay: 0.95, Nominate: nominate}
-				if nominate > 0 {
-					s.FromMomentum = 0
+				s := SupportConfig{Chunk: 4096, K: arm.k, Decay: 0.95, Nominate: arm.nominate}
+				if arm.fromMomentum {
+					s.FromMomentum = arm.k / 2
+				}
+				if arm.nominate > 0 {
 					cfg.Nominator = selfNominator{}
 				}
 				cfg.Support = &s
 				phi := make([]float32, n)
-				coll, err := newCodecRound(8, s.SupportLen(n))
+				coll, err := newCodecRound(8, s.SupportLen(n), arm.codec)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -99,8 +107,9 @@ type codecRound struct {
 	scr    []float32
 }
 
-func newCodecRound(M, n int) (*codecRound, error) {
+func newCodecRound(M, n int, codec compression.Codec) (*codecRound, error) {
 	cfg := DefaultButterflyConfig(n, nil, 0.05)
+	cfg.Codec.Codec = codec
 	enc, err := compression.NewEncoder(cfg.Codec)
 	if err != nil {
 		return nil, err
@@ -163,4 +172,24 @@ type selfNominator struct{}
 
 func (selfNominator) Nominate(_ context.Context, _ uint64, own []int32) ([]int32, error) {
 	return own, nil
+}
+
+// BenchmarkStateHash is the state hash every round starts from (phi and
+// the momentum of GPT-2 small's 124M, 1 GB), part of BenchmarkSupportRound
+// and of every dense round alike: the round's codec work is the
+// difference. With -cpu 1,N it shows the chunks spread over N cores.
+//
+//	go test ./optimizer -run '^$' -bench 'SupportRound|StateHash' -benchtime 3x -cpu 1
+func BenchmarkStateHash(b *testing.B) {
+	const n = 124_439_808
+	phi, mom := make([]float32, n), make([]float32, n)
+	for i := range phi {
+		phi[i], mom[i] = float32(i), -float32(i)
+	}
+	StateChunkHashes(phi, mom) // not the page faults
+	b.SetBytes(8 * n)
+	b.ResetTimer()
+	for range b.N {
+		StateChunkHashes(phi, mom)
+	}
 }

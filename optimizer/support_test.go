@@ -223,3 +223,63 @@ func TestDiLoCoSupportApplyBits(t *testing.T) {
 		}
 	}
 }
+
+// Block nominations take each chunk's blocks of the largest sums of
+// squares, whole and in increasing order (a short last block included),
+// and a block size must divide the chunk and the nominations.
+func TestSupportBlockNominations(t *testing.T) {
+	c := SupportConfig{Chunk: 16, K: 8, Decay: 1, Nominate: 8, NominateBlock: 4}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	x := make([]float32, 38) // chunks of 16, 16 and 6 (blocks of 4 and 2)
+	for i := range x {
+		x[i] = 0.01
+	}
+	x[1], x[14] = 5, -4                     // chunk 0: blocks 0 and 3
+	x[16], x[17], x[18], x[19] = 1, 1, 1, 1 // chunk 1: block 0 (sum 4) beats block 2's single 1.9 (3.61)
+	x[24] = 1.9
+	x[37] = float32(math.Inf(1)) // chunk 2: the short block is not finite
+	got := c.Nominations(nil, x, c.Nominate)
+	want := []int32{0, 1, 2, 3, 12, 13, 14, 15, 16, 17, 18, 19, 24, 25, 26, 27, 32, 33, 34, 35}
+	if !slices.Equal(got, want) {
+		t.Fatalf("block nominations\n got %v\nwant %v", got, want)
+	}
+	for _, bad := range []SupportConfig{
+		{Chunk: 16, K: 8, Decay: 1, Nominate: 8, NominateBlock: 3},
+		{Chunk: 16, K: 8, Decay: 1, Nominate: 6, NominateBlock: 4},
+	} {
+		if bad.Validate() == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+}
+
+// A cycling support sends every coordinate of a whole chunk exactly once
+// in Chunk/K rounds; a short last chunk is topped up by the hash; K must
+// divide the chunk.
+func TestSupportCycle(t *testing.T) {
+	c := SupportConfig{Chunk: 16, K: 4, Decay: 1, Cycle: true}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	mom := make([]float32, 40) // chunks of 16, 16 and 8
+	seen := make([]int, 40)
+	for r := range uint64(4) {
+		s := c.Support(nil, mom, 10+r)
+		if len(s) != c.SupportLen(40) || !slices.IsSorted(s) {
+			t.Fatalf("round %d: support %v", r, s)
+		}
+		for _, p := range s {
+			seen[p]++
+		}
+	}
+	for p, k := range seen[:32] {
+		if k != 1 {
+			t.Fatalf("position %d sent %d times in 4 rounds, want once", p, k)
+		}
+	}
+	if c.K = 5; c.Validate() == nil {
+		t.Error("a cycle with K not dividing the chunk accepted")
+	}
+}
