@@ -115,6 +115,8 @@ func elementBound(c Codec, sr bool, x []float32, i, block int) float64 {
 			return amax
 		}
 		return k*amax/1.5 + slack*amax
+	case Sign: // ±scale, scale <= absmax
+		return v + amax + slack*amax
 	case MinMax8:
 		if mx-mn < minScaleAbs { // decodes to min
 			return mx - mn
@@ -126,7 +128,7 @@ func elementBound(c Codec, sr bool, x []float32, i, block int) float64 {
 
 // Relative L2 error bounds on N(0,1) data with the default block size (256).
 var gaussianRelL2 = map[Codec]float64{
-	FP32: 0, BF16: 0.003, FP16: 0.0004, Int8: 0.008, Int4: 0.14, MinMax8: 0.008, Int2: 0.6,
+	FP32: 0, BF16: 0.003, FP16: 0.0004, Int8: 0.008, Int4: 0.14, MinMax8: 0.008, Int2: 0.6, Sign: 0.62,
 }
 
 func TestRoundTrip(t *testing.T) {
@@ -155,6 +157,9 @@ func TestRoundTrip(t *testing.T) {
 				bound := gaussianRelL2[c]
 				if sr {
 					bound *= 1.5 // stochastic rounding has sqrt(2) the RMS error of nearest
+					if c == Sign {
+						bound = 3 // ±absmax: about sqrt(absmax^2 - x^2), absmax near 3 sigma
+					}
 				}
 				if e := relL2(x, y); e > bound {
 					t.Errorf("%v sr=%v zstd=%d: relative L2 error %.5f > %.5f", c, sr, level, e, bound)

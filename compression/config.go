@@ -19,6 +19,7 @@ const (
 	Int4    Codec = 5 // blockwise absmax int4: scale = absmax/7, codes in [-7, 7], two per byte
 	MinMax8 Codec = 6 // blockwise min-max uint8 for the collective's contributions and aggregates (ALGORITHMS.md 1)
 	Int2    Codec = 7 // blockwise absmax 2-bit: step = absmax/1.5, codes 0..3 decode to (q-1.5)*step, four per byte
+	Sign    Codec = 8 // blockwise 1-bit: scale = mean |x| (stochastic: absmax), a bit per element decodes to ±scale
 )
 
 // String returns the codec's lowercase name.
@@ -38,12 +39,14 @@ func (c Codec) String() string {
 		return "minmax8"
 	case Int2:
 		return "int2"
+	case Sign:
+		return "sign"
 	}
 	return fmt.Sprintf("codec(%d)", uint8(c))
 }
 
 // Codecs lists every codec, in id order.
-func Codecs() []Codec { return []Codec{FP32, BF16, FP16, Int8, Int4, MinMax8, Int2} }
+func Codecs() []Codec { return []Codec{FP32, BF16, FP16, Int8, Int4, MinMax8, Int2, Sign} }
 
 // CodecNames lists the codecs' names, in id order.
 func CodecNames() []string {
@@ -68,9 +71,9 @@ func ParseCodec(name string) (Codec, error) {
 func (c Codec) Lossy() bool { return c != FP32 }
 
 // blocked reports whether the codec stores per-block scales.
-func (c Codec) blocked() bool { return c == Int8 || c == Int4 || c == MinMax8 || c == Int2 }
+func (c Codec) blocked() bool { return c == Int8 || c == Int4 || c == MinMax8 || c == Int2 || c == Sign }
 
-func (c Codec) valid() bool { return c >= FP32 && c <= Int2 }
+func (c Codec) valid() bool { return c >= FP32 && c <= Sign }
 
 // Limits and defaults.
 const (
@@ -101,7 +104,7 @@ type Config struct {
 	// Codec used by an Encoder. Ignored by a Decoder, which reads it from the frame.
 	Codec Codec
 	// BlockSize is the number of elements sharing one scale (Int8, Int4,
-	// MinMax8, Int2). It must be a multiple of 8 in [MinBlockSize, MaxBlockSize] for
+	// MinMax8, Int2, Sign). It must be a multiple of 8 in [MinBlockSize, MaxBlockSize] for
 	// every codec, so that any frame's header is checked the same way.
 	BlockSize int
 	// Stochastic selects stochastic rounding (unbiased, seeded by the seed
@@ -201,6 +204,8 @@ func bodyLen(c Codec, m, block int) int {
 		return 8*nb + m
 	case Int2:
 		return 4*nb + (m+3)/4
+	case Sign:
+		return 4*nb + (m+7)/8
 	}
 	return 0
 }

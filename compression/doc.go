@@ -40,6 +40,10 @@
 //     (q-1.5)*step. For pseudo-gradients whose error feedback keeps what
 //     rounding loses (the shared support's compacted vector); a block with
 //     absmax < 2^-100 has step 0 and codes 2, and decodes to +0.
+//   - Sign: a bit per element, ±scale; nearest takes scale = mean |x| of the
+//     block and x's sign bit, stochastic scale = absmax and 1 with
+//     probability (1 + x/absmax)/2. The same use as Int2; a block whose
+//     scale is below 2^-100 has scale 0 and decodes to +0.
 //   - BF16 and FP16 saturate at their largest finite value instead of
 //     overflowing to Inf.
 //
@@ -56,7 +60,8 @@
 //	Header (32 bytes)
 //	  0  4  magic "SKNT"
 //	  4  1  version = 1
-//	  5  1  codec id: 1 fp32, 2 bf16, 3 fp16, 4 int8, 5 int4, 6 minmax8, 7 int2
+//	  5  1  codec id: 1 fp32, 2 bf16, 3 fp16, 4 int8, 5 int4, 6 minmax8, 7 int2,
+//	        8 sign
 //	  6  1  flags: bit 0 = stochastic rounding was used (informational); other bits 0
 //	  7  1  reserved, 0
 //	  8  8  element count (uint64)

@@ -338,6 +338,8 @@ func encodeBody(c Codec, body []byte, x []float32, block, base int, key uint64, 
 		return encodeMinMax8(body, x, block, base, key, sr)
 	case Int2:
 		return encodeInt2(body, x, block, base, key, sr)
+	case Sign:
+		return encodeSign(body, x, block, base, key, sr)
 	}
 	return fmt.Errorf("%w: codec id %d", ErrCodec, uint8(c))
 }
@@ -360,6 +362,8 @@ func decodeBody(c Codec, dst []float32, body []byte, block, base int) error {
 		return decodeMinMax8(dst, body, block, base)
 	case Int2:
 		return decodeInt2(dst, body, block, base)
+	case Sign:
+		return decodeSign(dst, body, block, base)
 	}
 	return fmt.Errorf("%w: codec id %d", ErrCodec, uint8(c))
 }

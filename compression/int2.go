@@ -88,3 +88,105 @@ func decodeInt2(dst []float32, body []byte, block, base int) error {
 	}
 	return nil
 }
+
+// Sign: one bit an element and a float32 scale a block, for the same use
+// as Int2 at half its bits. Nearest: the scale is the block's mean |x|
+// (the scale that minimizes the squared error of ±scale) and the bit is
+// x's sign (+ for +0); stochastic: the scale is absmax and the bit is 1
+// with probability (1 + x/absmax)/2, so the expectation is x. Element 8k+j
+// is bit j of byte k, 1 decoding to +scale and 0 to -scale; the unused
+// bits of a last partial byte are 0. A block whose scale would be below
+// 2^-100 has scale 0 and bits 1, and decodes to +0.
+
+// encodeSign writes nb float32 scales then ceil(len(x)/8) bytes of bits.
+func encodeSign(body []byte, x []float32, block, base int, key uint64, sr bool) error {
+	nb := (len(x) + block - 1) / block
+	bits := body[4*nb : 4*nb+(len(x)+7)/8]
+	for b := 0; b < nb; b++ {
+		lo := b * block
+		hi := min(lo+block, len(x))
+		xb := x[lo:hi]
+		m := absmaxBits(xb)
+		if m > maxBlockBits {
+			return cmp.Or(tooLarge(Sign, m, base+lo), nonFinite(xb, base+lo))
+		}
+		scale := math.Float32frombits(m)
+		if !sr {
+			var sum float64
+			for _, v := range xb {
+				sum += math.Abs(float64(v))
+			}
+			scale = float32(sum / float64(len(xb)))
+		}
+		if scale < minScaleAbs {
+			scale = 0
+		}
+		binary.LittleEndian.PutUint32(body[4*b:], math.Float32bits(scale))
+		// block is a multiple of 8, so a block starts on a byte
+		bb := bits[lo/8 : (hi+7)/8]
+		clear(bb)
+		switch {
+		case scale == 0:
+			for i := range xb {
+				bb[i/8] |= 1 << (i % 8)
+			}
+		case sr:
+			for i, v := range xb {
+				// 1 with probability (1 + v/absmax)/2: u < that, u in [0, 1)
+				u := unit24(uint32(pairBits(key, uint64(base+lo+i))))
+				if u < float32(float32(float32(v/scale)+1)*0.5) {
+					bb[i/8] |= 1 << (i % 8)
+				}
+			}
+		default: // the sign bits, eight at a time
+			n := len(xb) &^ 7
+			for k := 0; k < n; k += 8 {
+				v := (*[8]float32)(xb[k:])
+				var w uint32
+				for j := range 8 {
+					w |= (^math.Float32bits(v[j]) >> 31) << j
+				}
+				bb[k/8] = byte(w)
+			}
+			for i := n; i < len(xb); i++ {
+				bb[i/8] |= byte((^math.Float32bits(xb[i])>>31)&1) << (i % 8)
+			}
+		}
+	}
+	return nil
+}
+
+func decodeSign(dst []float32, body []byte, block, base int) error {
+	nb := (len(dst) + block - 1) / block
+	bits := body[4*nb : 4*nb+(len(dst)+7)/8]
+	for b := 0; b < nb; b++ {
+		scale := math.Float32frombits(binary.LittleEndian.Uint32(body[4*b:]))
+		if err := checkScale(scale, 1, base+b*block); err != nil {
+			return err
+		}
+		lo := b * block
+		hi := min(lo+block, len(dst))
+		d := dst[lo:hi]
+		n := len(d) &^ 7
+		for k, c := range bits[lo/8 : lo/8+n/8] {
+			t, o := &signOctets[c], (*[8]float32)(d[8*k:])
+			for j := range 8 {
+				o[j] = t[j] * scale
+			}
+		}
+		for i := n; i < len(d); i++ {
+			d[i] = signOctets[bits[(lo+i)/8]][i%8] * scale
+		}
+	}
+	return nil
+}
+
+// signOctets[b] holds the eight signs (±1) of byte b.
+var signOctets = func() (t [256][8]float32) {
+	for b := range t {
+		for j := range 8 {
+			t[b][j] = float32(2*(b>>j&1)) - 1
+		}
+	}
+	return t
+}()

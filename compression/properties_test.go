@@ -87,7 +87,7 @@ func TestDeterminismAcrossWorkers(t *testing.T) {
 func TestStochasticRoundingUnbiased(t *testing.T) {
 	const S, n = 1000, 512
 	x := gaussian(n, 77)
-	for _, c := range []Codec{Int8, Int4, MinMax8, Int2, BF16, FP16} {
+	for _, c := range []Codec{Int8, Int4, MinMax8, Int2, Sign, BF16, FP16} {
 		for _, sr := range []bool{true, false} {
 			cfg := testConfig(c, sr, 0)
 			enc, _ := NewEncoder(cfg)

@@ -113,7 +113,7 @@ func TestOuterExchange(t *testing.T) {
 	for name, edit := range map[string]func(m *Manifest){
 		"unknown":          func(m *Manifest) { m.Wire.Outer = "topk" },
 		"k 0":              func(m *Manifest) { m.Wire.SupportK = 0 },
-		"k too large":      func(m *Manifest) { m.Wire.SupportK = SupportChunk },
+		"k too large":      func(m *Manifest) { m.Wire.SupportK = SupportChunk + 1 },
 		"subspace":         func(m *Manifest) { m.Wire.Outer = "subspace" },
 		"decay 0":          func(m *Manifest) { m.Wire.ResidualDecay = 0 },
 		"decay > 1":        func(m *Manifest) { m.Wire.ResidualDecay = 1.5 },

@@ -172,7 +172,7 @@ type Optimizer struct {
 // Wire is the [wire] section: how tensors cross the network.
 type Wire struct {
 	// Codec is the name of a compression codec (compression.Codec.String):
-	// "minmax8", "int8", "int4", "int2", "bf16", "fp16" or "fp32".
+	// "minmax8", "int8", "int4", "int2", "sign", "bf16", "fp16" or "fp32".
 	Codec string `toml:"codec"`
 	// Outer (DiLoCo, one stage) is what of each pseudo-gradient crosses the
 	// wire: OuterDense ("" too: every coordinate) or OuterSupport (of every

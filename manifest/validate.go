@@ -148,13 +148,13 @@ func (w Wire) validate() error {
 		if w.SupportK != 0 || w.ResidualDecay != 0 {
 			return bad("wire.outer", w.Outer, "a dense exchange takes no support_k or residual_decay")
 		}
-		if w.Codec == compression.Int2.String() {
+		if w.Codec == compression.Int2.String() || w.Codec == compression.Sign.String() {
 			return bad("wire.codec", w.Codec, "only with wire.outer = %q, whose residual keeps what its rounding loses", OuterSupport)
 		}
 		return nil
 	case OuterSupport:
-		if w.SupportK < 1 || w.SupportK > SupportChunk/4 {
-			return bad("wire.support_k", w.SupportK, "out of range [1, %d] (coordinates of every %d)", SupportChunk/4, SupportChunk)
+		if w.SupportK < 1 || w.SupportK > SupportChunk {
+			return bad("wire.support_k", w.SupportK, "out of range [1, %d] (coordinates of every %d)", SupportChunk, SupportChunk)
 		}
 	default:
 		return bad("wire.outer", w.Outer, "want %q or %q", OuterDense, OuterSupport)

@@ -101,7 +101,9 @@ func outerSupport(w manifest.Wire, momentum float64) *optimizer.SupportConfig {
 	if w.Outer != manifest.OuterSupport {
 		return nil
 	}
-	s := &optimizer.SupportConfig{Chunk: manifest.SupportChunk, K: w.SupportK, Decay: float32(w.ResidualDecay)}
+	// The residual keeps what the wire's rounding lost too (the butterfly
+	// reports what it sent): int2 and sign lose much of each value.
+	s := &optimizer.SupportConfig{Chunk: manifest.SupportChunk, K: w.SupportK, Decay: float32(w.ResidualDecay), FeedRounding: true}
 	if momentum > 0 {
 		s.FromMomentum = w.SupportK / 2
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"math/bits"
 	"slices"
 
 	"github.com/skein-ml/skein/internal/topk"
@@ -103,6 +104,7 @@ func (c SupportConfig) Support(dst []int32, mom []float32, round uint64) []int32
 func (c SupportConfig) SupportWith(dst []int32, mom []float32, round uint64, nominated []int32) []int32 {
 	var top topk.Top
 	var chosen []int32
+	var taken []uint64
 	for base := 0; base < len(mom); base += c.Chunk {
 		m := min(c.Chunk, len(mom)-base)
 		k := min(c.K, m)
@@ -152,11 +154,29 @@ func (c SupportConfig) SupportWith(dst []int32, mom []float32, round uint64, nom
 			}
 			slices.Sort(chosen)
 		}
-		// The rest by a keyed hash of (round, chunk, draw), without repeats.
-		for t := uint64(0); len(chosen) < k; t++ {
-			p := int32(splitmix(round*0x9E3779B97F4A7C15^uint64(base)*0xBF58476D1CE4E5B9^t) % uint64(m))
-			if i, found := slices.BinarySearch(chosen, p); !found {
-				chosen = slices.Insert(chosen, i, p)
+		// The rest by a keyed hash of (round, chunk, draw), without repeats
+		// (a bitmap of the chunk says which are taken: a sorted insert per
+		// draw would cost K^2 a chunk).
+		if len(chosen) < k {
+			taken = taken[:0]
+			taken = append(taken, make([]uint64, (m+63)/64)...)
+			for _, p := range chosen {
+				taken[p/64] |= 1 << (p % 64)
+			}
+			n := len(chosen)
+			for t := uint64(0); n < k; t++ {
+				p := int32(splitmix(round*0x9E3779B97F4A7C15^uint64(base)*0xBF58476D1CE4E5B9^t) % uint64(m))
+				if w, b := &taken[p/64], uint64(1)<<(p%64); *w&b == 0 {
+					*w |= b
+					n++
+				}
+			}
+			// In increasing order, from the bitmap.
+			chosen = chosen[:0]
+			for i, w := range taken {
+				for ; w != 0; w &= w - 1 {
+					chosen = append(chosen, int32(64*i+bits.TrailingZeros64(w)))
+				}
 			}
 		}
 		for _, p := range chosen {

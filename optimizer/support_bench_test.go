@@ -12,7 +12,8 @@ import (
 
 // BenchmarkSupportRound is one member's local work in a round with a
 // shared support (issue [3/4]) at M = 8, of 64 of every 4096 coordinates
-// with minmax8 (half by momentum, or nominated) or of 512 with int4:
+// with minmax8 (half by momentum, or nominated) or of 1792 by the hash
+// with signs and FeedRounding (what crossed the wire decoded again):
 // choosing the support from the momentum (or nominations), the error
 // feedback (residual plus pseudo-gradient, compacted), the state hash the
 // round starts from, the butterfly's codec work of one member on the
@@ -33,12 +34,12 @@ func BenchmarkSupportRound(b *testing.B) {
 		}{
 			{"support", 64, 0, compression.MinMax8, true},
 			{"nominated", 64, 16, compression.MinMax8, false},
-			{"support512-int4", 512, 0, compression.Int4, false},
+			{"random1792-sign", 1792, 0, compression.Sign, false},
 		} {
 			b.Run(fmt.Sprintf("%s/%dM", arm.name, (n+500_000)/1_000_000), func(b *testing.B) {
 				cfg := DefaultDiLoCo()
 				cfg.OuterLR, cfg.Momentum, cfg.NormGrowth = 3, 0, 0
-				s := SupportConfig{Chunk: 4096, K: arm.k, Decay: 0.95, Nominate: arm.nominate}
+				s := SupportConfig{Chunk: 4096, K: arm.k, Decay: 0.95, Nominate: arm.nominate, FeedRounding: arm.codec == compression.Sign}
 				if arm.fromMomentum {
 					s.FromMomentum = arm.k / 2
 				}
@@ -128,7 +129,13 @@ func newCodecRound(M, n int, codec compression.Codec) (*codecRound, error) {
 
 func (*codecRound) Self() transport.PeerID { return "me" }
 
-func (c *codecRound) AllReduceMean(_ context.Context, round uint64, x, out []float32) (RoundStats, error) {
+func (c *codecRound) AllReduceMean(ctx context.Context, round uint64, x, out []float32) (RoundStats, error) {
+	return c.AllReduceSent(ctx, round, 0, x, out, nil)
+}
+
+// AllReduceSent also decodes its own parts into sent, as the butterfly
+// does for SupportConfig.FeedRounding.
+func (c *codecRound) AllReduceSent(_ context.Context, round, _ uint64, x, out, sent []float32) (RoundStats, error) {
 	L := len(c.agg)
 	part := func(v []float32, p int) []float32 { return v[min(p*L, len(v)):min((p+1)*L, len(v))] }
 	// The contribution, part by part.
@@ -156,6 +163,13 @@ func (c *codecRound) AllReduceMean(_ context.Context, round uint64, x, out []flo
 		c.scr = c.robust.Aggregate(c.agg[:n], inputs, c.scr)
 		if c.buf, err = c.enc.Append(c.buf[:0], c.agg[:n], round); err != nil {
 			return RoundStats{}, err
+		}
+	}
+	if sent != nil {
+		for p := range c.M {
+			if _, err := c.dec.DecodeBytes(c.parts[p], part(sent, p)); err != nil {
+				return RoundStats{}, err
+			}
 		}
 	}
 	// The M aggregate parts.

@@ -1,6 +1,7 @@
 package optimizer
 
 import (
+	"cmp"
 	"context"
 	"math"
 	"math/rand/v2"
@@ -282,4 +283,52 @@ func TestSupportCycle(t *testing.T) {
 	if c.K = 5; c.Validate() == nil {
 		t.Error("a cycle with K not dividing the chunk accepted")
 	}
+}
+
+// The hash's part of a support is the set the keyed draws give, skipping
+// repeats, whatever keeps the taken set: a sorted slice (as first built)
+// and the bitmap pick the same coordinates, so runs keep their supports.
+func TestSupportHashDraws(t *testing.T) {
+	for _, c := range []SupportConfig{
+		{Chunk: 4096, K: 64, Decay: 1},
+		{Chunk: 4096, K: 1792, Decay: 1},
+		{Chunk: 512, K: 16, FromMomentum: 8, Decay: 1},
+	} {
+		mom := randomVec(10_000, 3, 1)
+		for round := range uint64(3) {
+			got := c.Support(nil, mom, round)
+			var want []int32
+			for base := 0; base < len(mom); base += c.Chunk {
+				m := min(c.Chunk, len(mom)-base)
+				k := min(c.K, m)
+				chosen := refMomentumPart(c, mom[base:base+m], k)
+				for t := uint64(0); len(chosen) < k; t++ {
+					p := int32(splitmix(round*0x9E3779B97F4A7C15^uint64(base)*0xBF58476D1CE4E5B9^t) % uint64(m))
+					if i, found := slices.BinarySearch(chosen, p); !found {
+						chosen = slices.Insert(chosen, i, p)
+					}
+				}
+				for _, p := range chosen {
+					want = append(want, int32(base)+p)
+				}
+			}
+			if !slices.Equal(got, want) {
+				t.Fatalf("%+v round %d: the support differs from the sorted-slice draws", c, round)
+			}
+		}
+	}
+}
+
+// refMomentumPart is the chunk's FromMomentum largest |momentum| (the
+// lower index between equals), sorted.
+func refMomentumPart(c SupportConfig, mom []float32, k int) []int32 {
+	f := min(c.FromMomentum, k)
+	idx := make([]int32, len(mom))
+	for i := range idx {
+		idx[i] = int32(i)
+	}
+	slices.SortStableFunc(idx, func(a, b int32) int { return cmp.Compare(math.Abs(float64(mom[b])), math.Abs(float64(mom[a]))) })
+	out := slices.Clone(idx[:f])
+	slices.Sort(out)
+	return out
 }
