@@ -71,7 +71,9 @@ func ParseCodec(name string) (Codec, error) {
 func (c Codec) Lossy() bool { return c != FP32 }
 
 // blocked reports whether the codec stores per-block scales.
-func (c Codec) blocked() bool { return c == Int8 || c == Int4 || c == MinMax8 || c == Int2 || c == Sign }
+func (c Codec) blocked() bool {
+	return c == Int8 || c == Int4 || c == MinMax8 || c == Int2 || c == Sign
+}
 
 func (c Codec) valid() bool { return c >= FP32 && c <= Sign }
 
