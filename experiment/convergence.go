@@ -152,6 +152,8 @@ func Arms() []Arm {
 		{Name: "diloco-h50-cycle1024-int2-fr", Description: "diloco-h50-cycle1024-int2 with FeedRounding", configure: cycle(1024, compression.Int2, true)},
 		{Name: "diloco-h50-random2048-sign", Description: "DiLoCo H=50, a shared support of 2048 of every 4096 by a keyed hash of the round + error feedback (decay 0.95) keeping the rounding too, 1-bit signs through the butterfly (default robust rule), outer SGD lr 2", configure: feedRounding(randomSGD(2048, compression.Sign))},
 		{Name: "diloco-h50-random1792-sign", Description: "diloco-h50-random2048-sign at 1792 of every 4096 (2000x or more)", configure: feedRounding(randomSGD(1792, compression.Sign))},
+		{Name: "diloco-h50-random1792-sign-attack", Description: "diloco-h50-random1792-sign with one worker scaling its pseudo-gradient by 1000", configure: withAttack(feedRounding(randomSGD(1792, compression.Sign)), 1000)},
+		{Name: "diloco-h50-random1792-sign-flip", Description: "diloco-h50-random1792-sign with one worker flipping the sign of its pseudo-gradient (x -4)", configure: withAttack(feedRounding(randomSGD(1792, compression.Sign)), -4)},
 		{Name: "diloco-h50-cycle2048-sign", Description: "diloco-h50-random2048-sign with a cycling support (each coordinate every 2 rounds)", configure: cycle(2048, compression.Sign, true)},
 		{Name: "diloco-h50-nominated2048-sign", Description: "diloco-h50-nominated at 2048/4096 (512 nominations a member) with 1-bit signs and FeedRounding", configure: feedRounding(nominatedCodec(2048, 512, 2, compression.Sign))},
 		{Name: "diloco-h50-nominated1024-int2", Description: "diloco-h50-nominated512-int4 at 1024 of every 4096 (256 nominations a member) with int2 values (about the same bytes)", configure: nominatedCodec(1024, 256, 2, compression.Int2)},
@@ -197,6 +199,7 @@ func Arms() []Arm {
 			c.Algorithm, c.InnerSteps, c.Robust = DiLoCo, 50, optimizer.DefaultRobust()
 		}},
 		{Name: "warm-diloco-h50-nominated", Description: "warm start: diloco-h50-nominated", Warm: true, configure: nominated(64, 16, optimizer.DefaultRobust(), false, 0)},
+		{Name: "warm-diloco-h50-random1792-sign", Description: "warm start: diloco-h50-random1792-sign", Warm: true, configure: feedRounding(randomSGD(1792, compression.Sign))},
 		{Name: "warm-diloco-h50-sparse-ef3", Description: "warm start: diloco-h50-sparse-ef3", Warm: true, configure: func(c *SwarmConfig) {
 			sc := compression.DefaultSparseConfig()
 			c.Algorithm, c.InnerSteps, c.Sparse, c.SparseBeta = DiLoCo, 50, &sc, 0.95

@@ -339,9 +339,13 @@ func (d *DiLoCo) apply() error {
 		// the last support alone (or anywhere, after a state was
 		// installed): a read that writes only those costs far less than
 		// clearing it all.
-		for i, v := range d.Mom {
-			if math.Float32bits(v) != 0 {
-				d.Mom[i] = 0
+		if s := d.cfg.Support; 8*s.K > s.Chunk {
+			clear(d.Mom) // dense enough that testing costs more than writing
+		} else {
+			for i, v := range d.Mom {
+				if math.Float32bits(v) != 0 {
+					d.Mom[i] = 0
+				}
 			}
 		}
 		for j, p := range d.sup {

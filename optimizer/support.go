@@ -164,8 +164,18 @@ func (c SupportConfig) SupportWith(dst []int32, mom []float32, round uint64, nom
 				taken[p/64] |= 1 << (p % 64)
 			}
 			n := len(chosen)
+			mask := uint64(0) // m-1 when m is a power of two: the same draws without a division
+			if m&(m-1) == 0 {
+				mask = uint64(m - 1)
+			}
 			for t := uint64(0); n < k; t++ {
-				p := int32(splitmix(round*0x9E3779B97F4A7C15^uint64(base)*0xBF58476D1CE4E5B9^t) % uint64(m))
+				h := splitmix(round*0x9E3779B97F4A7C15 ^ uint64(base)*0xBF58476D1CE4E5B9 ^ t)
+				var p int32
+				if mask != 0 {
+					p = int32(h & mask)
+				} else {
+					p = int32(h % uint64(m))
+				}
 				if w, b := &taken[p/64], uint64(1)<<(p%64); *w&b == 0 {
 					*w |= b
 					n++

@@ -95,6 +95,23 @@ var SparseCodec = WireCodec{Name: "sparse", Ratio: 32 / 0.1739, EncodeBps: 1.0e9
 // decode the compacted parts at minmax8's speed.
 var SupportCodec = WireCodec{Name: "support", Ratio: MinMax8Ratio * 4096 / 64, EncodeBps: 0.31e9, DecodeBps: MinMax8DecodeBps * 4096 / 64}
 
+// SupportSignCodec is a shared support of 1792 of every 4096 coordinates
+// with 1-bit signs (the sign codec, block 256: 1.125 bits a value) through
+// the butterfly, the densest support at 2000x measured (BENCHMARKS.md,
+// issue [3/4], session 7): 32/(1792/4096*1.125) = 65x smaller than fp32;
+// its local work (BenchmarkSupportRound/random1792-sign at 124M, the
+// state hash included) ran at SupportSignBps on one core; the owners decode
+// the compacted parts at SignDecodeBps.
+var SupportSignCodec = WireCodec{Name: "support-sign", Ratio: 32 / (1792.0 / 4096 * 1.125), EncodeBps: SupportSignBps, DecodeBps: SignDecodeBps * 4096 / 1792}
+
+// SupportSignBps (2.95 s a round at 124M, 0.169 GB/s of fp32 parameters)
+// and SignDecodeBps (BenchmarkDecode/sign/zstd0: 3.19-3.20 GB/s of fp32
+// output): see SupportSignCodec.
+const (
+	SupportSignBps = 0.169e9
+	SignDecodeBps  = 3.19e9
+)
+
 // SparseDecodeBps is the sparse codec's decode-and-add speed on one core,
 // per byte of fp32 output: BenchmarkSparseVsMinMax8/sparse-decode measured
 // 1.68-2.28 GB/s.
