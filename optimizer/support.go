@@ -148,7 +148,7 @@ func (c SupportConfig) SupportWith(dst []int32, mom []float32, round uint64, nom
 			stride := c.Chunk / c.K
 			pre := len(chosen)
 			for p := int32((splitmix(uint64(base)) + round) % uint64(stride)); p < int32(m) && len(chosen) < k; p += int32(stride) {
-				if _, taken := slices.BinarySearch(chosen[:pre], p); !taken {
+				if _, dup := slices.BinarySearch(chosen[:pre], p); !dup {
 					chosen = append(chosen, p)
 				}
 			}
@@ -158,8 +158,8 @@ func (c SupportConfig) SupportWith(dst []int32, mom []float32, round uint64, nom
 		// (a bitmap of the chunk says which are taken: a sorted insert per
 		// draw would cost K^2 a chunk).
 		if len(chosen) < k {
-			taken = taken[:0]
-			taken = append(taken, make([]uint64, (m+63)/64)...)
+			taken = slices.Grow(taken[:0], (m+63)/64)[:(m+63)/64]
+			clear(taken)
 			for _, p := range chosen {
 				taken[p/64] |= 1 << (p % 64)
 			}
