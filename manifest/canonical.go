@@ -61,6 +61,9 @@ func (m Manifest) Canonical() []byte {
 		w.int("support_k", int64(m.Wire.SupportK))
 		w.float("residual_decay", m.Wire.ResidualDecay)
 	}
+	if m.Wire.BlockSize != 0 {
+		w.int("block_size", int64(m.Wire.BlockSize))
+	}
 
 	w.table("[data]")
 	w.str("source", m.Data.Source)

@@ -80,7 +80,7 @@ func fullDataset() Manifest {
 func fullSupport() Manifest {
 	m := full()
 	m.Optimizer.Kind, m.Pipeline = KindDiLoCo, Pipeline{Stages: 1, Microbatches: m.Pipeline.Microbatches}
-	m.Wire.Outer, m.Wire.SupportK, m.Wire.ResidualDecay = OuterSupport, 64, 0.95
+	m.Wire.Outer, m.Wire.SupportK, m.Wire.ResidualDecay, m.Wire.BlockSize = OuterSupport, 64, 0.95, 1024
 	return m
 }
 
@@ -96,6 +96,7 @@ func TestOuterExchange(t *testing.T) {
 			"outer": func(m *Manifest) { m.Wire.Outer, m.Wire.SupportK, m.Wire.ResidualDecay = "", 0, 0 },
 			"k":     func(m *Manifest) { m.Wire.SupportK++ },
 			"decay": func(m *Manifest) { m.Wire.ResidualDecay /= 2 },
+			"block": func(m *Manifest) { m.Wire.BlockSize = 512 },
 		} {
 			m := base
 			edit(&m)
@@ -120,6 +121,9 @@ func TestOuterExchange(t *testing.T) {
 		"staged":           func(m *Manifest) { m.Pipeline.Stages = 3 },
 		"noloco":           func(m *Manifest) { m.Optimizer.Kind = KindNoLoCo },
 		"dense with decay": func(m *Manifest) { m.Wire.Outer, m.Wire.SupportK = OuterDense, 0 },
+		"block too small":  func(m *Manifest) { m.Wire.BlockSize = 32 },
+		"block too large":  func(m *Manifest) { m.Wire.BlockSize = 1 << 17 },
+		"block not 8k":     func(m *Manifest) { m.Wire.BlockSize = 1020 },
 	} {
 		m := fullSupport()
 		edit(&m)
@@ -326,6 +330,7 @@ func TestHashCoversEveryField(t *testing.T) {
 		"wire.outer":          nil,
 		"wire.support_k":      nil,
 		"wire.residual_decay": nil,
+		"wire.block_size":     func(m *Manifest) { m.Wire.BlockSize = 512 },
 		"data.source":         func(m *Manifest) { m.Data.Source = SourceLocal },
 		"data.val_fraction":   func(m *Manifest) { m.Data.ValFraction = 0.03 },
 		"data.shard_bytes":    func(m *Manifest) { m.Data.ShardBytes-- },

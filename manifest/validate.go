@@ -143,6 +143,9 @@ func (w Wire) validate() error {
 	if _, ok := codecByName(w.Codec); !ok {
 		return bad("wire.codec", w.Codec, "want one of %s", quoteAll(codecNames()))
 	}
+	if b := w.BlockSize; b != 0 && (b < compression.MinBlockSize || b > compression.MaxBlockSize || b%8 != 0) {
+		return bad("wire.block_size", b, "want 0 (the default, %d) or a multiple of 8 in [%d, %d]", compression.DefaultBlockSize, compression.MinBlockSize, compression.MaxBlockSize)
+	}
 	switch w.Outer {
 	case "", OuterDense:
 		if w.SupportK != 0 || w.ResidualDecay != 0 {

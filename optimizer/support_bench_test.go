@@ -13,7 +13,8 @@ import (
 // BenchmarkSupportRound is one member's local work in a round with a
 // shared support (issue [3/4]) at M = 8, of 64 of every 4096 coordinates
 // with minmax8 (half by momentum, or nominated) or of 1792 by the hash
-// with signs and FeedRounding (what crossed the wire decoded again):
+// with signs and FeedRounding (what crossed the wire decoded again), or of
+// 1536 with a sign scale per 1024 and residual decay 0.5 (the demo's):
 // choosing the support from the momentum (or nominations), the error
 // feedback (residual plus pseudo-gradient, compacted), the state hash the
 // round starts from, the butterfly's codec work of one member on the
@@ -31,15 +32,18 @@ func BenchmarkSupportRound(b *testing.B) {
 			k, nominate  int
 			codec        compression.Codec
 			fromMomentum bool
+			block        int
+			decay        float32
 		}{
-			{"support", 64, 0, compression.MinMax8, true},
-			{"nominated", 64, 16, compression.MinMax8, false},
-			{"random1792-sign", 1792, 0, compression.Sign, false},
+			{"support", 64, 0, compression.MinMax8, true, 0, 0.95},
+			{"nominated", 64, 16, compression.MinMax8, false, 0, 0.95},
+			{"random1792-sign", 1792, 0, compression.Sign, false, 0, 0.95},
+			{"sign1536", 1536, 0, compression.Sign, false, 1024, 0.5},
 		} {
 			b.Run(fmt.Sprintf("%s/%dM", arm.name, (n+500_000)/1_000_000), func(b *testing.B) {
 				cfg := DefaultDiLoCo()
 				cfg.OuterLR, cfg.Momentum, cfg.NormGrowth = 3, 0, 0
-				s := SupportConfig{Chunk: 4096, K: arm.k, Decay: 0.95, Nominate: arm.nominate, FeedRounding: arm.codec == compression.Sign}
+				s := SupportConfig{Chunk: 4096, K: arm.k, Decay: arm.decay, Nominate: arm.nominate, FeedRounding: arm.codec == compression.Sign}
 				if arm.fromMomentum {
 					s.FromMomentum = arm.k / 2
 				}
@@ -48,7 +52,7 @@ func BenchmarkSupportRound(b *testing.B) {
 				}
 				cfg.Support = &s
 				phi := make([]float32, n)
-				coll, err := newCodecRound(8, s.SupportLen(n), arm.codec)
+				coll, err := newCodecRound(8, s.SupportLen(n), arm.codec, arm.block)
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -108,9 +112,12 @@ type codecRound struct {
 	scr    []float32
 }
 
-func newCodecRound(M, n int, codec compression.Codec) (*codecRound, error) {
+func newCodecRound(M, n int, codec compression.Codec, block int) (*codecRound, error) {
 	cfg := DefaultButterflyConfig(n, nil, 0.05)
 	cfg.Codec.Codec = codec
+	if block > 0 {
+		cfg.Codec.BlockSize = block
+	}
 	enc, err := compression.NewEncoder(cfg.Codec)
 	if err != nil {
 		return nil, err

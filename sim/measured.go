@@ -95,20 +95,22 @@ var SparseCodec = WireCodec{Name: "sparse", Ratio: 32 / 0.1739, EncodeBps: 1.0e9
 // decode the compacted parts at minmax8's speed.
 var SupportCodec = WireCodec{Name: "support", Ratio: MinMax8Ratio * 4096 / 64, EncodeBps: 0.31e9, DecodeBps: MinMax8DecodeBps * 4096 / 64}
 
-// SupportSignCodec is a shared support of 1792 of every 4096 coordinates
-// with 1-bit signs (the sign codec, block 256: 1.125 bits a value) through
-// the butterfly, the densest support at 2000x measured (BENCHMARKS.md,
-// issue [3/4], session 7): 32/(1792/4096*1.125) = 65x smaller than fp32;
-// its local work (BenchmarkSupportRound/random1792-sign at 124M, the
-// state hash included) ran at SupportSignBps on one core; the owners decode
-// the compacted parts at SignDecodeBps.
-var SupportSignCodec = WireCodec{Name: "support-sign", Ratio: 32 / (1792.0 / 4096 * 1.125), EncodeBps: SupportSignBps, DecodeBps: SignDecodeBps * 4096 / 1792}
+// SupportSignCodec is the support volunteers run with `skein demo --outer
+// support`: 1536 of every 4096 coordinates with 1-bit signs and a scale
+// per 1024 (1.03125 bits a value) through the butterfly, 2647x less
+// traffic than fp32 data-parallel at +0.55% loss in the convergence
+// benchmark (BENCHMARKS.md, issue [3/4], session 8):
+// 32/(1536/4096*1.03125) = 83x smaller than fp32; its local work
+// (BenchmarkSupportRound/sign1536 at 124M, the state hash included) ran at
+// SupportSignBps on one core; the owners decode the compacted parts at
+// SignDecodeBps.
+var SupportSignCodec = WireCodec{Name: "support-sign", Ratio: 32 / (1536.0 / 4096 * (1 + 32.0/1024)), EncodeBps: SupportSignBps, DecodeBps: SignDecodeBps * 4096 / 1536}
 
-// SupportSignBps (2.95 s a round at 124M, 0.169 GB/s of fp32 parameters)
+// SupportSignBps (2.55 s a round at 124M, 0.195 GB/s of fp32 parameters)
 // and SignDecodeBps (BenchmarkDecode/sign/zstd0: 3.19-3.20 GB/s of fp32
 // output): see SupportSignCodec.
 const (
-	SupportSignBps = 0.169e9
+	SupportSignBps = 0.195e9
 	SignDecodeBps  = 3.19e9
 )
 

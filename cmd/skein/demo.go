@@ -50,9 +50,10 @@ func demoCommand() *cli.Command {
 			&cli.StringFlag{Name: "optimizer", Value: d.Manifest.Optimizer.Kind, Usage: "outer optimizer: diloco or noloco"},
 			&cli.BoolFlag{Name: "delayed", Usage: "DiLoCo's one-step-delayed outer step: each round's all-reduce runs during the next inner phase"},
 			&cli.StringFlag{Name: "outer", Usage: "what of each pseudo-gradient crosses the wire: dense (every coordinate, int8), or support (the round's shared support: --support-k of every 4096 coordinates, the rest kept in each volunteer's residual); default: the manifest's"},
-			&cli.IntFlag{Name: "support-k", Value: 1792, Usage: "with --outer support: coordinates of every 4096 sent each round"},
+			&cli.IntFlag{Name: "support-k", Value: 1536, Usage: "with --outer support: coordinates of every 4096 sent each round"},
+			&cli.IntFlag{Name: "support-block", Value: 1024, Usage: "with --outer support: values sharing one scale on the wire (wire.block_size)"},
 			&cli.StringFlag{Name: "support-codec", Value: "sign", Usage: "with --outer support: the codec of the support's values (sign: 1 bit a value; int2, int4, minmax8, ...)"},
-			&cli.Float64Flag{Name: "residual-decay", Value: 0.95, Usage: "with --outer support: the residual's decay per round (with --outer support the outer step is plain SGD at lr 2 unless --outer-lr and --outer-momentum say otherwise)"},
+			&cli.Float64Flag{Name: "residual-decay", Value: 0.5, Usage: "with --outer support: the residual's decay per round (with --outer support the outer step is plain SGD at lr 3 unless --outer-lr and --outer-momentum say otherwise)"},
 			&cli.Float64Flag{Name: "outer-lr", Usage: "DiLoCo's outer learning rate (default: the manifest's)"},
 			&cli.Float64Flag{Name: "outer-momentum", Value: -1, Usage: "DiLoCo's outer momentum, in [0, 1) (default: the manifest's)"},
 			&cli.DurationFlag{Name: "duration", Value: d.Duration, Usage: "stop after this long (0: only at --target-loss or Ctrl-C)"},
@@ -162,10 +163,10 @@ func demoCommand() *cli.Command {
 				cfg.Manifest.Wire.Outer, cfg.Manifest.Wire.SupportK, cfg.Manifest.Wire.ResidualDecay = "", 0, 0
 			case manifest.OuterSupport:
 				cfg.Manifest.Wire.Outer, cfg.Manifest.Wire.SupportK, cfg.Manifest.Wire.ResidualDecay = o, c.Int("support-k"), c.Float64("residual-decay")
-				cfg.Manifest.Wire.Codec = c.String("support-codec")
+				cfg.Manifest.Wire.Codec, cfg.Manifest.Wire.BlockSize = c.String("support-codec"), c.Int("support-block")
 				// The outer rule measured best with a support (BENCHMARKS.md,
 				// issue [3/4]): the residual as the momentum, a larger step.
-				cfg.Manifest.Optimizer.OuterLR, cfg.Manifest.Optimizer.OuterMomentum = 2, 0
+				cfg.Manifest.Optimizer.OuterLR, cfg.Manifest.Optimizer.OuterMomentum = 3, 0
 			default:
 				return fmt.Errorf("--outer %q: want %q or %q", o, manifest.OuterDense, manifest.OuterSupport)
 			}
