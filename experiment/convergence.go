@@ -158,6 +158,8 @@ func Arms() []Arm {
 		{Name: "diloco-h50-sign2048", Description: "the volunteers' support (skein demo --outer support): 2048 of every 4096 by a keyed hash of the round, 1-bit signs with a scale per 1024, error feedback (decay 0.5) keeping the rounding, butterfly default robust rule, outer SGD lr 3", configure: sign2048(0)},
 		{Name: "diloco-h50-sign1792", Description: "diloco-h50-sign2048 at 1792 of every 4096", configure: signK(1792, 0)},
 		{Name: "diloco-h50-sign1536", Description: "diloco-h50-sign2048 at 1536 of every 4096 (skein demo --outer support)", configure: signK(1536, 0)},
+		{Name: "diloco-h50-sign1536-agg-int2", Description: "diloco-h50-sign1536 with the butterfly's aggregates in int2 instead of signs", configure: aggCodec(signK(1536, 0), compression.Int2)},
+		{Name: "diloco-h50-sign1536-agg-int4", Description: "diloco-h50-sign1536 with the butterfly's aggregates in int4 instead of signs", configure: aggCodec(signK(1536, 0), compression.Int4)},
 		{Name: "diloco-h50-sign1536-attack", Description: "diloco-h50-sign1536 with one worker scaling its pseudo-gradient by 1000", configure: signK(1536, 1000)},
 		{Name: "diloco-h50-sign1536-flip", Description: "diloco-h50-sign1536 with one worker flipping the sign of its pseudo-gradient (x -4)", configure: signK(1536, -4)},
 		{Name: "diloco-h50-sign2048-delayed", Description: "diloco-h50-sign2048 with each exchange overlapped with the next inner phase (one-step delayed)", configure: func(c *SwarmConfig) {
@@ -214,6 +216,13 @@ func Arms() []Arm {
 		}},
 		{Name: "warm-diloco-h50-nominated", Description: "warm start: diloco-h50-nominated", Warm: true, configure: nominated(64, 16, optimizer.DefaultRobust(), false, 0)},
 		{Name: "warm-diloco-h50-sign1536", Description: "warm start: diloco-h50-sign1536", Warm: true, configure: signK(1536, 0)},
+		{Name: "warm-diloco-h50-sign1536-agg-int2", Description: "warm start: diloco-h50-sign1536-agg-int2", Warm: true, configure: aggCodec(signK(1536, 0), compression.Int2)},
+		{Name: "warm-diloco-h50-sign1536-agg-int4", Description: "warm start: diloco-h50-sign1536-agg-int4", Warm: true, configure: aggCodec(signK(1536, 0), compression.Int4)},
+		{Name: "warm-diloco-h50-sign4096", Description: "warm start: diloco-h50-sign2048 at every coordinate (signs, not a support's worth of bytes: where the signs' limit is)", Warm: true, configure: signK(4096, 0)},
+		{Name: "warm-diloco-h50-minmax2048", Description: "warm start: diloco-h50-sign2048 with minmax8 values (where the support's limit is)", Warm: true, configure: func(c *SwarmConfig) {
+			signK(2048, 0)(c)
+			c.Codec.Codec = compression.MinMax8
+		}},
 		{Name: "warm-diloco-h50-sign2048", Description: "warm start: diloco-h50-sign2048", Warm: true, configure: sign2048(0)},
 		{Name: "warm-diloco-h50-random1792-sign", Description: "warm start: diloco-h50-random1792-sign", Warm: true, configure: feedRounding(randomSGD(1792, compression.Sign))},
 		{Name: "warm-diloco-h50-sparse-ef3", Description: "warm start: diloco-h50-sparse-ef3", Warm: true, configure: func(c *SwarmConfig) {
@@ -294,6 +303,14 @@ func signK(k int, attack float64) func(c *SwarmConfig) {
 		s := *c.DiLoCo.Support
 		s.K = k
 		c.DiLoCo.Support = &s
+	}
+}
+
+// aggCodec sets the butterfly's codec of the aggregates on an arm.
+func aggCodec(arm func(c *SwarmConfig), codec compression.Codec) func(c *SwarmConfig) {
+	return func(c *SwarmConfig) {
+		arm(c)
+		c.AggCodec = codec
 	}
 }
 

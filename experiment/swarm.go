@@ -54,6 +54,9 @@ type SwarmConfig struct {
 	// Codec encodes the contributions and the aggregates of the butterfly
 	// collective.
 	Codec compression.Config
+	// AggCodec, if set, encodes the butterfly's aggregates instead
+	// (optimizer.ButterflyConfig.AggCodec).
+	AggCodec compression.Codec
 	// Robust is the butterfly's aggregation rule (trim, norm clip); the
 	// zero value is the plain mean, as in the papers.
 	Robust optimizer.RobustConfig
@@ -267,7 +270,7 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 					dc.Nominator = noms
 				}
 				bc := optimizer.DefaultButterflyConfig(nx, swarmSigner{p.Self()}, swarmTick.Seconds())
-				bc.Codec, bc.Robust = cfg.Codec, cfg.Robust
+				bc.Codec, bc.AggCodec, bc.Robust = cfg.Codec, cfg.AggCodec, cfg.Robust
 				// Every worker in every round, as in the papers: the leader
 				// waits for all (in-process inner phases end at about the
 				// same time, but a loaded machine spreads them).

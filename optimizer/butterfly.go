@@ -103,6 +103,13 @@ type ButterflyConfig struct {
 	// Codec encodes the parts and the aggregates (default: per-block
 	// min-max uint8).
 	Codec compression.Config
+	// AggCodec, if set, encodes the aggregates instead of Codec.Codec
+	// (the rest of Codec unchanged): a finer grid for the average than for
+	// the contributions, which can be coarse because each member's error
+	// feedback keeps its own rounding while nobody keeps the average's.
+	// Decoders read a frame's codec from its header, so members need
+	// nothing else to read it.
+	AggCodec compression.Codec
 	// Robust is the aggregation rule of every part.
 	Robust RobustConfig
 	// Replicas is the owners per part: 2 cross-checks every aggregate (the
@@ -250,7 +257,9 @@ type Butterfly struct {
 	silent map[transport.PeerID]*bfSilence
 
 	enc *compression.Encoder
-	dec *compression.Decoder
+	// aggEnc encodes the aggregates: enc, or one for AggCodec
+	aggEnc *compression.Encoder
+	dec    *compression.Decoder
 
 	cur      *bfRound
 	attempts map[uint64]uint32 // last attempt started per round (recent rounds)
@@ -374,18 +383,33 @@ func NewButterfly(cfg ButterflyConfig, self transport.PeerID) (*Butterfly, error
 	if err != nil {
 		return nil, err
 	}
+	aggEnc := enc
+	if cfg.AggCodec != 0 && cfg.AggCodec != cfg.Codec.Codec {
+		ac := cfg.Codec
+		ac.Codec = cfg.AggCodec
+		if aggEnc, err = compression.NewEncoder(ac); err != nil {
+			enc.Close()
+			return nil, err
+		}
+	}
 	dec, err := compression.NewDecoder(cfg.Codec)
 	if err != nil {
 		enc.Close()
+		if aggEnc != enc {
+			aggEnc.Close()
+		}
 		return nil, err
 	}
-	return &Butterfly{cfg: cfg, self: self, view: []transport.PeerID{self}, ban: map[transport.PeerID]string{}, silent: map[transport.PeerID]*bfSilence{}, enc: enc, dec: dec,
+	return &Butterfly{cfg: cfg, self: self, view: []transport.PeerID{self}, ban: map[transport.PeerID]string{}, silent: map[transport.PeerID]*bfSilence{}, enc: enc, aggEnc: aggEnc, dec: dec,
 		attempts: map[uint64]uint32{}, finished: map[uint64]*bfFinished{}}, nil
 }
 
 // Close releases the codecs.
 func (b *Butterfly) Close() {
 	b.enc.Close()
+	if b.aggEnc != b.enc {
+		b.aggEnc.Close()
+	}
 	b.dec.Close()
 }
 

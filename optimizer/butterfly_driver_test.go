@@ -451,3 +451,43 @@ func TestButterflyDriverSupportFeedRounding(t *testing.T) {
 		})
 	}
 }
+
+// TestButterflyAggCodec: with AggCodec the owners encode the aggregates
+// in that codec and the contributions stay in Codec. Signs everywhere
+// give every coordinate of a block the same step; int4 aggregates give
+// many; the members agree either way (bfStep checks the state hashes).
+func TestButterflyAggCodec(t *testing.T) {
+	for _, tc := range []struct {
+		agg     compression.Codec
+		minMags int // distinct step magnitudes in the first block, at least
+		maxMags int // and at most
+	}{
+		{0, 1, 1},
+		{compression.Int4, 2, 1 << 30},
+	} {
+		t.Run(fmt.Sprint(tc.agg), func(t *testing.T) {
+			net := transport.NewMemNetwork()
+			defer net.Close()
+			const n, members = 4000, 3
+			dc := DefaultDiLoCo()
+			dc.OuterLR, dc.Momentum = 1, 0
+			ds, thetas, _ := bfMembersDiLoCo(t, net, members, n, dc, func(_ int, c *ButterflyConfig, _ *ButterflyOptions) {
+				// the plain mean of three signs: where they agree and where not
+				c.Codec.Codec, c.AggCodec, c.Robust = compression.Sign, tc.agg, RobustConfig{}
+			})
+			before := slices.Clone(ds[0].Phi)
+			bfStep(t, ds, thetas, []int{0, 1, 2})
+			mags := map[float32]bool{}
+			for j := range compression.DefaultBlockSize {
+				// to 3 digits: phi - step rounds the step by phi's ulp
+				if s := math.Abs(float64(before[j] - ds[0].Phi[j])); s > 0 {
+					e := math.Pow(10, math.Floor(math.Log10(s))-2)
+					mags[float32(math.Round(s/e)*e)] = true
+				}
+			}
+			if len(mags) < tc.minMags || len(mags) > tc.maxMags {
+				t.Fatalf("%d distinct steps in the first block, want %d to %d", len(mags), tc.minMags, tc.maxMags)
+			}
+		})
+	}
+}

@@ -283,7 +283,7 @@ func (b *Butterfly) aggregateFrame(c *bfRound, p uint32, idxs []uint32, vals fun
 		ins[i] = vals(idx)
 	}
 	b.scratch = b.cfg.Robust.Aggregate(agg, ins, b.scratch)
-	return b.enc.Append(nil, agg, b.partSeed(c, p, -1)^0xA66)
+	return b.aggEnc.Append(nil, agg, b.partSeed(c, p, -1)^0xA66)
 }
 
 // forged is what a hostile owner sends instead of part p's aggregate: a
