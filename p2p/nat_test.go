@@ -124,7 +124,9 @@ type helper struct {
 func startHelper(t *testing.T, ns, role string, env ...string) *helper {
 	t.Helper()
 	cmd := exec.Command("ip", "netns", "exec", ns, os.Args[0], "-test.run=^TestNATHelper$", "-test.v", "-test.timeout=60s")
-	cmd.Env = append(append(os.Environ(), "P2P_NAT_ROLE="+role), env...)
+	// Its data lives in this test's directory: the helper is killed when
+	// the test ends, before its own t.TempDir would be removed.
+	cmd.Env = append(append(os.Environ(), "P2P_NAT_ROLE="+role, "P2P_NAT_DIR="+t.TempDir()), env...)
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	cmd.Stderr = cmd.Stdout
@@ -240,7 +242,11 @@ func TestNATHelper(t *testing.T) {
 	ctx := context.Background()
 	start := time.Now()
 	if role == "relay" {
-		cfg := p2p.DefaultSeedConfig(natRunID, t.TempDir())
+		dir := os.Getenv("P2P_NAT_DIR")
+		if dir == "" {
+			dir = t.TempDir()
+		}
+		cfg := p2p.DefaultSeedConfig(natRunID, dir)
 		cfg.ListenAddrs = []string{"/ip4/" + natNet + ".1/udp/4001/quic-v1", "/ip4/" + natNet + ".1/tcp/4001"}
 		cfg.Timing = p2p.FastTiming()
 		s, err := p2p.NewSeed(ctx, cfg)
