@@ -155,19 +155,19 @@ func Arms() []Arm {
 		{Name: "diloco-h50-random2048-sign-b4096", Description: "diloco-h50-random2048-sign with a scale per 4096 values instead of 256", configure: feedRounding(blocked(randomSGD(2048, compression.Sign), 4096))},
 		{Name: "diloco-h50-random2048-sign-b1024", Description: "diloco-h50-random2048-sign with a scale per 1024 values", configure: feedRounding(blocked(randomSGD(2048, compression.Sign), 1024))},
 		{Name: "diloco-h50-random1920-sign-b512", Description: "diloco-h50-random2048-sign at 1920 of every 4096 with a scale per 512 values", configure: feedRounding(blocked(randomSGD(1920, compression.Sign), 512))},
-		{Name: "diloco-h50-sign2048", Description: "the volunteers' support (skein demo --outer support): 2048 of every 4096 by a keyed hash of the round, 1-bit signs with a scale per 1024, error feedback (decay 0.5) keeping the rounding, butterfly default robust rule, outer SGD lr 3", configure: sign2048(0)},
-		{Name: "diloco-h50-sign1792", Description: "diloco-h50-sign2048 at 1792 of every 4096", configure: signK(1792, 0)},
-		{Name: "diloco-h50-sign1536", Description: "diloco-h50-sign2048 at 1536 of every 4096 (skein demo --outer support)", configure: signK(1536, 0)},
-		{Name: "diloco-h50-sign1536-agg-int2", Description: "diloco-h50-sign1536 with the butterfly's aggregates in int2 instead of signs", configure: aggCodec(signK(1536, 0), compression.Int2)},
-		{Name: "diloco-h50-sign1536-agg-int4", Description: "diloco-h50-sign1536 with the butterfly's aggregates in int4 instead of signs", configure: aggCodec(signK(1536, 0), compression.Int4)},
-		{Name: "diloco-h50-sign1536-attack", Description: "diloco-h50-sign1536 with one worker scaling its pseudo-gradient by 1000", configure: signK(1536, 1000)},
-		{Name: "diloco-h50-sign1536-flip", Description: "diloco-h50-sign1536 with one worker flipping the sign of its pseudo-gradient (x -4)", configure: signK(1536, -4)},
+		{Name: "diloco-h50-sign2048", Description: "the volunteers' support (skein demo --outer support): 2048 of every 4096 by a keyed hash of the round, 1-bit signs with a scale per 1024, error feedback (decay 0.5) keeping the rounding, butterfly default robust rule, outer SGD lr 3", configure: signK(2048)},
+		{Name: "diloco-h50-sign1792", Description: "diloco-h50-sign2048 at 1792 of every 4096", configure: signK(1792)},
+		{Name: "diloco-h50-sign1536", Description: "diloco-h50-sign2048 at 1536 of every 4096 (skein demo --outer support)", configure: signK(1536)},
+		{Name: "diloco-h50-sign1536-agg-int2", Description: "diloco-h50-sign1536 with the butterfly's aggregates in int2 instead of signs", configure: aggCodec(signK(1536), compression.Int2)},
+		{Name: "diloco-h50-sign1536-agg-int4", Description: "diloco-h50-sign1536 with the butterfly's aggregates in int4 instead of signs", configure: aggCodec(signK(1536), compression.Int4)},
+		{Name: "diloco-h50-sign1536-attack", Description: "diloco-h50-sign1536 with one worker scaling its pseudo-gradient by 1000", configure: withAttack(signK(1536), 1000)},
+		{Name: "diloco-h50-sign1536-flip", Description: "diloco-h50-sign1536 with one worker flipping the sign of its pseudo-gradient (x -4)", configure: withAttack(signK(1536), -4)},
 		{Name: "diloco-h50-sign2048-delayed", Description: "diloco-h50-sign2048 with each exchange overlapped with the next inner phase (one-step delayed)", configure: func(c *SwarmConfig) {
-			sign2048(0)(c)
+			signK(2048)(c)
 			c.Delayed = true
 		}},
-		{Name: "diloco-h50-sign2048-attack", Description: "diloco-h50-sign2048 with one worker scaling its pseudo-gradient by 1000", configure: sign2048(1000)},
-		{Name: "diloco-h50-sign2048-flip", Description: "diloco-h50-sign2048 with one worker flipping the sign of its pseudo-gradient (x -4)", configure: sign2048(-4)},
+		{Name: "diloco-h50-sign2048-attack", Description: "diloco-h50-sign2048 with one worker scaling its pseudo-gradient by 1000", configure: withAttack(signK(2048), 1000)},
+		{Name: "diloco-h50-sign2048-flip", Description: "diloco-h50-sign2048 with one worker flipping the sign of its pseudo-gradient (x -4)", configure: withAttack(signK(2048), -4)},
 		{Name: "diloco-h50-random1792-sign-attack", Description: "diloco-h50-random1792-sign with one worker scaling its pseudo-gradient by 1000", configure: withAttack(feedRounding(randomSGD(1792, compression.Sign)), 1000)},
 		{Name: "diloco-h50-random1792-sign-flip", Description: "diloco-h50-random1792-sign with one worker flipping the sign of its pseudo-gradient (x -4)", configure: withAttack(feedRounding(randomSGD(1792, compression.Sign)), -4)},
 		{Name: "diloco-h50-cycle2048-sign", Description: "diloco-h50-random2048-sign with a cycling support (each coordinate every 2 rounds)", configure: cycle(2048, compression.Sign, true)},
@@ -215,15 +215,15 @@ func Arms() []Arm {
 			c.Algorithm, c.InnerSteps, c.Robust = DiLoCo, 50, optimizer.DefaultRobust()
 		}},
 		{Name: "warm-diloco-h50-nominated", Description: "warm start: diloco-h50-nominated", Warm: true, configure: nominated(64, 16, optimizer.DefaultRobust(), false, 0)},
-		{Name: "warm-diloco-h50-sign1536", Description: "warm start: diloco-h50-sign1536", Warm: true, configure: signK(1536, 0)},
-		{Name: "warm-diloco-h50-sign1536-agg-int2", Description: "warm start: diloco-h50-sign1536-agg-int2", Warm: true, configure: aggCodec(signK(1536, 0), compression.Int2)},
-		{Name: "warm-diloco-h50-sign1536-agg-int4", Description: "warm start: diloco-h50-sign1536-agg-int4", Warm: true, configure: aggCodec(signK(1536, 0), compression.Int4)},
-		{Name: "warm-diloco-h50-sign4096", Description: "warm start: diloco-h50-sign2048 at every coordinate (signs, not a support's worth of bytes: where the signs' limit is)", Warm: true, configure: signK(4096, 0)},
+		{Name: "warm-diloco-h50-sign1536", Description: "warm start: diloco-h50-sign1536", Warm: true, configure: signK(1536)},
+		{Name: "warm-diloco-h50-sign1536-agg-int2", Description: "warm start: diloco-h50-sign1536-agg-int2", Warm: true, configure: aggCodec(signK(1536), compression.Int2)},
+		{Name: "warm-diloco-h50-sign1536-agg-int4", Description: "warm start: diloco-h50-sign1536-agg-int4", Warm: true, configure: aggCodec(signK(1536), compression.Int4)},
+		{Name: "warm-diloco-h50-sign4096", Description: "warm start: diloco-h50-sign2048 at every coordinate (signs, not a support's worth of bytes: where the signs' limit is)", Warm: true, configure: signK(4096)},
 		{Name: "warm-diloco-h50-minmax2048", Description: "warm start: diloco-h50-sign2048 with minmax8 values (where the support's limit is)", Warm: true, configure: func(c *SwarmConfig) {
-			signK(2048, 0)(c)
+			signK(2048)(c)
 			c.Codec.Codec = compression.MinMax8
 		}},
-		{Name: "warm-diloco-h50-sign2048", Description: "warm start: diloco-h50-sign2048", Warm: true, configure: sign2048(0)},
+		{Name: "warm-diloco-h50-sign2048", Description: "warm start: diloco-h50-sign2048", Warm: true, configure: signK(2048)},
 		{Name: "warm-diloco-h50-random1792-sign", Description: "warm start: diloco-h50-random1792-sign", Warm: true, configure: feedRounding(randomSGD(1792, compression.Sign))},
 		{Name: "warm-diloco-h50-sparse-ef3", Description: "warm start: diloco-h50-sparse-ef3", Warm: true, configure: func(c *SwarmConfig) {
 			sc := compression.DefaultSparseConfig()
@@ -287,22 +287,13 @@ func cycle(k int, codec compression.Codec, feed bool) func(c *SwarmConfig) {
 	}
 }
 
-// sign2048 is the support volunteers run (node.outerSupport with the
-// demo's defaults); attack as SwarmConfig.Attack.
-func sign2048(attack float64) func(c *SwarmConfig) {
+// signK is the support volunteers run (node.outerSupport with the demo's
+// defaults) at k of every 4096: signs with a scale per 1024, residual
+// decay 0.5, outer SGD lr 3.
+func signK(k int) func(c *SwarmConfig) {
 	return func(c *SwarmConfig) {
-		feedRounding(blocked(randomSGD(2048, compression.Sign), 1024))(c)
-		c.DiLoCo.Support.Decay, c.DiLoCo.OuterLR, c.Attack = 0.5, 3, attack
-	}
-}
-
-// signK is sign2048 at k of every 4096.
-func signK(k int, attack float64) func(c *SwarmConfig) {
-	return func(c *SwarmConfig) {
-		sign2048(attack)(c)
-		s := *c.DiLoCo.Support
-		s.K = k
-		c.DiLoCo.Support = &s
+		feedRounding(blocked(randomSGD(k, compression.Sign), 1024))(c)
+		c.DiLoCo.Support.Decay, c.DiLoCo.OuterLR = 0.5, 3
 	}
 }
 

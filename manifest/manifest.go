@@ -465,6 +465,13 @@ func (m Manifest) Codec() compression.Codec {
 	return c
 }
 
+// WireCodec returns c with wire.codec and wire.block_size: how every
+// collective of the run encodes what crosses the wire.
+func (m Manifest) WireCodec(c compression.Config) compression.Config {
+	c.Codec, c.BlockSize = m.Codec(), m.Wire.Block()
+	return c
+}
+
 // Policy is the admission policy as p2p enforces it: the bootstrap
 // enforces it from the start, and a volunteer checks the one it learned at
 // the door against it.

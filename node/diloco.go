@@ -42,7 +42,7 @@ func (v *Volunteer) initDiLoCo() (err error) {
 		d.Support, nx = s, s.SupportLen(v.n)
 	}
 	bc := optimizer.DefaultButterflyConfig(nx, v.pn.Signer(), butterflyTick.Seconds())
-	bc.Codec.Codec, bc.Codec.BlockSize = m.Codec(), m.Wire.Block()
+	bc.Codec = m.WireCodec(bc.Codec)
 	bc.MaxAbs = rc.MaxAbs
 	bc.Hostile = butterflyHostile(v.cfg.Hostile)
 	ticks := func(d time.Duration) int64 { return max(1, int64(d/butterflyTick)) }

@@ -77,7 +77,7 @@ func nolocoConfig(m manifest.Manifest, ring CollectiveConfig) optimizer.NoLoCoCo
 	c := optimizer.DefaultNoLoCo()
 	o := m.Optimizer
 	c.OuterLR, c.Momentum, c.Gamma, c.GroupSize = o.OuterLR, o.OuterMomentum, o.Gamma, o.GroupSize
-	c.DeltaCodec.Codec, c.DeltaCodec.BlockSize = m.Codec(), m.Wire.Block()
+	c.DeltaCodec = m.WireCodec(c.DeltaCodec)
 	if m.Codec() == compression.FP32 {
 		c.PhiCodec.Codec = compression.FP32
 	}

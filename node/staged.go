@@ -796,7 +796,7 @@ func (st *stagedVolunteer) restartOuter(a pipeline.Assignment, s int) error {
 	st.outP = p
 	rc := v.cfg.Collective
 	bc := optimizer.DefaultButterflyConfig(n, v.pn.Signer(), butterflyTick.Seconds())
-	bc.Codec.Codec, bc.Codec.BlockSize = v.run.Codec(), v.run.Wire.Block()
+	bc.Codec = v.run.WireCodec(bc.Codec)
 	bc.MaxAbs = rc.MaxAbs
 	ticks := func(d time.Duration) int64 { return max(1, int64(d/butterflyTick)) }
 	bc.PhaseWait, bc.MinPhase, bc.MaxPhase = ticks(rc.InitialDeadline), ticks(rc.MinDeadline), ticks(rc.MaxDeadline)
