@@ -176,6 +176,10 @@ func TrimmedMean(out []float32, inputs [][]float32, t int, scratch []float32) []
 		}
 		return scratch
 	}
+	if k <= netMax {
+		trimmedMeanNet(out, inputs, t)
+		return scratch
+	}
 	if cap(scratch) < k {
 		scratch = make([]float32, k)
 	}
@@ -193,4 +197,126 @@ func TrimmedMean(out []float32, inputs [][]float32, t int, scratch []float32) []
 		out[i] = float32(s / kept)
 	}
 	return scratch
+}
+
+// netMax is the most contributions that TrimmedMean sorts with a network.
+const netMax = 16
+
+// sortNets[k] is a sorting network for k values (k <= 8: size-optimal
+// ones, known from Knuth, TAOCP 5.3.4), as compare-exchange pairs in
+// order; larger k take odd-even transposition (oddEvenNet). Tests check
+// each on every 0-1 input, which suffices (the 0-1 principle).
+var sortNets = func() (nets [netMax + 1][][2]uint8) {
+	nets[2] = [][2]uint8{{0, 1}}
+	nets[3] = [][2]uint8{{0, 2}, {0, 1}, {1, 2}}
+	nets[4] = [][2]uint8{{0, 2}, {1, 3}, {0, 1}, {2, 3}, {1, 2}}
+	nets[5] = [][2]uint8{{0, 3}, {1, 4}, {0, 2}, {1, 3}, {0, 1}, {2, 4}, {1, 2}, {3, 4}, {2, 3}}
+	nets[6] = [][2]uint8{{0, 5}, {1, 3}, {2, 4}, {1, 2}, {3, 4}, {0, 3}, {2, 5}, {0, 1}, {2, 3}, {4, 5}, {1, 2}, {3, 4}}
+	nets[7] = [][2]uint8{{0, 6}, {2, 3}, {4, 5}, {0, 2}, {1, 4}, {3, 6}, {0, 1}, {2, 5}, {3, 4}, {1, 2}, {4, 6}, {2, 3}, {4, 5}, {1, 2}, {3, 4}, {5, 6}}
+	nets[8] = [][2]uint8{{0, 2}, {1, 3}, {4, 6}, {5, 7}, {0, 4}, {1, 5}, {2, 6}, {3, 7}, {0, 1}, {2, 3}, {4, 5}, {6, 7}, {2, 4}, {3, 5}, {1, 4}, {3, 6}, {1, 2}, {3, 4}, {5, 6}}
+	for k := 9; k <= netMax; k++ {
+		nets[k] = oddEvenNet(k)
+	}
+	return nets
+}()
+
+// oddEvenNet is odd-even transposition sort's network for k values.
+func oddEvenNet(k int) [][2]uint8 {
+	var net [][2]uint8
+	for r := range k {
+		for j := r & 1; j+1 < k; j += 2 {
+			net = append(net, [2]uint8{uint8(j), uint8(j + 1)})
+		}
+	}
+	return net
+}
+
+// trimmedMeanNet is TrimmedMean for 2 <= len(inputs) <= netMax and t > 0:
+// each coordinate's values sorted by a sorting network on ordered integer
+// keys (no branch to mispredict, where a comparison sort costs several per
+// coordinate), the kept ones summed in increasing order as the sort would.
+// The sum is the same bits: equal keys are equal values, and -0 (ordered
+// before +0 here, equal to it for slices.Sort) adds to a float64 sum that
+// starts at +0 as +0 does. A NaN sorts beyond +-Inf, by its sign, and is
+// trimmed before any finite value.
+func trimmedMeanNet(out []float32, inputs [][]float32, t int) {
+	k := len(inputs)
+	kept := float64(k - 2*t)
+	if k == 8 {
+		median8(out, inputs, t)
+		return
+	}
+	net := sortNets[k]
+	var key [netMax]int32
+	for i := range out {
+		for j, x := range inputs {
+			key[j] = orderedKey(x[i])
+		}
+		for _, c := range net {
+			a, b := key[c[0]&(netMax-1)], key[c[1]&(netMax-1)]
+			key[c[0]&(netMax-1)], key[c[1]&(netMax-1)] = min(a, b), max(a, b)
+		}
+		var s float64
+		for _, y := range key[t : k-t] {
+			s += float64(fromOrderedKey(y))
+		}
+		out[i] = float32(s / kept)
+	}
+}
+
+// orderedKey maps a float32 to an int32 whose order is the floats' (with
+// -0 before +0): a negative float's magnitude bits are flipped.
+func orderedKey(v float32) int32 {
+	b := int32(math.Float32bits(v))
+	return b ^ int32(uint32(b>>31)>>1)
+}
+
+// fromOrderedKey inverts orderedKey.
+func fromOrderedKey(k int32) float32 {
+	return math.Float32frombits(uint32(k ^ int32(uint32(k>>31)>>1)))
+}
+
+// median8 is trimmedMeanNet for 8 contributions, the network unrolled on
+// registers.
+func median8(out []float32, inputs [][]float32, t int) {
+	kept := float64(8 - 2*t)
+	x0, x1, x2, x3, x4, x5, x6, x7 := inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], inputs[5], inputs[6], inputs[7]
+	n := len(out)
+	x0, x1, x2, x3, x4, x5, x6, x7 = x0[:n], x1[:n], x2[:n], x3[:n], x4[:n], x5[:n], x6[:n], x7[:n]
+	cx := func(a, b int32) (int32, int32) { return min(a, b), max(a, b) }
+	var key [8]int32
+	for i := range out {
+		k0, k1, k2, k3 := orderedKey(x0[i]), orderedKey(x1[i]), orderedKey(x2[i]), orderedKey(x3[i])
+		k4, k5, k6, k7 := orderedKey(x4[i]), orderedKey(x5[i]), orderedKey(x6[i]), orderedKey(x7[i])
+		k0, k2 = cx(k0, k2)
+		k1, k3 = cx(k1, k3)
+		k4, k6 = cx(k4, k6)
+		k5, k7 = cx(k5, k7)
+		k0, k4 = cx(k0, k4)
+		k1, k5 = cx(k1, k5)
+		k2, k6 = cx(k2, k6)
+		k3, k7 = cx(k3, k7)
+		k0, k1 = cx(k0, k1)
+		k2, k3 = cx(k2, k3)
+		k4, k5 = cx(k4, k5)
+		k6, k7 = cx(k6, k7)
+		k2, k4 = cx(k2, k4)
+		k3, k5 = cx(k3, k5)
+		k1, k4 = cx(k1, k4)
+		k3, k6 = cx(k3, k6)
+		k1, k2 = cx(k1, k2)
+		k3, k4 = cx(k3, k4)
+		k5, k6 = cx(k5, k6)
+		if t == 3 { // the median; a sum that starts at +0, as below
+			var s float64
+			out[i] = float32((s + float64(fromOrderedKey(k3)) + float64(fromOrderedKey(k4))) / 2)
+			continue
+		}
+		key = [8]int32{k0, k1, k2, k3, k4, k5, k6, k7}
+		var s float64
+		for _, y := range key[t : 8-t] {
+			s += float64(fromOrderedKey(y))
+		}
+		out[i] = float32(s / kept)
+	}
 }

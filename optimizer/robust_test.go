@@ -265,3 +265,108 @@ func TestRobustBreakdownColluders(t *testing.T) {
 		}
 	}
 }
+
+// The sorting network gives the bits a comparison sort gave, whatever the
+// ties, zeros of either sign and magnitudes, for every group size and trim.
+func TestTrimmedMeanNetMatchesSort(t *testing.T) {
+	ref := func(out []float32, inputs [][]float32, t int) {
+		k := len(inputs)
+		if 2*t >= k {
+			t = (k - 1) / 2
+		}
+		v := make([]float32, k)
+		for i := range out {
+			for j, x := range inputs {
+				v[j] = x[i]
+			}
+			slices.Sort(v)
+			var s float64
+			for _, y := range v[t : k-t] {
+				s += float64(y)
+			}
+			out[i] = float32(s / float64(k-2*t))
+		}
+	}
+	r := rand.New(rand.NewPCG(7, 8))
+	negZero := float32(math.Copysign(0, -1))
+	draw := func() float32 {
+		switch r.IntN(6) {
+		case 0:
+			return 0
+		case 1:
+			return negZero
+		case 2:
+			return float32(r.IntN(5) - 2) // ties
+		case 3:
+			return float32(r.NormFloat64() * 1e30)
+		case 4:
+			return float32(r.NormFloat64() * 1e-30)
+		}
+		return float32(r.NormFloat64())
+	}
+	for k := 3; k <= netMax+2; k++ {
+		for trim := 1; 2*trim < k; trim++ {
+			inputs := make([][]float32, k)
+			for j := range inputs {
+				inputs[j] = make([]float32, 500)
+				for i := range inputs[j] {
+					inputs[j][i] = draw()
+				}
+			}
+			got, want := make([]float32, 500), make([]float32, 500)
+			TrimmedMean(got, inputs, trim, nil)
+			ref(want, inputs, trim)
+			for i := range got {
+				if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+					t.Fatalf("k %d trim %d coordinate %d: %v, the sort gives %v", k, trim, i, got[i], want[i])
+				}
+			}
+		}
+	}
+	// A NaN sorts beyond the finite values and is trimmed.
+	nan := float32(math.NaN())
+	out := make([]float32, 1)
+	TrimmedMean(out, [][]float32{{1}, {nan}, {2}, {-nan}, {3}}, 1, nil)
+	if out[0] != 2 {
+		t.Fatalf("median of 1, NaN, 2, -NaN, 3 is %v, want 2", out[0])
+	}
+}
+
+// BenchmarkTrimmedMean is the median of 8 contributions of a butterfly
+// part, GPT-2 small's 124M over 8 members.
+func BenchmarkTrimmedMean(b *testing.B) {
+	const n = 124_439_808 / 8
+	r := rand.New(rand.NewPCG(1, 2))
+	inputs := make([][]float32, 8)
+	for j := range inputs {
+		inputs[j] = make([]float32, n)
+		for i := range inputs[j] {
+			inputs[j][i] = float32(r.NormFloat64())
+		}
+	}
+	out := make([]float32, n)
+	b.SetBytes(8 * 4 * n)
+	b.ResetTimer()
+	for range b.N {
+		TrimmedMean(out, inputs, 3, nil)
+	}
+}
+
+// Every network sorts every 0-1 input, so it sorts every input.
+func TestSortNets(t *testing.T) {
+	for k := 2; k <= netMax; k++ {
+		for bits := range 1 << k {
+			var v [netMax]int32
+			for j := range k {
+				v[j] = int32(bits >> j & 1)
+			}
+			for _, c := range sortNets[k] {
+				a, b := v[c[0]], v[c[1]]
+				v[c[0]], v[c[1]] = min(a, b), max(a, b)
+			}
+			if !slices.IsSorted(v[:k]) {
+				t.Fatalf("network for %d leaves %v unsorted", k, v[:k])
+			}
+		}
+	}
+}

@@ -164,21 +164,16 @@ func (c SupportConfig) SupportWith(dst []int32, mom []float32, round uint64, nom
 				taken[p/64] |= 1 << (p % 64)
 			}
 			n := len(chosen)
-			mask := uint64(0) // m-1 when m is a power of two: the same draws without a division
+			key := round*0x9E3779B97F4A7C15 ^ uint64(base)*0xBF58476D1CE4E5B9
 			if m&(m-1) == 0 {
-				mask = uint64(m - 1)
-			}
-			for t := uint64(0); n < k; t++ {
-				h := splitmix(round*0x9E3779B97F4A7C15 ^ uint64(base)*0xBF58476D1CE4E5B9 ^ t)
-				var p int32
-				if mask != 0 {
-					p = int32(h & mask)
-				} else {
-					p = int32(h % uint64(m))
-				}
-				if w, b := &taken[p/64], uint64(1)<<(p%64); *w&b == 0 {
-					*w |= b
-					n++
+				drawPow2(taken, key, uint64(m-1), n, k)
+			} else {
+				for t := uint64(0); n < k; t++ {
+					p := splitmix(key^t) % uint64(m)
+					if w, b := &taken[p/64], uint64(1)<<(p%64); *w&b == 0 {
+						*w |= b
+						n++
+					}
 				}
 			}
 			// In increasing order, from the bitmap.
@@ -263,6 +258,21 @@ func (c SupportConfig) blockNominations(dst []int32, x []float32, n, b int) []in
 // out, the same on every member.
 type Nominator interface {
 	Nominate(ctx context.Context, round uint64, own []int32) ([]int32, error)
+}
+
+// drawPow2 is the hash's draws for a chunk of mask+1 (a power of two)
+// positions: draw t takes position splitmix(key^t)&mask unless taken
+// (bitmap taken), until k are; n are taken already. Branch-free: whether a
+// draw was new is as likely as not in a dense support, and a mispredicted
+// branch per draw cost more than the draw itself.
+func drawPow2(taken []uint64, key, mask uint64, n, k int) {
+	for t := uint64(0); n < k; t++ {
+		p := splitmix(key^t) & mask
+		w := &taken[p>>6]
+		old := *w
+		*w = old | 1<<(p&63)
+		n += int(^old >> (p & 63) & 1)
+	}
 }
 
 // splitmix is SplitMix64's output function.

@@ -292,6 +292,8 @@ func TestSupportHashDraws(t *testing.T) {
 	for _, c := range []SupportConfig{
 		{Chunk: 4096, K: 64, Decay: 1},
 		{Chunk: 4096, K: 1792, Decay: 1},
+		{Chunk: 4096, K: 1536, Decay: 1},
+		{Chunk: 1000, K: 600, Decay: 1}, // not a power of two
 		{Chunk: 512, K: 16, FromMomentum: 8, Decay: 1},
 	} {
 		mom := randomVec(10_000, 3, 1)
