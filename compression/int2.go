@@ -98,8 +98,13 @@ func decodeInt2(dst []float32, body []byte, block, base int) error {
 // bits of a last partial byte are 0. A block whose scale would be below
 // 2^-100 has scale 0 and bits 1, and decodes to +0.
 
-// encodeSign writes nb float32 scales then ceil(len(x)/8) bytes of bits.
+// encodeSign writes nb float32 scales then ceil(len(x)/8) bytes of bits:
+// without stochastic rounding encodeSignMean, with it the scale is the
+// block's absmax.
 func encodeSign(body []byte, x []float32, block, base int, key uint64, sr bool) error {
+	if !sr {
+		return encodeSignMean(body, x, block, base)
+	}
 	nb := (len(x) + block - 1) / block
 	bits := body[4*nb : 4*nb+(len(x)+7)/8]
 	for b := 0; b < nb; b++ {
@@ -111,13 +116,6 @@ func encodeSign(body []byte, x []float32, block, base int, key uint64, sr bool) 
 			return cmp.Or(tooLarge(Sign, m, base+lo), nonFinite(xb, base+lo))
 		}
 		scale := math.Float32frombits(m)
-		if !sr {
-			var sum float64
-			for _, v := range xb {
-				sum += math.Abs(float64(v))
-			}
-			scale = float32(sum / float64(len(xb)))
-		}
 		if scale < minScaleAbs {
 			scale = 0
 		}
@@ -125,31 +123,17 @@ func encodeSign(body []byte, x []float32, block, base int, key uint64, sr bool) 
 		// block is a multiple of 8, so a block starts on a byte
 		bb := bits[lo/8 : (hi+7)/8]
 		clear(bb)
-		switch {
-		case scale == 0:
+		if scale == 0 {
 			for i := range xb {
 				bb[i/8] |= 1 << (i % 8)
 			}
-		case sr:
-			for i, v := range xb {
-				// 1 with probability (1 + v/absmax)/2: u < that, u in [0, 1)
-				u := unit24(uint32(pairBits(key, uint64(base+lo+i))))
-				if u < float32(float32(float32(v/scale)+1)*0.5) {
-					bb[i/8] |= 1 << (i % 8)
-				}
-			}
-		default: // the sign bits, eight at a time
-			n := len(xb) &^ 7
-			for k := 0; k < n; k += 8 {
-				v := (*[8]float32)(xb[k:])
-				var w uint32
-				for j := range 8 {
-					w |= (^math.Float32bits(v[j]) >> 31) << j
-				}
-				bb[k/8] = byte(w)
-			}
-			for i := n; i < len(xb); i++ {
-				bb[i/8] |= byte((^math.Float32bits(xb[i])>>31)&1) << (i % 8)
+			continue
+		}
+		for i, v := range xb {
+			// 1 with probability (1 + v/absmax)/2: u < that, u in [0, 1)
+			u := unit24(uint32(pairBits(key, uint64(base+lo+i))))
+			if u < float32(float32(float32(v/scale)+1)*0.5) {
+				bb[i/8] |= 1 << (i % 8)
 			}
 		}
 	}
@@ -178,6 +162,67 @@ func decodeSign(dst []float32, body []byte, block, base int) error {
 			d[i] = signOctets[bits[(lo+i)/8]][i%8] * scale
 		}
 	}
+	return nil
+}
+
+// encodeSignMean is encodeSign without stochastic rounding: the scale is
+// the block's mean |x| (summed in float64 in index order) and the bits
+// are the signs. One pass over each block computes the signs, the largest
+// magnitude and the sum together: the sum's chain of dependent adds
+// bounds it, and the rest fills its wait.
+func encodeSignMean(body []byte, x []float32, block, base int) error {
+	nb := (len(x) + block - 1) / block
+	bits := body[4*nb : 4*nb+(len(x)+7)/8]
+	for b := 0; b < nb; b++ {
+		lo := b * block
+		hi := min(lo+block, len(x))
+		xb := x[lo:hi]
+		bb := bits[lo/8 : (hi+7)/8]
+		var sum float64
+		var m uint32
+		n := len(xb) &^ 7
+		for k := 0; k < n; k += 8 {
+			v := (*[8]float32)(xb[k:])
+			var w uint32
+			for j := range 8 {
+				u := math.Float32bits(v[j])
+				w |= (^u >> 31) << j
+				m = max(m, u&absMask)
+				sum += math.Abs(float64(v[j]))
+			}
+			bb[k/8] = byte(w)
+		}
+		if n < len(xb) {
+			bb[n/8] = 0
+			for i := n; i < len(xb); i++ {
+				u := math.Float32bits(xb[i])
+				bb[i/8] |= byte((^u>>31)&1) << (i % 8)
+				m = max(m, u&absMask)
+				sum += math.Abs(float64(xb[i]))
+			}
+		}
+		if err := signScale(body[4*b:], bb, xb, m, sum, base+lo); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// signScale ends encodeSignMean's block xb (its bits bb, the largest
+// magnitude's bits m, the sum of magnitudes sum): it checks the block,
+// writes the scale at the start of dst and sets a zero block's bits.
+func signScale(dst, bb []byte, xb []float32, m uint32, sum float64, base int) error {
+	if m > maxBlockBits {
+		return cmp.Or(tooLarge(Sign, m, base), nonFinite(xb, base))
+	}
+	scale := float32(sum / float64(len(xb)))
+	if scale < minScaleAbs {
+		scale = 0
+		for i := range xb {
+			bb[i/8] |= 1 << (i % 8)
+		}
+	}
+	binary.LittleEndian.PutUint32(dst, math.Float32bits(scale))
 	return nil
 }
 

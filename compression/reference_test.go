@@ -1,11 +1,13 @@
 package compression
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/binary"
 	"fmt"
 	"math"
 	"sort"
+	"testing"
 )
 
 // Reference implementations: the scalar codec loops the package used before
@@ -203,4 +205,44 @@ func f16NearestRef(f float32) uint16 {
 		k--
 	}
 	return sign | uint16(k)
+}
+
+// The sign codec's deterministic bytes are those of the format's text, computed
+// plainly: per block the float64 mean |x| in index order as the scale (0
+// below 2^-100, with every bit set), then the signs, 1 for + (and +0).
+// Blocks of 1024 and a short last one; a tiny block and a -0.
+func TestSignMatchesReference(t *testing.T) {
+	const block = 1024
+	x := gaussian(5*block+200, 9)
+	for i := block; i < 2*block; i++ {
+		x[i] *= 1e-35 // mean below 2^-100: scale 0
+	}
+	x[7] = float32(math.Copysign(0, -1))
+	body := make([]byte, bodyLen(Sign, len(x), block))
+	if err := encodeSign(body, x, block, 0, 0, false); err != nil {
+		t.Fatal(err)
+	}
+	nb := (len(x) + block - 1) / block
+	want := make([]byte, len(body))
+	bits := want[4*nb:]
+	for b := range nb {
+		xb := x[b*block : min((b+1)*block, len(x))]
+		var sum float64
+		for _, v := range xb {
+			sum += math.Abs(float64(v))
+		}
+		scale := float32(sum / float64(len(xb)))
+		if scale < minScaleAbs {
+			scale = 0
+		}
+		binary.LittleEndian.PutUint32(want[4*b:], math.Float32bits(scale))
+		for i, v := range xb {
+			if scale == 0 || !math.Signbit(float64(v)) {
+				bits[(b*block+i)/8] |= 1 << ((b*block + i) % 8)
+			}
+		}
+	}
+	if !bytes.Equal(body, want) {
+		t.Fatal("sign bytes differ from the reference")
+	}
 }

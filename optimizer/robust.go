@@ -123,11 +123,18 @@ func ClipNorms(inputs [][]float32, factor float64) [][]float32 {
 		return inputs
 	}
 	norms := make([]float64, len(inputs))
-	for i, x := range inputs {
-		var s float64
-		for _, v := range x {
-			s += float64(v) * float64(v)
+	if len(inputs) == 8 && sameLen(inputs) {
+		sumSquares8(norms, inputs)
+	} else {
+		for i, x := range inputs {
+			var s float64
+			for _, v := range x {
+				s += float64(v) * float64(v)
+			}
+			norms[i] = s
 		}
+	}
+	for i, s := range norms {
 		norms[i] = math.Sqrt(s)
 	}
 	sorted := slices.Clone(norms)
@@ -319,4 +326,36 @@ func median8(out []float32, inputs [][]float32, t int) {
 		}
 		out[i] = float32(s / kept)
 	}
+}
+
+// sameLen reports whether every input has the first's length.
+func sameLen(inputs [][]float32) bool {
+	for _, x := range inputs {
+		if len(x) != len(inputs[0]) {
+			return false
+		}
+	}
+	return true
+}
+
+// sumSquares8 writes each of 8 inputs' sum of squares (float64, in index
+// order: the bits of one input's loop) into sums, the eight chains of
+// dependent adds interleaved in one loop, where one at a time waits on
+// each add.
+func sumSquares8(sums []float64, inputs [][]float32) {
+	n := len(inputs[0])
+	x0, x1, x2, x3 := inputs[0][:n], inputs[1][:n], inputs[2][:n], inputs[3][:n]
+	x4, x5, x6, x7 := inputs[4][:n], inputs[5][:n], inputs[6][:n], inputs[7][:n]
+	var s0, s1, s2, s3, s4, s5, s6, s7 float64
+	for i := range n {
+		s0 += float64(x0[i]) * float64(x0[i])
+		s1 += float64(x1[i]) * float64(x1[i])
+		s2 += float64(x2[i]) * float64(x2[i])
+		s3 += float64(x3[i]) * float64(x3[i])
+		s4 += float64(x4[i]) * float64(x4[i])
+		s5 += float64(x5[i]) * float64(x5[i])
+		s6 += float64(x6[i]) * float64(x6[i])
+		s7 += float64(x7[i]) * float64(x7[i])
+	}
+	copy(sums, []float64{s0, s1, s2, s3, s4, s5, s6, s7})
 }

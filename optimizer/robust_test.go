@@ -370,3 +370,45 @@ func TestSortNets(t *testing.T) {
 		}
 	}
 }
+
+// Eight inputs' norms, summed side by side, are each input's own loop's
+// bits: the clipped input is scaled by the same float32.
+func TestClipNorms8MatchesLoop(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	inputs := make([][]float32, 8)
+	for j := range inputs {
+		inputs[j] = make([]float32, 10_001)
+		for i := range inputs[j] {
+			inputs[j][i] = float32(r.NormFloat64() * math.Exp(4*r.NormFloat64()))
+		}
+	}
+	for i := range inputs[5] {
+		inputs[5][i] *= 100
+	}
+	norm := func(x []float32) float64 {
+		var s float64
+		for _, v := range x {
+			s += float64(v) * float64(v)
+		}
+		return math.Sqrt(s)
+	}
+	norms := make([]float64, 8)
+	for j, x := range inputs {
+		norms[j] = norm(x)
+	}
+	sorted := slices.Clone(norms)
+	slices.Sort(sorted)
+	scale := float32(4 * sorted[3] / norms[5])
+	out := ClipNorms(inputs, 4)
+	for j := range out {
+		for i, v := range out[j] {
+			want := inputs[j][i]
+			if j == 5 {
+				want *= scale
+			}
+			if math.Float32bits(v) != math.Float32bits(want) {
+				t.Fatalf("input %d [%d]: %v, want %v", j, i, v, want)
+			}
+		}
+	}
+}

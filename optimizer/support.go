@@ -105,6 +105,7 @@ func (c SupportConfig) SupportWith(dst []int32, mom []float32, round uint64, nom
 	var top topk.Top
 	var chosen []int32
 	var taken []uint64
+	dst = slices.Grow(dst, c.SupportLen(len(mom)))
 	for base := 0; base < len(mom); base += c.Chunk {
 		m := min(c.Chunk, len(mom)-base)
 		k := min(c.K, m)
@@ -177,12 +178,12 @@ func (c SupportConfig) SupportWith(dst []int32, mom []float32, round uint64, nom
 				}
 			}
 			// In increasing order, from the bitmap.
-			chosen = chosen[:0]
 			for i, w := range taken {
-				for ; w != 0; w &= w - 1 {
-					chosen = append(chosen, int32(64*i+bits.TrailingZeros64(w)))
+				for at := int32(base + 64*i); w != 0; w &= w - 1 {
+					dst = append(dst, at+int32(bits.TrailingZeros64(w)))
 				}
 			}
+			continue
 		}
 		for _, p := range chosen {
 			dst = append(dst, int32(base)+p)

@@ -186,11 +186,19 @@ func TestSupportNominations(t *testing.T) {
 // momentum (everything else keeps its bits), and gives the same bits as
 // NesterovStep over the scattered average, with and without momentum.
 func TestDiLoCoSupportApplyBits(t *testing.T) {
-	const n = 3000
-	for _, mu := range []float64{0, 0.9} {
+	const n = 3000 // a short last chunk
+	for _, tc := range []struct {
+		mu float64
+		s  SupportConfig
+	}{
+		{0, SupportConfig{Chunk: 256, K: 8, FromMomentum: 4, Decay: 0.95}},
+		{0.9, SupportConfig{Chunk: 256, K: 8, FromMomentum: 4, Decay: 0.95}},
+		{0, SupportConfig{Chunk: 256, K: 96, Decay: 0.5}}, // dense: applyDenseSupport
+		{0, SupportConfig{Chunk: 256, K: 96, Decay: 1}},
+	} {
+		mu, s := tc.mu, tc.s
 		cfg := DefaultDiLoCo()
 		cfg.OuterLR, cfg.Momentum, cfg.NormGrowth = 0.7, mu, 0
-		s := SupportConfig{Chunk: 256, K: 8, FromMomentum: 4, Decay: 0.95}
 		cfg.Support = &s
 		phi0 := make([]float32, n)
 		r := rand.New(rand.NewPCG(7, 8))
@@ -207,7 +215,7 @@ func TestDiLoCoSupportApplyBits(t *testing.T) {
 			for i := range theta {
 				theta[i] = d.Phi[i] - float32(r.NormFloat64()*0.01)
 			}
-			phi, mom := slices.Clone(d.Phi), slices.Clone(d.Mom)
+			phi, mom, resid := slices.Clone(d.Phi), slices.Clone(d.Mom), slices.Clone(d.resid)
 			if _, err := d.OuterStep(context.Background(), theta); err != nil {
 				t.Fatal(err)
 			}
@@ -216,9 +224,23 @@ func TestDiLoCoSupportApplyBits(t *testing.T) {
 				avg[p] = d.cavg[j]
 			}
 			NesterovStep(phi, mom, avg, float32(cfg.OuterLR), float32(mu))
+			// The residual: decayed, plus this round's delta, less what
+			// was sent (all of it: this collective reports no rounding).
+			for i := range resid {
+				if s.Decay == 1 {
+					resid[i] += d.delta[i]
+				} else {
+					resid[i] = float32(s.Decay*resid[i]) + d.delta[i]
+				}
+			}
+			for _, p := range d.sup {
+				resid[p] = 0
+			}
 			for i := range phi {
-				if math.Float32bits(phi[i]) != math.Float32bits(d.Phi[i]) || math.Float32bits(mom[i]) != math.Float32bits(d.Mom[i]) {
-					t.Fatalf("mu %v round %d: [%d] phi %v mom %v, NesterovStep gives %v %v", mu, round, i, d.Phi[i], d.Mom[i], phi[i], mom[i])
+				if math.Float32bits(phi[i]) != math.Float32bits(d.Phi[i]) || math.Float32bits(mom[i]) != math.Float32bits(d.Mom[i]) ||
+					math.Float32bits(resid[i]) != math.Float32bits(d.resid[i]) {
+					t.Fatalf("%+v mu %v round %d: [%d] phi %v mom %v resid %v, NesterovStep gives %v %v %v",
+						s, mu, round, i, d.Phi[i], d.Mom[i], d.resid[i], phi[i], mom[i], resid[i])
 				}
 			}
 		}
