@@ -124,6 +124,10 @@ type DiLoCo struct {
 	// and sentOK whether the last round's collective filled it.
 	csent  []float32
 	sentOK bool
+	// residNext says that prepare wrote the next residual (decayed, plus
+	// delta) into the delta buffer instead of delta (fusedSupport): apply
+	// takes out what was sent there and swaps the two buffers.
+	residNext bool
 
 	// shared subspace (DiLoCoConfig.Subspace): the bases, and this
 	// member's full contribution (residual plus delta) of the round
@@ -240,9 +244,18 @@ func l2x4(x []float32) float64 {
 
 // prepare computes this member's contribution delta = start - theta, bounded
 // and optionally error-feedback compressed.
-func (d *DiLoCo) prepare(ctx context.Context, start, theta []float32) error {
+//
+// plain is a plain round (not the delayed variant, which reads delta
+// after it): with a dense support that asks for no nominations and no
+// momentum (fusedSupport), the delta buffer receives the next residual
+// instead, in the same pass.
+func (d *DiLoCo) prepare(ctx context.Context, start, theta []float32, plain bool) error {
 	if len(theta) != len(d.Phi) {
 		return fmt.Errorf("optimizer: %d local parameters, global has %d", len(theta), len(d.Phi))
+	}
+	d.residNext = false
+	if plain && d.fusedSupport() {
+		return d.prepareFused(start, theta)
 	}
 	// l2(delta), in the same pass, over four sums: one sum's chain of
 	// dependent adds would bound the pass (the norm only meets a bound).
@@ -316,6 +329,61 @@ func (d *DiLoCo) prepare(ctx context.Context, start, theta []float32) error {
 	return nil
 }
 
+// fusedSupport is whether the round's support runs fused passes
+// (prepareFused, applyDenseSupport): a support without momentum dense
+// enough that every cache line of the model holds some of it, chosen
+// without nominations.
+func (d *DiLoCo) fusedSupport() bool {
+	s := d.cfg.Support
+	return s != nil && d.sub == nil && d.cfg.Momentum == 0 && s.Nominate == 0 && 8*s.K > s.Chunk
+}
+
+// prepareFused is prepare's pass for fusedSupport: delta = start - theta
+// and its norm as prepare computes them, but what it stores is the next
+// residual, decay*resid + delta (the same operations apply's residual
+// update does), in the delta buffer; the contribution is that at the
+// support. One pass writes one array where two passes (delta here, the
+// residual in apply) read and wrote five.
+func (d *DiLoCo) prepareFused(start, theta []float32) error {
+	s := d.cfg.Support
+	d.sup = s.SupportWith(d.sup[:0], d.Mom, d.Round, nil)
+	decay := s.Decay
+	var s0, s1, s2, s3 float64
+	n := len(theta)
+	start, resid, next := start[:n], d.resid[:n], d.delta[:n]
+	i := 0
+	for ; i+4 <= n; i += 4 {
+		v0, v1, v2, v3 := start[i]-theta[i], start[i+1]-theta[i+1], start[i+2]-theta[i+2], start[i+3]-theta[i+3]
+		s0 += float64(v0) * float64(v0)
+		s1 += float64(v1) * float64(v1)
+		s2 += float64(v2) * float64(v2)
+		s3 += float64(v3) * float64(v3)
+		if decay == 1 {
+			next[i], next[i+1], next[i+2], next[i+3] = resid[i]+v0, resid[i+1]+v1, resid[i+2]+v2, resid[i+3]+v3
+		} else {
+			next[i], next[i+1] = float32(decay*resid[i])+v0, float32(decay*resid[i+1])+v1
+			next[i+2], next[i+3] = float32(decay*resid[i+2])+v2, float32(decay*resid[i+3])+v3
+		}
+	}
+	for ; i < n; i++ {
+		v := start[i] - theta[i]
+		s0 += float64(v) * float64(v)
+		if decay == 1 {
+			next[i] = resid[i] + v
+		} else {
+			next[i] = float32(decay*resid[i]) + v
+		}
+	}
+	if n := math.Sqrt((s0 + s1) + (s2 + s3)); math.IsNaN(n) || math.IsInf(n, 0) || (d.cfg.MaxDeltaNorm > 0 && n > d.cfg.MaxDeltaNorm) {
+		return fmt.Errorf("%w: own pseudo-gradient norm %v (bound %v)", ErrRejected, n, d.cfg.MaxDeltaNorm)
+	}
+	for j, p := range d.sup {
+		d.cdelta[j] = next[p]
+	}
+	d.residNext = true
+	return nil
+}
+
 // applyDenseSupport is apply's step, momentum and residual for a support
 // without momentum dense enough that every cache line of the model holds
 // some of it: the same operations on each coordinate, in the same order,
@@ -331,12 +399,18 @@ func (d *DiLoCo) applyDenseSupport(eta float32) {
 	if d.sentOK {
 		csent = csent[:len(sup)]
 	}
+	if d.residNext {
+		// prepareFused left the next residual in the delta buffer.
+		resid = delta
+	}
 	j := 0
 	for lo := 0; lo < len(phi); lo += s.Chunk {
 		hi := min(lo+s.Chunk, len(phi))
 		clear(mom[lo:hi])
 		r, dl := resid[lo:hi], delta[lo:hi]
-		if s.Decay == 1 {
+		if d.residNext {
+			// decayed and added already
+		} else if s.Decay == 1 {
 			for i, v := range dl {
 				r[i] += v
 			}
@@ -354,6 +428,9 @@ func (d *DiLoCo) applyDenseSupport(eta float32) {
 				resid[p] = 0
 			}
 		}
+	}
+	if d.residNext {
+		d.resid, d.delta, d.residNext = d.delta, d.resid, false
 	}
 }
 
@@ -394,6 +471,7 @@ func (d *DiLoCo) apply() error {
 	}
 	eta, mu := float32(d.cfg.OuterLR), float32(d.cfg.Momentum)
 	if s := d.cfg.Support; s != nil && mu == 0 && d.sub == nil && 8*s.K > s.Chunk {
+		// (fusedSupport, or its nominated kin)
 		d.applyDenseSupport(eta)
 		d.Round++
 		return nil
@@ -497,7 +575,7 @@ func (d *DiLoCo) OuterStep(ctx context.Context, theta []float32) (RoundStats, er
 		}
 	}
 	var st RoundStats
-	err := d.prepare(ctx, d.Phi, theta)
+	err := d.prepare(ctx, d.Phi, theta, true)
 	if err == nil {
 		st, err = d.reduce(ctx, d.Round, d.StateHash())
 	}
@@ -531,7 +609,7 @@ func (d *DiLoCo) OuterStepDelayed(ctx context.Context, theta []float32) (RoundSt
 	if err != nil {
 		return st, err
 	}
-	if err := d.prepare(ctx, d.start, theta); err != nil {
+	if err := d.prepare(ctx, d.start, theta, false); err != nil {
 		return st, err
 	}
 	for i := range theta {

@@ -3,6 +3,7 @@ package optimizer
 import (
 	"cmp"
 	"context"
+	"errors"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -216,6 +217,7 @@ func TestDiLoCoSupportApplyBits(t *testing.T) {
 				theta[i] = d.Phi[i] - float32(r.NormFloat64()*0.01)
 			}
 			phi, mom, resid := slices.Clone(d.Phi), slices.Clone(d.Mom), slices.Clone(d.resid)
+			phi0, theta0 := slices.Clone(d.Phi), slices.Clone(theta) // OuterStep sets theta to phi
 			if _, err := d.OuterStep(context.Background(), theta); err != nil {
 				t.Fatal(err)
 			}
@@ -227,10 +229,11 @@ func TestDiLoCoSupportApplyBits(t *testing.T) {
 			// The residual: decayed, plus this round's delta, less what
 			// was sent (all of it: this collective reports no rounding).
 			for i := range resid {
+				delta := phi0[i] - theta0[i]
 				if s.Decay == 1 {
-					resid[i] += d.delta[i]
+					resid[i] += delta
 				} else {
-					resid[i] = float32(s.Decay*resid[i]) + d.delta[i]
+					resid[i] = float32(s.Decay*resid[i]) + delta
 				}
 			}
 			for _, p := range d.sup {
@@ -355,4 +358,53 @@ func refMomentumPart(c SupportConfig, mom []float32, k int) []int32 {
 	out := slices.Clone(idx[:f])
 	slices.Sort(out)
 	return out
+}
+
+// A rejected round leaves a fused support's residual as it was (prepare
+// wrote the next one into scratch), and the retry gives the bits of a
+// round that was never rejected.
+func TestDiLoCoFusedSupportRejected(t *testing.T) {
+	const n = 3000
+	mk := func() *DiLoCo {
+		cfg := DefaultDiLoCo()
+		cfg.OuterLR, cfg.Momentum, cfg.NormGrowth = 3, 0, 0
+		cfg.Support = &SupportConfig{Chunk: 256, K: 96, Decay: 0.5}
+		d, err := NewDiLoCo(cfg, alone{}, make([]float32, n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !d.fusedSupport() {
+			t.Fatal("not the fused path")
+		}
+		return d
+	}
+	a, b := mk(), mk()
+	r := rand.New(rand.NewPCG(1, 2))
+	for round := range 4 {
+		theta := make([]float32, n)
+		for i := range theta {
+			theta[i] = a.Phi[i] - float32(r.NormFloat64()*0.01)
+		}
+		if round == 2 {
+			resid := slices.Clone(b.resid)
+			b.cfg.MaxDeltaNorm = 1e-9
+			if _, err := b.OuterStep(context.Background(), slices.Clone(theta)); !errors.Is(err, ErrRejected) {
+				t.Fatalf("round %d: %v, want ErrRejected", round, err)
+			}
+			b.cfg.MaxDeltaNorm = 0
+			if !slices.Equal(resid, b.resid) {
+				t.Fatal("a rejected round changed the residual")
+			}
+		}
+		ta, tb := slices.Clone(theta), slices.Clone(theta)
+		if _, err := a.OuterStep(context.Background(), ta); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := b.OuterStep(context.Background(), tb); err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(a.Phi, b.Phi) || !slices.Equal(a.resid, b.resid) {
+			t.Fatalf("round %d: the retried member differs", round)
+		}
+	}
 }
