@@ -374,8 +374,8 @@ func (d *DiLoCo) prepareFused(start, theta []float32) error {
 			next[i] = float32(decay*resid[i]) + v
 		}
 	}
-	if n := math.Sqrt((s0 + s1) + (s2 + s3)); math.IsNaN(n) || math.IsInf(n, 0) || (d.cfg.MaxDeltaNorm > 0 && n > d.cfg.MaxDeltaNorm) {
-		return fmt.Errorf("%w: own pseudo-gradient norm %v (bound %v)", ErrRejected, n, d.cfg.MaxDeltaNorm)
+	if norm := math.Sqrt((s0 + s1) + (s2 + s3)); math.IsNaN(norm) || math.IsInf(norm, 0) || (d.cfg.MaxDeltaNorm > 0 && norm > d.cfg.MaxDeltaNorm) {
+		return fmt.Errorf("%w: own pseudo-gradient norm %v (bound %v)", ErrRejected, norm, d.cfg.MaxDeltaNorm)
 	}
 	for j, p := range d.sup {
 		d.cdelta[j] = next[p]
@@ -408,13 +408,13 @@ func (d *DiLoCo) applyDenseSupport(eta float32) {
 		hi := min(lo+s.Chunk, len(phi))
 		clear(mom[lo:hi])
 		r, dl := resid[lo:hi], delta[lo:hi]
-		if d.residNext {
-			// decayed and added already
-		} else if s.Decay == 1 {
+		switch {
+		case d.residNext: // decayed and added in prepareFused
+		case s.Decay == 1:
 			for i, v := range dl {
 				r[i] += v
 			}
-		} else {
+		default:
 			for i, v := range dl {
 				r[i] = float32(s.Decay*r[i]) + v
 			}
