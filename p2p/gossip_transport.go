@@ -450,16 +450,67 @@ func (t *gossipTransport) Shutdown() error {
 }
 
 // streamConn presents a libp2p stream as the net.Conn memberlist expects.
+//
+// Its deadlines also reset the stream shortly after they pass: a Read on
+// a fresh outbound stream waits in the lazy multistream handshake, which
+// a stream deadline does not end (seen: a push/pull to a member that was
+// leaving held the volunteer's shutdown for good, and the demo killed
+// it). memberlist sets a deadline on every stream it uses, so no read or
+// write outlives it by more than deadlineGrace.
 type streamConn struct {
 	network.Stream
 	local, remote net.Addr
+
+	mu     sync.Mutex
+	timer  *time.Timer // resets the stream at the deadline plus grace
+	closed bool
 }
+
+// deadlineGrace is how long after a deadline streamConn resets its
+// stream: the stream's own deadline, where it works, fails the call first.
+const deadlineGrace = 250 * time.Millisecond
 
 func (c *streamConn) LocalAddr() net.Addr  { return c.local }
 func (c *streamConn) RemoteAddr() net.Addr { return c.remote }
 
+func (c *streamConn) SetDeadline(t time.Time) error {
+	c.arm(t)
+	return c.Stream.SetDeadline(t)
+}
+
+func (c *streamConn) SetReadDeadline(t time.Time) error {
+	c.arm(t)
+	return c.Stream.SetReadDeadline(t)
+}
+
+func (c *streamConn) SetWriteDeadline(t time.Time) error {
+	c.arm(t)
+	return c.Stream.SetWriteDeadline(t)
+}
+
+// arm resets the stream at t plus deadlineGrace (the zero t: never),
+// replacing the last deadline's reset.
+func (c *streamConn) arm(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.timer != nil {
+		c.timer.Stop()
+		c.timer = nil
+	}
+	if t.IsZero() || c.closed {
+		return
+	}
+	c.timer = time.AfterFunc(time.Until(t)+deadlineGrace, func() { c.Stream.Reset() })
+}
+
 // Close closes both directions; memberlist is done with the stream.
 func (c *streamConn) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	c.mu.Unlock()
 	err := c.Stream.Close()
 	if errors.Is(err, network.ErrReset) {
 		return nil
