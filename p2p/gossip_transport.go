@@ -47,16 +47,21 @@ type gossipTransport struct {
 	h   host.Host
 	log *slog.Logger
 	// limit puts an opened stream under the node's bandwidth caps.
-	limit      func(network.Stream) network.Stream
-	packetID   protocol.ID
-	streamID   protocol.ID
-	advIP      net.IP
-	advPort    int
-	sendTO     time.Duration
-	packetCh   chan *memberlist.Packet
-	streamCh   chan net.Conn
-	ctx        context.Context
-	cancel     context.CancelFunc
+	limit    func(network.Stream) network.Stream
+	packetID protocol.ID
+	streamID protocol.ID
+	advIP    net.IP
+	advPort  int
+	sendTO   time.Duration
+	packetCh chan *memberlist.Packet
+	streamCh chan net.Conn
+	ctx      context.Context
+	cancel   context.CancelFunc
+	// abort, when set, resets every open stream once it is done: the
+	// node's context, which ends before the transport's, so that a
+	// push/pull in flight (memberlist.Join takes no context) does not
+	// hold the node's shutdown.
+	abort      context.Context
 	inflight   atomic.Int64
 	connected  atomic.Int64 // in-flight sends to peers already connected
 	wg         sync.WaitGroup
@@ -397,7 +402,7 @@ func (t *gossipTransport) remoteAddr(s network.Stream) net.Addr {
 }
 
 func (t *gossipTransport) handleStream(s network.Stream) {
-	c := &streamConn{Stream: s, local: &net.UDPAddr{IP: t.advIP, Port: t.advPort}, remote: t.remoteAddr(s)}
+	c := t.newStreamConn(s)
 	select {
 	case t.streamCh <- c:
 	case <-t.ctx.Done():
@@ -423,7 +428,16 @@ func (t *gossipTransport) DialAddressTimeout(a memberlist.Address, timeout time.
 		return nil, err
 	}
 	s := t.limit(raw)
-	return &streamConn{Stream: s, local: &net.UDPAddr{IP: t.advIP, Port: t.advPort}, remote: t.remoteAddr(s)}, nil
+	return t.newStreamConn(s), nil
+}
+
+// newStreamConn wraps s for memberlist, reset when t.abort ends.
+func (t *gossipTransport) newStreamConn(s network.Stream) *streamConn {
+	c := &streamConn{Stream: s, local: &net.UDPAddr{IP: t.advIP, Port: t.advPort}, remote: t.remoteAddr(s)}
+	if t.abort != nil {
+		c.resetWhenDone(t.abort)
+	}
+	return c
 }
 
 // drain waits up to timeout for packets queued to connected peers to go out
@@ -461,9 +475,10 @@ type streamConn struct {
 	network.Stream
 	local, remote net.Addr
 
-	mu     sync.Mutex
-	timer  *time.Timer // resets the stream at the deadline plus grace
-	closed bool
+	mu      sync.Mutex
+	timer   *time.Timer // resets the stream at the deadline plus grace
+	closed  bool
+	unabort func() bool // stops the reset at the transport's abort
 }
 
 // deadlineGrace is how long after a deadline streamConn resets its
@@ -486,6 +501,11 @@ func (c *streamConn) SetReadDeadline(t time.Time) error {
 func (c *streamConn) SetWriteDeadline(t time.Time) error {
 	c.arm(t)
 	return c.Stream.SetWriteDeadline(t)
+}
+
+// resetWhenDone resets the stream when ctx ends before Close.
+func (c *streamConn) resetWhenDone(ctx context.Context) {
+	c.unabort = context.AfterFunc(ctx, func() { c.Stream.Reset() })
 }
 
 // arm resets the stream at t plus deadlineGrace (the zero t: never),
@@ -511,6 +531,9 @@ func (c *streamConn) Close() error {
 		c.timer.Stop()
 	}
 	c.mu.Unlock()
+	if c.unabort != nil {
+		c.unabort()
+	}
 	err := c.Stream.Close()
 	if errors.Is(err, network.ErrReset) {
 		return nil

@@ -383,6 +383,7 @@ func (n *Node) start(ctx context.Context) error {
 	n.setHandler(n.admID, n.handleAdmission)
 	n.tr = newTransport(n.h, n.setHandler, cfg.RunID, advIP, advPort, cfg.Timing.StreamTimeout, n.log)
 	n.tr.limit = n.limit
+	n.tr.abort = n.ctx // a push/pull in flight ends with the node
 	n.tr.introduce = n.introduce
 	n.ev.reach = n.answers
 	n.ev.blame = func(id peer.ID) []string { return n.tr.accused.about(id, time.Now()) }

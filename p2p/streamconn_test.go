@@ -1,6 +1,7 @@
 package p2p
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -70,5 +71,36 @@ func TestStreamConnDeadlineResets(t *testing.T) {
 	time.Sleep(10*time.Millisecond + 2*deadlineGrace)
 	if s2.resets != 0 || c3.Stream.(*hangingStream).resets != 0 {
 		t.Fatalf("resets after a cleared deadline %d, after close %d; want none", s2.resets, c3.Stream.(*hangingStream).resets)
+	}
+}
+
+// The node's end resets a stream in flight (a push/pull that memberlist.Join
+// started, which takes no context), and not one already closed.
+func TestStreamConnResetWhenDone(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &hangingStream{reset: make(chan struct{})}
+	c := &streamConn{Stream: s}
+	c.resetWhenDone(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Read(make([]byte, 1))
+		done <- err
+	}()
+	closed := &hangingStream{reset: make(chan struct{})}
+	c2 := &streamConn{Stream: closed}
+	c2.resetWhenDone(ctx)
+	c2.Close()
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, network.ErrReset) {
+			t.Fatalf("read ended with %v, want a reset", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a read still blocks after the node's end")
+	}
+	time.Sleep(50 * time.Millisecond)
+	if closed.resets != 0 {
+		t.Fatal("a closed stream was reset")
 	}
 }
