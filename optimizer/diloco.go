@@ -275,8 +275,8 @@ func (d *DiLoCo) prepare(ctx context.Context, start, theta []float32, plain bool
 		delta[i] = v
 		s0 += float64(v) * float64(v)
 	}
-	if n := math.Sqrt((s0 + s1) + (s2 + s3)); math.IsNaN(n) || math.IsInf(n, 0) || (d.cfg.MaxDeltaNorm > 0 && n > d.cfg.MaxDeltaNorm) {
-		return fmt.Errorf("%w: own pseudo-gradient norm %v (bound %v)", ErrRejected, n, d.cfg.MaxDeltaNorm)
+	if err := d.checkOwnNorm(s0, s1, s2, s3); err != nil {
+		return err
 	}
 	switch {
 	case d.sub != nil:
@@ -329,13 +329,29 @@ func (d *DiLoCo) prepare(ctx context.Context, start, theta []float32, plain bool
 	return nil
 }
 
+// checkOwnNorm rejects this member's pseudo-gradient when its norm, from
+// four partial sums of squares, is not finite or beyond MaxDeltaNorm.
+func (d *DiLoCo) checkOwnNorm(s0, s1, s2, s3 float64) error {
+	if n := math.Sqrt((s0 + s1) + (s2 + s3)); math.IsNaN(n) || math.IsInf(n, 0) || (d.cfg.MaxDeltaNorm > 0 && n > d.cfg.MaxDeltaNorm) {
+		return fmt.Errorf("%w: own pseudo-gradient norm %v (bound %v)", ErrRejected, n, d.cfg.MaxDeltaNorm)
+	}
+	return nil
+}
+
+// denseSupport is whether the round's support has no momentum and is
+// dense enough that every cache line of the model holds some of it:
+// apply then works it in one pass per chunk (applyDenseSupport).
+func (d *DiLoCo) denseSupport() bool {
+	s := d.cfg.Support
+	return s != nil && d.sub == nil && d.cfg.Momentum == 0 && 8*s.K > s.Chunk
+}
+
 // fusedSupport is whether the round's support runs fused passes
 // (prepareFused, applyDenseSupport): a support without momentum dense
 // enough that every cache line of the model holds some of it, chosen
 // without nominations.
 func (d *DiLoCo) fusedSupport() bool {
-	s := d.cfg.Support
-	return s != nil && d.sub == nil && d.cfg.Momentum == 0 && s.Nominate == 0 && 8*s.K > s.Chunk
+	return d.denseSupport() && d.cfg.Support.Nominate == 0
 }
 
 // prepareFused is prepare's pass for fusedSupport: delta = start - theta
@@ -374,8 +390,8 @@ func (d *DiLoCo) prepareFused(start, theta []float32) error {
 			next[i] = float32(decay*resid[i]) + v
 		}
 	}
-	if norm := math.Sqrt((s0 + s1) + (s2 + s3)); math.IsNaN(norm) || math.IsInf(norm, 0) || (d.cfg.MaxDeltaNorm > 0 && norm > d.cfg.MaxDeltaNorm) {
-		return fmt.Errorf("%w: own pseudo-gradient norm %v (bound %v)", ErrRejected, norm, d.cfg.MaxDeltaNorm)
+	if err := d.checkOwnNorm(s0, s1, s2, s3); err != nil {
+		return err
 	}
 	for j, p := range d.sup {
 		d.cdelta[j] = next[p]
@@ -470,8 +486,7 @@ func (d *DiLoCo) apply() error {
 		d.norms = d.norms[1:]
 	}
 	eta, mu := float32(d.cfg.OuterLR), float32(d.cfg.Momentum)
-	if s := d.cfg.Support; s != nil && mu == 0 && d.sub == nil && 8*s.K > s.Chunk {
-		// (fusedSupport, or its nominated kin)
+	if d.denseSupport() {
 		d.applyDenseSupport(eta)
 		d.Round++
 		return nil
