@@ -50,6 +50,24 @@ func TestSwarm16Join(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("metadata update seen by all in %v", time.Since(t0))
+	// AnnounceMeta returns before the broadcast and gossip still carries
+	// it to everyone.
+	if err := s.Nodes[7].AnnounceMeta(func(m *p2p.Meta) { m.Round, m.RunID = 41, "other" }); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Nodes[7].Meta(); got.Round != 41 || got.RunID != "test" {
+		t.Fatalf("after AnnounceMeta: round %d, run %q; want 41 and the run's ID kept", got.Round, got.RunID)
+	}
+	if err := s.Eventually(5*time.Second, func() error {
+		for i, n := range s.Nodes {
+			if m, ok := n.Member(s.Nodes[7].ID()); !ok || m.Meta.Round != 41 {
+				return fmt.Errorf("node %d has not seen the announcement", i)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	// The subscriber saw the 16 members join, then the update. Another
 	// member's events in between are membership noise, not this test's
 	// subject: under -race on a busy machine a starved node is suspected
