@@ -58,7 +58,7 @@ func TestHonestLossesAgree(t *testing.T) {
 func TestLoggedRounds(t *testing.T) {
 	dir := t.TempDir()
 	a, b := filepath.Join(dir, "a.log"), filepath.Join(dir, "b.log")
-	os.WriteFile(a, []byte("round 3: loss 4.1, val 4.2, 1.2k tok/s\nround 4 started; its result lands after the next inner phase\n"), 0o644)
+	os.WriteFile(a, []byte("round 3: loss 4.1, val 4.2, 1.2k tok/s\nround 4 started; its result lands during the next inner phase\n"), 0o644)
 	os.WriteFile(b, []byte("joined\nround 5: adopted the run's state (state 00ff)\n round 6: loss 1\n"), 0o644)
 	got := loggedRounds([]string{a, b, filepath.Join(dir, "missing.log")})
 	if len(got) != 2 || !got[3] || !got[5] {

@@ -93,9 +93,7 @@ func Arms() []Arm {
 		{Name: "diloco-h50-trim1", Description: "DiLoCo H=50, int8, butterfly trimmed mean (trim 1)", configure: func(c *SwarmConfig) {
 			c.Algorithm, c.InnerSteps, c.Robust = DiLoCo, 50, optimizer.RobustConfig{Trim: 1}
 		}},
-		{Name: "diloco-h50-robust", Description: "DiLoCo H=50, int8, butterfly default robust rule (trim 1, norms clipped at 4x the median)", configure: func(c *SwarmConfig) {
-			c.Algorithm, c.InnerSteps, c.Robust = DiLoCo, 50, optimizer.DefaultRobust()
-		}},
+		{Name: "diloco-h50-robust", Description: "DiLoCo H=50, int8, butterfly default robust rule (trim 1, norms clipped at 4x the median)", configure: robustArm},
 		// The sparse codec (issue [3/4]): SparseLoCo's density (64 of every
 		// 4096) and 2-bit values with error feedback, all-gathered and
 		// averaged (not robust yet).
@@ -166,6 +164,12 @@ func Arms() []Arm {
 			signK(2048)(c)
 			c.Delayed = true
 		}},
+		{Name: "diloco-h50-robust-overlap2", Description: "diloco-h50-robust with each exchange overlapped with the next phase's first 2 inner steps, then landed (optimizer.DiLoCo.Land)", configure: delayed(robustArm, 2)},
+		{Name: "diloco-h50-robust-overlap5", Description: "diloco-h50-robust with each exchange overlapped with the next phase's first 5 inner steps, then landed", configure: delayed(robustArm, 5)},
+		{Name: "diloco-h50-sign1536-delayed", Description: "diloco-h50-sign1536 with each exchange overlapped with the whole next inner phase (one-step delayed)", configure: delayed(signK(1536), 0)},
+		{Name: "diloco-h50-sign1536-overlap2", Description: "diloco-h50-sign1536 with each exchange overlapped with the next phase's first 2 inner steps, then landed (optimizer.DiLoCo.Land)", configure: delayed(signK(1536), 2)},
+		{Name: "diloco-h50-sign1536-overlap5", Description: "diloco-h50-sign1536 with each exchange overlapped with the next phase's first 5 inner steps, then landed", configure: delayed(signK(1536), 5)},
+		{Name: "diloco-h50-sign1536-overlap10", Description: "diloco-h50-sign1536 with each exchange overlapped with the next phase's first 10 inner steps, then landed", configure: delayed(signK(1536), 10)},
 		{Name: "diloco-h50-sign2048-attack", Description: "diloco-h50-sign2048 with one worker scaling its pseudo-gradient by 1000", configure: withAttack(signK(2048), 1000)},
 		{Name: "diloco-h50-sign2048-flip", Description: "diloco-h50-sign2048 with one worker flipping the sign of its pseudo-gradient (x -4)", configure: withAttack(signK(2048), -4)},
 		{Name: "diloco-h50-random1792-sign-attack", Description: "diloco-h50-random1792-sign with one worker scaling its pseudo-gradient by 1000", configure: withAttack(feedRounding(randomSGD(1792, compression.Sign)), 1000)},
@@ -294,6 +298,21 @@ func signK(k int) func(c *SwarmConfig) {
 	return func(c *SwarmConfig) {
 		feedRounding(blocked(randomSGD(k, compression.Sign), 1024))(c)
 		c.DiLoCo.Support.Decay, c.DiLoCo.OuterLR = 0.5, 3
+	}
+}
+
+// robustArm is diloco-h50-robust: int8 through the butterfly's default
+// robust rule.
+func robustArm(c *SwarmConfig) {
+	c.Algorithm, c.InnerSteps, c.Robust = DiLoCo, 50, optimizer.DefaultRobust()
+}
+
+// delayed overlaps an arm's exchanges with the next inner phase: the whole
+// phase (steps 0, one-step delayed) or its first steps, then landed.
+func delayed(arm func(c *SwarmConfig), steps int) func(c *SwarmConfig) {
+	return func(c *SwarmConfig) {
+		arm(c)
+		c.Delayed, c.OverlapSteps = true, steps
 	}
 }
 

@@ -77,6 +77,10 @@ type SwarmConfig struct {
 	// phase (optimizer.DiLoCo.OuterStepDelayed); the last round is flushed
 	// before the final evaluation.
 	Delayed bool
+	// OverlapSteps (with Delayed) lands each round this many inner steps
+	// into the next phase (optimizer.DiLoCo.Land) instead of at its end:
+	// the exchange hides behind that many steps, as in Streaming DiLoCo.
+	OverlapSteps int
 	// Attack, when non-zero, makes the last worker hostile: before every
 	// round it multiplies its pseudo-gradient by Attack (for example 1000,
 	// or -1 to flip its sign). Worker 0, the one evaluated, stays honest.
@@ -308,6 +312,14 @@ func RunSwarm(ctx context.Context, cfg SwarmConfig) (*SwarmResult, error) {
 					if err := ctx.Err(); err != nil {
 						errs[i] = err
 						return
+					}
+					if cfg.Delayed && cfg.OverlapSteps > 0 && s == cfg.OverlapSteps && dilocos[i].InFlight() {
+						dev.CopyOut(w.theta, w.Stage.Params)
+						if _, err := dilocos[i].Land(w.theta); err != nil {
+							errs[i] = err
+							return
+						}
+						dev.CopyIn(w.Stage.Params, w.theta)
 					}
 					if err := w.step(round*cfg.InnerSteps + s); err != nil {
 						errs[i] = err

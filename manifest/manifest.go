@@ -158,8 +158,10 @@ type Optimizer struct {
 	OuterMomentum float64 `toml:"outer_momentum"`
 	// Nesterov (DiLoCo) selects Nesterov momentum for the outer step.
 	Nesterov bool `toml:"nesterov"`
-	// Delayed (DiLoCo) applies each round's outer step one round late, so
-	// communication overlaps the next round's inner steps.
+	// Delayed (DiLoCo) overlaps each round's exchange with the next inner
+	// phase: the phase starts from phi plus the member's own progress, and
+	// the round's result is applied as soon as the exchange ends, a few
+	// inner steps in, keeping the progress made since (optimizer.DiLoCo.Land).
 	Delayed bool `toml:"delayed"`
 	// GroupSize (NoLoCo) is the members averaged together per outer step, in
 	// [MinGroupSize, MaxGroupSize].

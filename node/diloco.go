@@ -165,14 +165,17 @@ func (d dilocoLoop) close() {
 	}
 }
 
-// contributeDelayed is contribute for the one-step-delayed outer step
-// (ALGORITHMS.md 1): it lands the round started after the previous inner
-// phase (its all-reduce ran while this phase trained), starts this phase's
-// round in the background, and goes on training from phi plus this phase's
-// local progress, so the network's time hides behind compute. A round in
-// flight is abandoned whenever the member takes the run's state instead.
+// contributeDelayed is contribute for the overlapped outer step
+// (ALGORITHMS.md 1): the round started after the previous inner phase
+// landed during this one as soon as its exchange ended (landEarly), or
+// lands now; it reports that round, starts this phase's in the background
+// and goes on training from phi plus this phase's local progress, so the
+// network's time hides behind compute. A round in flight is abandoned
+// whenever the member takes the run's state instead.
 func (v *Volunteer) contributeDelayed(ctx context.Context, ph phase) error {
-	// Members land a round one by one as their phases end, so one round
+	early := v.early
+	v.early = nil
+	// Members land a round one by one as their exchanges end, so one round
 	// ahead is the others landing first; two is falling behind.
 	if before := v.dl.Round; runAhead(v.pn) > before+1 {
 		if v.catchUp(ctx) == nil && v.dl.Round > before {
@@ -183,7 +186,18 @@ func (v *Volunteer) contributeDelayed(ctx context.Context, ph phase) error {
 	}
 	v.su.Dev.CopyOut(v.theta, v.su.Stage.Params)
 	before := v.dl.Round
-	st, err := v.dl.OuterStepDelayed(ctx, v.theta)
+	var st optimizer.RoundStats
+	var err error
+	switch {
+	case early != nil && early.err != nil: // the round landing during the phase failed
+		before, err = early.before, early.err
+	case early != nil: // it landed during the phase: report it now
+		if _, err = v.dl.OuterStepDelayed(ctx, v.theta); err == nil {
+			before, st = early.before, early.stats
+		}
+	default:
+		st, err = v.dl.OuterStepDelayed(ctx, v.theta)
+	}
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -203,7 +217,7 @@ func (v *Volunteer) contributeDelayed(ctx context.Context, ph phase) error {
 	v.su.Dev.CopyIn(v.su.Stage.Params, v.theta)
 	v.publish(ctx)
 	if v.dl.Round == before {
-		say(v.cfg.Progress, "round %d started; its result lands after the next inner phase", before+1)
+		say(v.cfg.Progress, "round %d started; its result lands during the next inner phase", before+1)
 		return nil
 	}
 	v.certs.vote(v.dl.Round, v.stateHash, st.Group)
@@ -214,8 +228,38 @@ func (v *Volunteer) contributeDelayed(ctx context.Context, ph phase) error {
 	v.lastReported = v.dl.Round
 	rep := RoundReport{Round: v.dl.Round, Loss: ph.meanLoss(), Members: len(st.Group),
 		Stats: st, StateHash: v.stateHash}
+	if early != nil {
+		rep.LandedStep = early.step
+	}
 	v.report(rep, ph, len(st.Group))
 	return nil
+}
+
+// earlyLanding is a delayed round that landed during an inner phase
+// (landEarly), reported at the phase's end.
+type earlyLanding struct {
+	before uint64 // the round before it landed
+	step   int    // the inner steps of the phase before it landed
+	stats  optimizer.RoundStats
+	err    error
+}
+
+// landEarly applies the delayed round in flight as soon as its exchange
+// has ended, a few inner steps into the phase (optimizer.DiLoCo.Land), so
+// the phase trains on from the round's result rather than from a state a
+// round stale; the exchange still hides behind those steps. What follows a
+// landed round (serving and announcing the state, the certificate vote,
+// the round line) waits for the phase's end (contributeDelayed), as when
+// rounds landed there: the shared state is the same bits either way, only
+// this member's local progress moves sooner.
+func (v *Volunteer) landEarly(step int) {
+	before := v.dl.Round
+	v.su.Dev.CopyOut(v.theta, v.su.Stage.Params)
+	st, err := v.dl.Land(v.theta)
+	if err == nil { // a failed round applied nothing; the phase's end re-syncs
+		v.su.Dev.CopyIn(v.su.Stage.Params, v.theta)
+	}
+	v.early = &earlyLanding{before: before, step: step, stats: st, err: err}
 }
 
 // contribute offers the round's pseudo-gradient to the collective and installs

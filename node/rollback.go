@@ -57,6 +57,7 @@ func (v *Volunteer) rollback(ctx context.Context, cause error) {
 // round names.
 func (v *Volunteer) rollbackDiLoCo(ctx context.Context) error {
 	v.dl.Abandon()
+	v.early = nil
 	if finiteState(v.dl) {
 		v.setWeights()
 		return nil

@@ -154,6 +154,9 @@ type RoundReport struct {
 	// Data, in a run over a packed dataset, is where the run is in its
 	// data after the round (nil otherwise).
 	Data *DataProgress
+	// LandedStep, for a delayed round, is the inner step of the next phase
+	// after which its result was applied (0: at that phase's end).
+	LandedStep int
 }
 
 // DataProgress is a run's position in its packed dataset.
@@ -300,6 +303,9 @@ type Volunteer struct {
 	coll  *optimizer.ButterflyDriver
 	dl    *optimizer.DiLoCo
 	certs *certs // the DiLoCo state's round certificates (certs.go)
+	// early is a delayed round landed during the inner phase in progress,
+	// reported at its end (landEarly).
+	early *earlyLanding
 
 	theta     []float32             // the stage's weights, host copy
 	n         int                   // parameters
@@ -869,6 +875,9 @@ func (v *Volunteer) trainPhase(ctx context.Context) (phase, error) {
 		v.innerStep++
 		ph.steps++
 		ph.lossSum += float64(r.Loss)
+		if v.dl != nil && v.dl.ExchangeDone() {
+			v.landEarly(ph.steps)
+		}
 	}
 	ph.computeSec = time.Since(ph.began).Seconds()
 	if ph.steps > 0 {
@@ -990,8 +999,12 @@ func (v *Volunteer) report(rep RoundReport, ph phase, group int) {
 		if v.n > 0 {
 			bits = fmt.Sprintf(", bits/param %.2f", 8*float64(max(sent, 0))/float64(v.n))
 		}
-		say(v.cfg.Progress, "round %d: loss %.4f%s, %s tok/s, %d in group, %.1f kB sent%s, %.1fs%s%s", rep.Round,
-			rep.Loss, val, trainer.HumanRate(tps), group, float64(rep.Stats.BytesSent)/1e3, bits, wall, epoch, state)
+		landed := ""
+		if rep.LandedStep > 0 {
+			landed = fmt.Sprintf(", landed at step %d/%d", rep.LandedStep, v.run.Optimizer.InnerSteps)
+		}
+		say(v.cfg.Progress, "round %d: loss %.4f%s, %s tok/s, %d in group, %.1f kB sent%s, %.1fs%s%s%s", rep.Round,
+			rep.Loss, val, trainer.HumanRate(tps), group, float64(rep.Stats.BytesSent)/1e3, bits, wall, landed, epoch, state)
 	}
 	v.lastSent = telemetry.Report{Round: rep.Round, StateHash: rep.StateHash, Adopted: rep.Adopted,
 		TrainLoss: measured(rep.Loss), ValLoss: measured(rep.ValLoss), Tokens: tokens, TokensPerSec: tps,

@@ -688,6 +688,40 @@ func (d *DiLoCo) Abandon() {
 // InFlight reports whether a delayed round is in flight.
 func (d *DiLoCo) InFlight() bool { return d.pending != nil }
 
+// ExchangeDone reports, without waiting, whether the delayed round in
+// flight has finished its exchange, so that Land would not wait.
+func (d *DiLoCo) ExchangeDone() bool { return d.pending != nil && len(d.pending) > 0 }
+
+// Land applies the delayed round in flight during the next inner phase,
+// as soon as its exchange ends (Streaming DiLoCo's overlap of a few inner
+// steps, without its fragments), instead of at the phase's end: the phase
+// then trains on from the round's result for its remaining steps rather
+// than from a state one round stale. theta is the local weights, phi
+// before the round plus this member's progress since (OuterStepDelayed's
+// own pseudo-gradient stands in for the round's average until now); Land
+// moves them by what the round changed, theta += phi' - (phi - delta),
+// so the progress made since the phase began is kept and the next
+// pseudo-gradient measures only it. It waits for the exchange (see
+// ExchangeDone) and does nothing without a round in flight. A failed
+// round returns its error with nothing applied, as OuterStepDelayed does.
+func (d *DiLoCo) Land(theta []float32) (RoundStats, error) {
+	if d.pending == nil {
+		return RoundStats{}, nil
+	}
+	if len(theta) != len(d.Phi) {
+		return RoundStats{}, fmt.Errorf("optimizer: %d local parameters, global has %d", len(theta), len(d.Phi))
+	}
+	st, err := d.land()
+	if err != nil {
+		return st, err
+	}
+	for i, p := range d.Phi {
+		theta[i] += p - d.start[i]
+	}
+	copy(d.start, d.Phi)
+	return st, nil
+}
+
 // land waits for the delayed round in flight, if any, and applies it.
 func (d *DiLoCo) land() (RoundStats, error) {
 	if d.pending == nil {

@@ -137,6 +137,94 @@ func TestDiLoCoDelayedAgrees(t *testing.T) {
 	}
 }
 
+// TestDiLoCoLandMidPhase: a delayed round landed a few inner steps into the
+// next phase (Land) moves each member's weights by what the round changed,
+// keeping the progress made since; the next pseudo-gradient is the whole
+// phase's progress; every member holds the same state throughout.
+func TestDiLoCoLandMidPhase(t *testing.T) {
+	const M, n = 4, 800
+	net := transport.NewMemNetwork()
+	defer net.Close()
+	ds, thetas, _ := bfMembers(t, net, M, n)
+	if ds[0].ExchangeDone() {
+		t.Fatal("ExchangeDone with nothing in flight")
+	}
+	if st, err := ds[0].Land(thetas[0]); err != nil || len(st.Group) != 0 || ds[0].Round != 0 {
+		t.Fatalf("Land with nothing in flight: %+v, %v, round %d", st, err, ds[0].Round)
+	}
+	for i := range M {
+		innerPhase(thetas[i], i, 0)
+	}
+	for i, err := range each(M, func(i int) error { _, err := ds[i].OuterStepDelayed(context.Background(), thetas[i]); return err }) {
+		if err != nil {
+			t.Fatalf("member %d: %v", i, err)
+		}
+	}
+	phi0 := append([]float32(nil), ds[0].Phi...)
+	starts, mids := make([][]float32, M), make([][]float32, M)
+	for i := range M {
+		starts[i] = append([]float32(nil), thetas[i]...) // phi0 minus the member's own delta
+		innerPhase(thetas[i], i, 100)                    // the phase's first steps
+		mids[i] = append([]float32(nil), thetas[i]...)
+	}
+	if _, err := ds[0].Land(thetas[0][1:]); err == nil {
+		t.Fatal("Land took weights of the wrong length")
+	}
+	for i := range M {
+		for deadline := time.Now().Add(30 * time.Second); !ds[i].ExchangeDone(); time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("member %d: the exchange did not end", i)
+			}
+		}
+		st, err := ds[i].Land(thetas[i])
+		if err != nil || len(st.Group) != M || ds[i].Round != 1 || ds[i].InFlight() {
+			t.Fatalf("member %d: Land %+v, %v; round %d, in flight %v", i, st, err, ds[i].Round, ds[i].InFlight())
+		}
+		if ds[i].StateHash() != ds[0].StateHash() {
+			t.Fatalf("member %d holds another state after the round", i)
+		}
+		for j := range thetas[i] {
+			want := ds[i].Phi[j] + (mids[i][j] - starts[i][j])
+			if math.Abs(float64(thetas[i][j]-want)) > 1e-6 {
+				t.Fatalf("member %d, weight %d: %v after Land, want phi' + progress = %v", i, j, thetas[i][j], want)
+			}
+		}
+	}
+	if bitsEqual(ds[0].Phi, phi0) {
+		t.Fatal("the round changed nothing")
+	}
+	phi1 := append([]float32(nil), ds[0].Phi...)
+	for i := range M {
+		innerPhase(thetas[i], i, 200) // the phase's remaining steps
+	}
+	ends := make([][]float32, M)
+	for i := range M {
+		ends[i] = append([]float32(nil), thetas[i]...)
+	}
+	for i, err := range each(M, func(i int) error { _, err := ds[i].OuterStepDelayed(context.Background(), thetas[i]); return err }) {
+		if err != nil {
+			t.Fatalf("member %d: %v", i, err)
+		}
+		if ds[i].Round != 1 || !ds[i].InFlight() {
+			t.Fatalf("member %d: round %d after the phase, in flight %v; want 1 and the next round in flight", i, ds[i].Round, ds[i].InFlight())
+		}
+		// The pseudo-gradient is the whole phase: phi1 minus its end.
+		for j := range ends[i] {
+			if want := phi1[j] - ends[i][j]; math.Abs(float64(ds[i].delta[j]-want)) > 1e-6 {
+				t.Fatalf("member %d, coordinate %d: pseudo-gradient %v, want %v", i, j, ds[i].delta[j], want)
+			}
+		}
+	}
+	for i, err := range each(M, func(i int) error { _, err := ds[i].Flush(thetas[i]); return err }) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ds[i].Round != 2 || ds[i].StateHash() != ds[0].StateHash() || !bitsEqual(thetas[i], ds[i].Phi) {
+			t.Fatalf("member %d: round %d, agrees %v", i, ds[i].Round, ds[i].StateHash() == ds[0].StateHash())
+		}
+	}
+}
+
 // Adopting a state while a delayed round is in flight abandons that round:
 // the state is exactly the one adopted, nothing of the round in flight is
 // applied later.

@@ -59,7 +59,7 @@ func nodeCommand() *cli.Command {
 			"downloads the run's current weights, and trains: the manifest's inner steps of local AdamW, then\n" +
 			"the outer step: DiLoCo's robust average of the quantized pseudo-gradient with the other volunteers\n" +
 			"(the butterfly: each part aggregated by two members with a trimmed mean and cross-checked; plain or\n" +
-			"one-step-delayed), or NoLoCo's averaging with a random partner.\n" +
+			"overlapped with the next inner phase), or NoLoCo's averaging with a random partner.\n" +
 			"Shows one line per round (loss, validation loss, tokens/s) and reports it to the bootstrap's status\n" +
 			"page. Ctrl-C saves a local checkpoint and leaves gracefully; the same command resumes it.\n\n" +
 			"A closed run (manifest [admission] mode = \"closed\") admits only nodes with a join token for their\n" +

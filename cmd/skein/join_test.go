@@ -192,7 +192,7 @@ func TestDelayedVolunteersAgree(t *testing.T) {
 	run := startBootstrap(t, strings.Replace(smallRun, "inner_steps = 4", "inner_steps = 4\ndelayed = true", 1), net)
 	const rounds = 4
 	outs := trainTogether(t, run, 3, rounds, net)
-	if !strings.Contains(outs[0], "round 1 started; its result lands after the next inner phase") {
+	if !strings.Contains(outs[0], "round 1 started; its result lands during the next inner phase") {
 		t.Fatalf("volunteer 0 did not run delayed rounds:\n%s", outs[0])
 	}
 	snap := waitForStatus(t, run, func(s status.Snapshot) bool { return len(s.Curve) >= rounds })

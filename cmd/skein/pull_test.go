@@ -19,11 +19,21 @@ func TestNodePull(t *testing.T) {
 		t.Skip("builds the binary and runs four processes")
 	}
 	net := []string{"--listen", "/ip4/127.0.0.1/udp/0/quic-v1", "--timing", "lan"}
-	run := startBootstrap(t, smallRun, net)
+	// Rounds of 40 steps (a few hundred ms): a pull takes the state a
+	// round's certificate names, and volunteers serve only their latest,
+	// so rounds shorter than a certificate's gossip plus a download (4
+	// steps, under 100 ms once volunteers stopped waiting for their
+	// announcements' broadcast) left nothing to pull.
+	run := startBootstrap(t, strings.Replace(smallRun, "inner_steps = 4", "inner_steps = 40", 1), net)
 	ctx, dir, bin, addr := run.ctx, run.dir, run.bin, run.addr
 	var logs []string
 	for _, name := range []string{"a", "b"} {
 		c := run.join(name, 1000, 2, net)
+		for i, a := range c.Args[:len(c.Args)-1] {
+			if a == "--inner-steps" {
+				c.Args[i+1] = "40" // the run's, above
+			}
+		}
 		path := filepath.Join(dir, name+".log")
 		f, err := os.Create(path)
 		if err != nil {
