@@ -161,7 +161,15 @@ func (s *nolocoState) install(ctx context.Context) {
 		step, phi, mom = nolocoJump(step, phi, mom)
 	}
 	v.serve(step, phi, mom)
-	v.gossipRound(ctx, step, 0)
+	// Unlike DiLoCo's gossipRound, NoLoCo waits for the broadcast
+	// (p2p.Node.UpdateMeta), as both did before session 10: a member behind
+	// catches up from a majority's states at a step, which must still be
+	// served when it asks, and without the wait the test's 4-step phases
+	// (0.1-0.3 s) moved the others on before a lagging member could fetch
+	// them (TestNoLoCoVolunteers failed once in CI).
+	if err := v.pn.UpdateMeta(ctx, func(m *p2p.Meta) { m.Round, m.StateHash = step, 0 }); err != nil {
+		v.log.Debug("announcing step", "step", step, "err", err)
+	}
 }
 
 // nolocoJumpAhead is how far ahead of its step HostileNoLoCoJump announces.
