@@ -415,7 +415,7 @@ func (r *Result) Summary() string {
 	if w, ok := slowestStop(r.Stopped); ok {
 		how := fmt.Sprintf("every volunteer left within %v of Ctrl-C (slowest: %s)", w.After.Round(100*time.Millisecond), w.Name)
 		if w.Killed {
-			how = fmt.Sprintf("%s did not leave within 15 s of Ctrl-C and was killed", w.Name)
+			how = fmt.Sprintf("%s did not leave within %v of Ctrl-C and was killed", w.Name, stopWait)
 		}
 		fmt.Fprintf(&b, "  stop             %s\n", how)
 	}
@@ -459,6 +459,8 @@ type child struct {
 	args   []string
 	// killed: the chaos monkey killed it; its exit is not a crash.
 	killed atomic.Bool
+	// forced: stop killed it after its wait for a graceful exit.
+	forced atomic.Bool
 }
 
 // start runs bin with args, its output to logPath (stdout piped instead
@@ -532,9 +534,17 @@ func (k *children) launch(bin, logPath string, wantStdout bool, mode int, args .
 	return c, nil
 }
 
+// stopWait is how long stop waits for the children to leave gracefully
+// before it kills them.
+const stopWait = 15 * time.Second
+
 // stop interrupts every child (they save and leave gracefully), waits up
-// to 15 s, then kills what is left. Volunteers go first, the bootstrap last.
-func (k *children) stop(out io.Writer) []Stopped {
+// to stopWait, then kills what is left. Volunteers go first, the bootstrap
+// last.
+func (k *children) stop(out io.Writer) []Stopped { return k.stopWithin(out, stopWait) }
+
+// stopWithin is stop with another wait (tests).
+func (k *children) stopWithin(out io.Writer, wait time.Duration) []Stopped {
 	k.mu.Lock()
 	procs := k.procs
 	k.procs, k.stopped = nil, true
@@ -546,7 +556,7 @@ func (k *children) stop(out io.Writer) []Stopped {
 	var wg sync.WaitGroup
 	for i := len(procs) - 1; i >= 0; i-- {
 		if i == 0 && len(procs) > 1 {
-			waitAll(procs[1:], 15*time.Second) // the volunteers' last reports reach the bootstrap
+			waitAll(procs[1:], wait) // the volunteers' last reports reach the bootstrap
 		}
 		c := procs[i]
 		sent := time.Now()
@@ -554,16 +564,22 @@ func (k *children) stop(out io.Writer) []Stopped {
 		wg.Go(func() {
 			select {
 			case <-c.done:
-				stopped[i] = Stopped{Name: c.name, After: time.Since(sent)}
-			case <-time.After(20 * time.Second):
+				// A child killed below exits too: it did not leave by itself.
+				stopped[i] = Stopped{Name: c.name, After: time.Since(sent), Killed: c.forced.Load()}
+			case <-time.After(wait + 5*time.Second):
 				stopped[i] = Stopped{Name: c.name, After: time.Since(sent), Killed: true}
 			}
 		})
 	}
-	if !waitAll(procs, 15*time.Second) {
-		fmt.Fprintln(out, "some children did not stop in 15 s; killing them")
+	if !waitAll(procs, wait) {
+		fmt.Fprintf(out, "some children did not stop in %v; killing them\n", wait)
 		for _, c := range procs {
-			c.cmd.Process.Kill()
+			select {
+			case <-c.done:
+			default:
+				c.forced.Store(true)
+				c.cmd.Process.Kill()
+			}
 		}
 		waitAll(procs, 5*time.Second)
 	}

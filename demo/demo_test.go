@@ -2,7 +2,10 @@ package demo
 
 import (
 	"net"
+	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 )
 
 func TestPortInUse(t *testing.T) {
@@ -44,5 +47,39 @@ func TestJoinArgsDevice(t *testing.T) {
 	cfg.Device = "cuda:1,flash"
 	if d := has(cfg.joinArgs("addr", "volunteer-1", nil, "--hostile", "scale")); d != "cuda:1,flash" {
 		t.Fatalf("--device %q, want cuda:1,flash", d)
+	}
+}
+
+// TestStopMarksKilled: a child that leaves at SIGINT is reported with the
+// time it took; one that ignores SIGINT is killed after the wait and
+// reported as killed (it used to be reported as having left, since the
+// kill ended it before the report's own timer).
+func TestStopMarksKilled(t *testing.T) {
+	dir := t.TempDir()
+	var k children
+	for _, c := range []struct{ name, script string }{
+		{"bootstrap.log", "exec sleep 30"},
+		{"volunteer-1.log", "exec sleep 30"},
+		{"volunteer-2.log", `trap "" INT; exec sleep 30`},
+	} {
+		if _, err := k.start("/bin/sh", filepath.Join(dir, c.name), false, "-c", c.script); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(100 * time.Millisecond) // the trap is set
+	var out strings.Builder
+	st := k.stopWithin(&out, 300*time.Millisecond)
+	want := map[string]bool{"bootstrap.log": false, "volunteer-1.log": false, "volunteer-2.log": true}
+	for _, s := range st {
+		if s.Killed != want[s.Name] {
+			t.Errorf("%s: killed %v, want %v (after %v)", s.Name, s.Killed, want[s.Name], s.After)
+		}
+	}
+	if len(st) != 3 || !strings.Contains(out.String(), "killing them") {
+		t.Fatalf("stopped %+v; said %q", st, out.String())
+	}
+	r := &Result{Stopped: st, Rounds: 1}
+	if got := r.Summary(); !strings.Contains(got, "volunteer-2.log did not leave within 15s of Ctrl-C and was killed") {
+		t.Fatalf("summary:\n%s", got)
 	}
 }
