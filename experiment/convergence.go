@@ -167,6 +167,7 @@ func Arms() []Arm {
 		{Name: "diloco-h50-robust-overlap2", Description: "diloco-h50-robust with each exchange overlapped with the next phase's first 2 inner steps, then landed (optimizer.DiLoCo.Land)", configure: delayed(robustArm, 2)},
 		{Name: "diloco-h50-robust-overlap5", Description: "diloco-h50-robust with each exchange overlapped with the next phase's first 5 inner steps, then landed", configure: delayed(robustArm, 5)},
 		{Name: "diloco-h50-sign1536-delayed", Description: "diloco-h50-sign1536 with each exchange overlapped with the whole next inner phase (one-step delayed)", configure: delayed(signK(1536), 0)},
+		{Name: "diloco-h50-sign1536-overlap1", Description: "diloco-h50-sign1536 with each exchange overlapped with the next phase's first inner step, then landed (optimizer.DiLoCo.Land)", configure: delayed(signK(1536), 1)},
 		{Name: "diloco-h50-sign1536-overlap2", Description: "diloco-h50-sign1536 with each exchange overlapped with the next phase's first 2 inner steps, then landed (optimizer.DiLoCo.Land)", configure: delayed(signK(1536), 2)},
 		{Name: "diloco-h50-sign1536-overlap5", Description: "diloco-h50-sign1536 with each exchange overlapped with the next phase's first 5 inner steps, then landed", configure: delayed(signK(1536), 5)},
 		{Name: "diloco-h50-sign1536-overlap10", Description: "diloco-h50-sign1536 with each exchange overlapped with the next phase's first 10 inner steps, then landed", configure: delayed(signK(1536), 10)},
