@@ -362,13 +362,13 @@ func (v *Volunteer) publish(ctx context.Context) {
 		v.sybilJump(ctx)
 		return
 	}
-	v.gossipRound(ctx, v.dl.Round, v.stateHash)
+	v.gossipRound(v.dl.Round, v.stateHash)
 }
 
 // announce gossips this member's round and state hash in its metadata.
 func (v *Volunteer) announce(ctx context.Context) {
 	v.stateHash = v.hashNow()
-	v.gossipRound(ctx, v.dl.Round, v.stateHash)
+	v.gossipRound(v.dl.Round, v.stateHash)
 }
 
 // resynced takes the run's state when this member ended its round with

@@ -191,7 +191,7 @@ func (v *Volunteer) loneJump(ctx context.Context) {
 	if err == nil {
 		v.certs.forged.Store(&replica.Certificate{Run: v.pn.RunID(), Round: round + 1, Hash: v.stateHash, Group: group, Sigs: [][]byte{sig}})
 	}
-	v.gossipRound(ctx, round+1, v.stateHash)
+	v.gossipRound(round+1, v.stateHash)
 }
 
 // sybilRound is the far round HostileSybils announce.
@@ -222,7 +222,7 @@ func (v *Volunteer) sybilJump(ctx context.Context) {
 	if cert := v.certs.sybilVote(hash, group, self); cert != nil {
 		v.certs.forged.Store(cert)
 	}
-	v.gossipRound(ctx, sybilRound, hash)
+	v.gossipRound(sybilRound, hash)
 }
 
 // sybilVotes are the signatures HostileSybils collect from each other

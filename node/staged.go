@@ -222,9 +222,9 @@ func (v *Volunteer) runStaged(ctx context.Context) error {
 			if !st.stalled {
 				say(v.cfg.Progress, "iteration %d: %s left the run; waiting for the bootstrap to re-plan", next, strings.Join(gone, ", "))
 				st.stalled = true
-				st.announce(ctx, true)
+				st.announce(true)
 			}
-			st.announce(ctx, false)
+			st.announce(false)
 			sleep(ctx, planPoll)
 			continue
 		}
@@ -259,7 +259,7 @@ func sleep(ctx context.Context, d time.Duration) {
 // announce gossips this member's stage and last iteration (the bootstrap
 // plans from them), at most every announceEvery unless now is set. It does
 // not wait for the broadcast: the update is queued, and gossip carries it.
-func (st *stagedVolunteer) announce(ctx context.Context, now bool) {
+func (st *stagedVolunteer) announce(now bool) {
 	if !now && time.Since(st.announced) < announceEvery {
 		return
 	}
@@ -268,9 +268,7 @@ func (st *stagedVolunteer) announce(ctx context.Context, now bool) {
 	if st.plan != nil && st.self >= 0 {
 		stage = int16(st.plan.StageOf[st.self])
 	}
-	actx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
-	defer cancel()
-	if err := st.v.pn.UpdateMeta(actx, func(m *p2p.Meta) { m.Stage, m.Round = stage, st.iter }); err != nil {
+	if err := st.v.pn.AnnounceMeta(func(m *p2p.Meta) { m.Stage, m.Round = stage, st.iter }); err != nil {
 		st.v.log.Debug("announcing the stage", "err", err)
 	}
 }
@@ -481,7 +479,7 @@ func (st *stagedVolunteer) take(ctx context.Context, a pipeline.Assignment) erro
 	}
 	st.plan, st.self = &a, self
 	st.publish()
-	st.announce(ctx, true)
+	st.announce(true)
 	line := fmt.Sprintf("stage plan %d: stage %d of %d (%s) with %d replica(s), from iteration %d", a.Epoch, s, a.Stages,
 		st.specs[s].Holds(), len(a.Members(s)), a.Start)
 	if how != "" {
@@ -896,7 +894,7 @@ func (st *stagedVolunteer) iterate(ctx context.Context, iter uint64) error {
 	}
 	st.compute += time.Since(began).Seconds()
 	st.iter = iter
-	st.announce(ctx, false)
+	st.announce(false)
 	if failed > 0 {
 		v.log.Warn("microbatches failed", "iteration", iter, "failed", failed, "of", len(outs))
 		if failed == len(outs) {

@@ -1029,7 +1029,7 @@ func (v *Volunteer) report(rep RoundReport, ph phase, group int) {
 // the hash of its state (0: none to compare). It does not wait for the
 // broadcast (p2p.Node.AnnounceMeta): the wait held every round back by
 // 100-400 ms (up to 5 s after a departure) and made no one hear it sooner.
-func (v *Volunteer) gossipRound(_ context.Context, round, hash uint64) {
+func (v *Volunteer) gossipRound(round, hash uint64) {
 	if err := v.pn.AnnounceMeta(func(m *p2p.Meta) { m.Round, m.StateHash = round, hash }); err != nil {
 		v.log.Debug("announcing round", "round", round, "err", err)
 	}

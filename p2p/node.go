@@ -896,15 +896,8 @@ func (n *Node) UpdateMeta(ctx context.Context, f func(*Meta)) error {
 // retransmissions, so waiting held the next inner phase back by 100-400 ms
 // a round (3-5% of a demo round), and the others hear it no sooner.
 func (n *Node) AnnounceMeta(f func(*Meta)) error {
-	if err := n.setMeta(keepIdentity(f)); err != nil {
-		return err
-	}
-	// A timeout this short returns once the update is queued; its
-	// "timeout waiting" is the wait we skip, not an error.
-	if err := n.ml.UpdateNode(time.Nanosecond); err != nil && !isBroadcastTimeout(err) {
-		return err
-	}
-	return nil
+	// A timeout this short returns once the update is queued.
+	return n.broadcastMeta(keepIdentity(f), time.Nanosecond)
 }
 
 // keepIdentity wraps a metadata change so that it cannot change what
@@ -933,16 +926,7 @@ func (n *Node) setMeta(f func(*Meta)) error {
 	return nil
 }
 
-// isBroadcastTimeout reports memberlist's "the update was queued but not
-// yet transmitted" from UpdateNode.
-func isBroadcastTimeout(err error) bool {
-	return strings.Contains(err.Error(), "timeout waiting for update broadcast")
-}
-
 func (n *Node) updateMeta(ctx context.Context, f func(*Meta)) error {
-	if err := n.setMeta(f); err != nil {
-		return err
-	}
 	// At most 5 s (memberlist's default), sooner if ctx ends sooner: a
 	// caller's long deadline (a test's run, minutes away) once held a
 	// volunteer here for minutes on a loaded machine.
@@ -950,11 +934,19 @@ func (n *Node) updateMeta(ctx context.Context, f func(*Meta)) error {
 	if d, ok := ctx.Deadline(); ok && time.Until(d) < timeout {
 		timeout = max(time.Until(d), time.Millisecond) // 0 would wait for ever
 	}
-	// memberlist fails when its broadcast of the update has not gone out
-	// within the timeout (a loaded machine, many members). The update is
-	// applied and queued all the same, and gossip and push/pull carry it:
-	// that is not the caller's failure.
-	if err := n.ml.UpdateNode(timeout); err != nil && !isBroadcastTimeout(err) {
+	return n.broadcastMeta(f, timeout)
+}
+
+// broadcastMeta applies f and has memberlist gossip the update, waiting at
+// most timeout for it to go out. memberlist fails when its broadcast has
+// not gone out within the timeout (a loaded machine, many members, or a
+// timeout meant to skip the wait). The update is applied and queued all the
+// same, and gossip and push/pull carry it: that is not the caller's failure.
+func (n *Node) broadcastMeta(f func(*Meta), timeout time.Duration) error {
+	if err := n.setMeta(f); err != nil {
+		return err
+	}
+	if err := n.ml.UpdateNode(timeout); err != nil && !strings.Contains(err.Error(), "timeout waiting for update broadcast") {
 		return err
 	}
 	return nil
