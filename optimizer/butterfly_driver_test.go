@@ -122,7 +122,7 @@ func TestButterflyDriverKilledMidRound(t *testing.T) {
 	bfStep(t, ds, thetas, []int{0, 1, 2, 3})
 	// m03 dies after its 3 READYs and 2 parts, unseen by the membership
 	// for a minute: the survivors rely on their deadlines alone.
-	net.DetectAfter = time.Minute
+	net.DetectAfter = time.Second
 	net.FailAfterSends("m03", 5)
 	var wg sync.WaitGroup
 	errs := make([]error, 4)
@@ -158,6 +158,55 @@ func TestButterflyDriverKilledMidRound(t *testing.T) {
 		}
 		if ds[i].StateHash() != ds[0].StateHash() {
 			t.Fatalf("member %d diverged", i)
+		}
+	}
+}
+
+// TestButterflyDriverDeathCostsDetection: a member killed mid-round costs
+// the survivors the failure detector's delay, not a phase deadline. The
+// deadlines here are 20 s and more; the membership drops the dead member
+// after 1 s. (sim's projection charges a death min(deadline, detection):
+// sim.DetectionSeconds.)
+func TestButterflyDriverDeathCostsDetection(t *testing.T) {
+	net := transport.NewMemNetwork()
+	defer net.Close()
+	ds, thetas, _ := bfMembersWith(t, net, 4, 4000, func(_ int, c *ButterflyConfig, _ *ButterflyOptions) {
+		c.PhaseWait, c.MinPhase = 2000, 2000 // 20 s a phase, observed or not
+	})
+	bfStep(t, ds, thetas, []int{0, 1, 2, 3})
+	net.DetectAfter = time.Second
+	net.FailAfterSends("m03", 5) // after its READYs and two parts
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	dead, stop := context.WithCancel(context.Background())
+	defer stop()
+	began := time.Now()
+	for i := range 4 {
+		innerPhase(thetas[i], i, ds[i].Round)
+		if i == 3 {
+			go ds[i].OuterStep(dead, thetas[i]) //nolint:errcheck // the dead member's call ends with the test
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			_, errs[i] = ds[i].OuterStep(ctx, thetas[i])
+		}()
+	}
+	wg.Wait()
+	took := time.Since(began)
+	t.Logf("survivors done in %v (deadlines 20 s, detection 1 s)", took)
+	if took > 12*time.Second {
+		t.Fatalf("survivors took %v: they waited for a deadline, not for the membership", took)
+	}
+	for i := range 3 {
+		if errs[i] != nil {
+			t.Fatalf("member %d: %v", i, errs[i])
+		}
+		if ds[i].Round != 2 || ds[i].StateHash() != ds[0].StateHash() {
+			t.Fatalf("member %d at round %d, agrees %v", i, ds[i].Round, ds[i].StateHash() == ds[0].StateHash())
 		}
 	}
 }

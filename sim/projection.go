@@ -326,11 +326,11 @@ func (c collectives) point(d Design, inner, lambda float64) Point {
 		var sumTc, sumRound float64
 		for _, pr := range c.pairs {
 			sumTc += pr.tc
-			sumRound += waitRound(inner, pr.tc, lambda*float64(pr.partners))
+			sumRound += waitRound(inner, pr.tc, lambda*float64(pr.partners), DetectionSeconds(c.members))
 		}
 		return Point{Design: d, Collective: sumTc / M, Round: sumRound / M}
 	default:
-		return Point{Design: d, Collective: c.butterfly, Round: waitRound(inner, c.butterfly, lambda*M)}
+		return Point{Design: d, Collective: c.butterfly, Round: waitRound(inner, c.butterfly, lambda*M, DetectionSeconds(c.members))}
 	}
 }
 
@@ -346,8 +346,10 @@ func deadline(expected float64) float64 {
 // the inner phase costs the others ReadyWait, not a deadline. A member that
 // dies during the collective costs a deadline; what follows is the
 // design's: the ring's survivors redo the collective (redoRound), the
-// butterfly's go on without it (waitRound). Deaths are a Poisson process
-// of the given rate per second over the members a member depends on.
+// butterfly's go on without it (waitRound), and stop waiting for it as
+// soon as the membership drops it, if that comes before the deadline.
+// Deaths are a Poisson process of the given rate per second over the
+// members a member depends on.
 
 // redoRound is the expected round of a collective redone among the
 // survivors after each failure: failures are geometric, each attempt
@@ -362,11 +364,15 @@ func redoRound(inner, tc, deaths float64) float64 {
 }
 
 // waitRound is the expected round of a collective that survives a death
-// by running to its deadline instead of its end and going on without the
-// dead member (the butterfly: a second owner holds every part; NoLoCo: a
-// member goes on alone).
-func waitRound(inner, tc, deaths float64) float64 {
-	return inner + readyCost(inner, deaths) + tc + (deadline(tc)-tc)*(1-math.Exp(-deaths*tc))
+// by going on without the dead member (the butterfly: a second owner holds
+// every part; NoLoCo: a member goes on alone). The survivors wait for the
+// dead member until its deadline or until the membership drops it, detect
+// seconds after the death, whichever comes first
+// (optimizer.TestButterflyDriverDeathCostsDetection): charged in full
+// beyond the collective's end, an upper bound, since a death late in the
+// collective costs less.
+func waitRound(inner, tc, deaths, detect float64) float64 {
+	return inner + readyCost(inner, deaths) + tc + min(deadline(tc)-tc, detect)*(1-math.Exp(-deaths*tc))
 }
 
 // readyCost is the expected wait for members that died in the inner phase.

@@ -6,8 +6,11 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
+
+	"github.com/hashicorp/memberlist"
 )
 
 // defaultProjection is computed once for the tests that read it.
@@ -62,15 +65,22 @@ func TestChurnArithmetic(t *testing.T) {
 	// Redo: failures are geometric with q = 1 - e^-0.1, q/(1-q) = e^0.1 - 1
 	// = 0.105171; 20 * 0.105171 = 2.103418 s: 115.264021 s in all.
 	// Wait: the collective runs to its deadline (10 s more) with probability
-	// 1 - e^-0.1 = 0.095163: 113.160603 + 0.951626 = 114.112229 s.
+	// 1 - e^-0.1 = 0.095163: 113.160603 + 0.951626 = 114.112229 s; when the
+	// membership drops the dead member 3 s after its death, 3 s more:
+	// 113.160603 + 0.285488 = 113.446091 s.
 	tests := []struct {
 		name      string
 		got, want float64
 	}{
 		{"redo, no churn", redoRound(100, 10, 0), 110},
-		{"wait, no churn", waitRound(100, 10, 0), 110},
+		{"wait, no churn", waitRound(100, 10, 0, 3), 110},
 		{"redo", redoRound(100, 10, 0.01), 115.264021},
-		{"wait", waitRound(100, 10, 0.01), 114.112229},
+		{"wait, detected after the deadline", waitRound(100, 10, 0.01, 60), 114.112229},
+		{"wait, detected before the deadline", waitRound(100, 10, 0.01, 3), 113.446091},
+		{"detection, 4 members", DetectionSeconds(4), 5 + 30 + 0.5},
+		{"detection, 100 members", DetectionSeconds(100), 5 + 60 + 1.5},
+		{"detection, 1000 members", DetectionSeconds(1000), 5 + 90 + 2.5},
+		{"detection, 10000 members", DetectionSeconds(10000), 5 + 120 + 3},
 		{"deadline floor", deadline(0.1), MinDeadline},
 		{"deadline cap", deadline(1e4), MaxDeadline},
 	}
@@ -81,6 +91,17 @@ func TestChurnArithmetic(t *testing.T) {
 	}
 	if r := redoRound(100, 1e4, 1); !math.IsInf(r, 1) {
 		t.Errorf("a redo that always fails: %v, want +Inf", r)
+	}
+}
+
+// TestDetectionIsMemberlistWAN: the failure detector the projection
+// charges is the one volunteers run, memberlist's DefaultWANConfig.
+func TestDetectionIsMemberlistWAN(t *testing.T) {
+	c := memberlist.DefaultWANConfig()
+	got := []float64{ProbeInterval, SuspicionMult, GossipInterval, GossipNodes}
+	want := []float64{c.ProbeInterval.Seconds(), float64(c.SuspicionMult), c.GossipInterval.Seconds(), float64(c.GossipNodes)}
+	if !slices.Equal(got, want) {
+		t.Fatalf("probe interval, suspicion mult, gossip interval, gossip nodes: %v, memberlist's WAN config has %v", got, want)
 	}
 }
 

@@ -91,11 +91,15 @@ func (p Projection) writeAssumptions(b *strings.Builder) {
 		"from members that report ready: a death during the inner phase costs the ready wait, %.0f s. A death during the "+
 		"collective costs a deadline, twice the expected collective clamped to [%.0f, %.0f] s (`optimizer.DefaultButterflyConfig`); "+
 		"then the ring and the groups redo the collective among the survivors (DESIGN.md), the butterfly goes on (a second "+
-		"owner holds every part), a NoLoCo member goes on alone.\n",
-		ReadyWait, MinDeadline, MaxDeadline)
+		"owner holds every part), a NoLoCo member goes on alone. The butterfly and NoLoCo stop waiting for a dead member "+
+		"when the membership drops it, if that comes first: memberlist's WAN failure detector, %.0f s at M = %d and %.0f s "+
+		"at M = %d (`sim.DetectionSeconds`), charged in full.\n",
+		ReadyWait, MinDeadline, MaxDeadline, DetectionSeconds(p.Config.Members[0]), p.Config.Members[0],
+		DetectionSeconds(p.Config.Members[len(p.Config.Members)-1]), p.Config.Members[len(p.Config.Members)-1])
 	b.WriteString("- **Not modelled.** Per-message and per-connection costs (the butterfly's M-1 connections per member), " +
 		"compute speed differences inside a round (every member computes for the same time), the convergence cost of " +
-		"NoLoCo's partial averaging, overlapping the collective with the next inner phase (one-step-delayed DiLoCo).\n\n")
+		"NoLoCo's partial averaging. Overlap (the collective during the next inner phase) is off here; " +
+		"projection-codecs.md shows it.\n\n")
 }
 
 func (p Projection) writeCalibration(b *strings.Builder) {
@@ -187,9 +191,9 @@ func (p Projection) writeAdvice(b *strings.Builder) {
 		"much further than the ring; but every member still takes part in one collective, so the same redo arithmetic " +
 		"stops them under churn at about the same M as the ring.\n")
 	fmt.Fprintf(b, "- **The butterfly** has a collective that does not grow with M (five latency steps; 1.5x the ring's bytes, "+
-		"the price of two owners per part) and survives deaths by waiting one deadline instead of redoing: at churn %g/h "+
+		"the price of two owners per part) and survives deaths by waiting for the failure detector instead of redoing: at churn %g/h "+
 		"its utilisation goes from %.0f%% at M = %d to %.0f%% at M = %d, where some member dies in almost every collective "+
-		"and every round pays a deadline. The model omits its real limit: each member talks to M-1 others every round "+
+		"and every round pays that wait. The model omits its real limit: each member talks to M-1 others every round "+
 		"(%d connections and %d messages of %.1f KB at M = %d), which libp2p's resource limits and home NAT tables do "+
 		"not allow far beyond a few hundred to a thousand peers.\n",
 		churn, bf0.Utilisation*100, lo, bfHi.Utilisation*100, hi, hi-1, 3*(hi-1), p.WireBytes/float64(hi)/1e3, hi)
