@@ -198,6 +198,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	var last status.Snapshot
 	var shown uint64
 	quiet := time.Now()
+	var held time.Time // when a round not yet shown was first seen
 watch:
 	for {
 		select {
@@ -229,8 +230,13 @@ watch:
 			fmt.Fprintf(out, "  %s: %d volunteers in the run, fetching the corpus or training the first round (their logs: %s)\n",
 				time.Since(began).Round(time.Second), max(snap.MembersOnline-1, 0), cfg.Dir)
 		}
-		if snap.Round > shown {
-			shown = snap.Round
+		if snap.Round > shown && held.IsZero() {
+			held = time.Now()
+		}
+		// The first line waits for every volunteer's first report, for
+		// a while (later reports replace earlier ones: no later wait).
+		if snap.Round > shown && (shown > 0 || allReported(snap) || time.Since(held) >= holdAtMost) {
+			shown, held = snap.Round, time.Time{}
 			val := "-"
 			if snap.ValLoss != nil {
 				val = fmt.Sprintf("%.4f", *snap.ValLoss)
@@ -705,4 +711,21 @@ func (c Config) hostiles() int {
 		return 0
 	}
 	return max(c.HostileCount, 1)
+}
+
+// holdAtMost is how long the first round's progress line waits for every
+// online volunteer's first report (allReported) before it is printed
+// anyway: a volunteer still fetching the corpus holds it back no longer.
+const holdAtMost = 10 * time.Second
+
+// allReported reports whether every online volunteer has sent a report:
+// until then the snapshot's tokens/s and bytes count only some of them,
+// and the first round's line would understate the run.
+func allReported(snap status.Snapshot) bool {
+	for _, m := range snap.Members {
+		if m.Online && m.Role == "volunteer" && m.TokensPerSec == 0 {
+			return false
+		}
+	}
+	return true
 }

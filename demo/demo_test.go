@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/skein-ml/skein/bootstrap/status"
 )
 
 func TestPortInUse(t *testing.T) {
@@ -81,5 +83,30 @@ func TestStopMarksKilled(t *testing.T) {
 	r := &Result{Stopped: st, Rounds: 1}
 	if got := r.Summary(); !strings.Contains(got, "volunteer-2.log did not leave within 15s of Ctrl-C and was killed") {
 		t.Fatalf("summary:\n%s", got)
+	}
+}
+
+// TestAllReported: the first progress line waits while an online
+// volunteer has not reported; the bootstrap and members that left do not
+// hold it.
+func TestAllReported(t *testing.T) {
+	vol := func(online bool, tps float64) status.MemberRow {
+		return status.MemberRow{Online: online, Role: "volunteer", TokensPerSec: tps}
+	}
+	tests := []struct {
+		name string
+		rows []status.MemberRow
+		want bool
+	}{
+		{"all reported", []status.MemberRow{vol(true, 7000), vol(true, 6900)}, true},
+		{"one not yet", []status.MemberRow{vol(true, 7000), vol(true, 0)}, false},
+		{"the bootstrap reports nothing", []status.MemberRow{{Online: true, Role: "bootstrap"}, vol(true, 7000)}, true},
+		{"a member that left", []status.MemberRow{vol(false, 0), vol(true, 7000)}, true},
+		{"no members", nil, true},
+	}
+	for _, tt := range tests {
+		if got := allReported(status.Snapshot{Members: tt.rows}); got != tt.want {
+			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
+		}
 	}
 }
