@@ -152,7 +152,8 @@ const WireOverhead = 1.08
 // Deadlines of the collective's phases: optimizer.DefaultButterflyConfig
 // waits twice the smoothed observed phase time (plus deviations, ignored
 // here), clamped to [2 s, 600 s]. A member that dies mid-round costs the
-// survivors one such deadline.
+// survivors one such deadline, or less when the membership drops it sooner
+// (DetectionSeconds).
 // ReadyWait (5 s in the same config) is how long a leader waits for members
 // to report ready before forming the group from those that have.
 const (
