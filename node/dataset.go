@@ -231,7 +231,7 @@ func (v *Volunteer) hashNow() uint64 {
 	if t == nil {
 		return v.dl.StateHash()
 	}
-	return optimizer.StateRootWith(v.dl.Round, len(v.dl.Phi), optimizer.StateChunkHashes(v.dl.Phi, v.dl.Mom), sha256.Sum256(t))
+	return optimizer.StateRootWith(v.dl.Round, len(v.dl.Phi), v.dl.StateChunkHashes(), sha256.Sum256(t))
 }
 
 // ledgered is the DiLoCo state with its tail, as adoptState installs it.

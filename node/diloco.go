@@ -75,7 +75,7 @@ func (v *Volunteer) initDiLoCo() (err error) {
 		say(v.cfg.Progress, "resumed local checkpoint at round %d", v.dl.Round)
 		v.resumeResidual()
 	}
-	v.serve(v.dl.State())
+	v.serveDiLoCo()
 	// The chain of round certificates starts at the state resumed (or the
 	// run's start state), trusted because this member holds it.
 	anchor := &replica.Certificate{Run: v.pn.RunID(), Round: v.dl.Round, Hash: v.hashNow()}
@@ -353,7 +353,7 @@ func (v *Volunteer) install(ctx context.Context) {
 // publish makes the shared state what this member serves to joiners and
 // what it announces.
 func (v *Volunteer) publish(ctx context.Context) {
-	v.stateHash = v.serve(v.dl.State())
+	v.stateHash = v.serveDiLoCo()
 	switch v.cfg.Hostile {
 	case HostileLoneJump:
 		v.loneJump(ctx)

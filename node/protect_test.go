@@ -153,6 +153,7 @@ func TestSaveStateRefusesNonFinite(t *testing.T) {
 			clear(dl.Phi)
 			clear(dl.Mom)
 			spoil()
+			dl.Touch()
 			if err := saveState(path, st, 4, dl); !errors.Is(err, trainer.ErrNonFinite) {
 				t.Fatalf("got %v, want trainer.ErrNonFinite", err)
 			}
@@ -380,6 +381,7 @@ func TestRollbackRetakesPoisonedPhi(t *testing.T) {
 	mine, _ := optimizer.NewDiLoCo(optimizer.DefaultDiLoCo(), nil, make([]float32, n))
 	mine.Round = 3
 	mine.Phi[7] = float32(math.NaN()) // as if an outer step had overflowed
+	mine.Touch()
 	var out bytes.Buffer
 	v := &Volunteer{cfg: VolunteerConfig{Progress: &out}, log: testLogger("v"), pn: me, dl: mine, n: n,
 		theta: make([]float32, n), su: &trainer.Setup{Stage: st, Dev: st.Device()}}

@@ -294,3 +294,71 @@ func TestFetchStateTail(t *testing.T) {
 		t.Fatalf("only the liar: %v", err)
 	}
 }
+
+// TestServedBlobReuse: a volunteer encodes each new state into the blob
+// it served before, but never while a download still reads that blob.
+func TestServedBlobReuse(t *testing.T) {
+	const n = 5000
+	phi := make([]float32, n)
+	d, err := optimizer.NewDiLoCo(optimizer.DefaultDiLoCo(), nil, phi)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := &Volunteer{dl: d}
+	state := func(round uint64) { // a new round's state, as apply leaves it
+		for i := range d.Phi {
+			d.Phi[i] = float32(round) + float32(i)*1e-3
+		}
+		d.Round = round
+		d.Touch()
+		v.serveDiLoCo()
+	}
+	read := func(r io.ReaderAt) []byte {
+		b := make([]byte, servedSize(n))
+		if _, err := r.ReadAt(b, 0); err != nil && err != io.EOF {
+			t.Fatal(err)
+		}
+		return b
+	}
+	state(1)
+	r1, _, err := v.openServed(stateKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want1 := read(r1)
+	first := &v.served.blob[0]
+	state(2) // round 1's blob becomes the spare, still being read
+	state(3) // so round 3 cannot take it
+	if got := read(r1); !bytes.Equal(got, want1) {
+		t.Fatal("a blob being downloaded was overwritten")
+	}
+	if &v.served.blob[0] == first {
+		t.Fatal("round 3 was encoded into a blob still being read")
+	}
+	r1.(io.Closer).Close()
+	r1.(io.Closer).Close() // a second Close counts once
+	state(4)               // round 2's blob, read by nobody, is the spare now
+	state(5)               // round 3's
+	state(6)               // round 4's
+	if v.readers.Load() != 0 || v.spareReaders.Load() != 0 {
+		t.Fatalf("readers %d, spare's %d", v.readers.Load(), v.spareReaders.Load())
+	}
+	second := &v.served.blob[0]
+	state(7)
+	state(8)
+	if &v.served.blob[0] != second {
+		t.Fatal("a free spare was not reused")
+	}
+	r8, _, err := v.openServed(stateKeyAt(8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r8.(io.Closer).Close()
+	round, chunks, err := parseServedIndex(read(r8)[:servedIndexSize(n)], n)
+	if err != nil || round != 8 || optimizer.StateRoot(8, n, chunks) != d.StateHash() {
+		t.Fatalf("round %d, err %v, root matches %v", round, err, err == nil && optimizer.StateRoot(8, n, chunks) == d.StateHash())
+	}
+	if want, _ := encodeServed(8, d.Phi, d.Mom); !bytes.Equal(read(r8), want) {
+		t.Fatal("the reused blob differs from a fresh encoding")
+	}
+}

@@ -3,6 +3,7 @@ package optimizer
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"fmt"
 	"hash/fnv"
 	"math"
@@ -100,13 +101,21 @@ func NesterovStep(phi, m, delta []float32, eta, mu float32) {
 
 // DiLoCo is one member's outer optimizer state: the global ("slow") weights
 // phi, the outer momentum and the round number, identical on every member
-// after each round.
+// after each round. Phi and Mom are written only by its methods (apply and
+// SetState), which is what lets it hash them once per state
+// (StateChunkHashes); a test that writes them directly calls Touch.
 type DiLoCo struct {
 	cfg   DiLoCoConfig
 	coll  Collective
 	Phi   []float32
 	Mom   []float32
 	Round uint64
+
+	// chunks caches StateChunkHashes(Phi, Mom) while chunksOK: the
+	// volunteer's served state and the next round's state hash are the
+	// same state, a 1 GB SHA-256 pass at 124M parameters.
+	chunks   [][sha256.Size]byte
+	chunksOK bool
 
 	delta, avg []float32
 	ef         *compression.ErrorFeedback
@@ -461,6 +470,7 @@ func (d *DiLoCo) seed() uint64 {
 }
 
 func (d *DiLoCo) apply() error {
+	d.Touch() // before anything can write phi or the momentum
 	if d.sub != nil {
 		d.sub.expand(d.avg, d.cavg, d.Round)
 	}
@@ -738,7 +748,23 @@ func (d *DiLoCo) land() (RoundStats, error) {
 // StateHash hashes the round, phi and the momentum (StateHashOf): members
 // compare it (by gossip) to detect divergence, and a member adopts a
 // downloaded state only if it has the hash the run announces.
-func (d *DiLoCo) StateHash() uint64 { return StateHashOf(d.Round, d.Phi, d.Mom) }
+func (d *DiLoCo) StateHash() uint64 {
+	return StateRoot(d.Round, len(d.Phi), d.StateChunkHashes())
+}
+
+// StateChunkHashes is optimizer.StateChunkHashes(d.Phi, d.Mom), computed
+// once per state: apply and SetState drop it. The result is shared: the
+// caller must not modify it.
+func (d *DiLoCo) StateChunkHashes() [][sha256.Size]byte {
+	if !d.chunksOK {
+		d.chunks, d.chunksOK = StateChunkHashes(d.Phi, d.Mom), true
+	}
+	return d.chunks
+}
+
+// Touch says that Phi or Mom were written other than by DiLoCo's methods,
+// so that the next state hash reads them again.
+func (d *DiLoCo) Touch() { d.chunksOK = false }
 
 // State returns copies of the shared state for a joiner.
 func (d *DiLoCo) State() (round uint64, phi, mom []float32) {
@@ -760,6 +786,7 @@ func (d *DiLoCo) SetState(round uint64, phi, mom []float32) error {
 	if err := checkFinite(mom, math.MaxFloat32); err != nil {
 		return err
 	}
+	d.Touch()
 	d.Round = round
 	copy(d.Phi, phi)
 	copy(d.Mom, mom)

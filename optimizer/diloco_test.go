@@ -384,3 +384,63 @@ func TestDiLoCoOutsizedContribution(t *testing.T) {
 		})
 	}
 }
+
+// TestDiLoCoStateHashKept: the state hash is computed once per state and
+// is always StateHashOf of the state as it is: after rounds (plain and
+// delayed), a rejected round, SetState, a changed round number, and a
+// direct write followed by Touch.
+func TestDiLoCoStateHashKept(t *testing.T) {
+	const M, n = 3, 600
+	net := transport.NewMemNetwork()
+	defer net.Close()
+	ds, thetas, _ := bfMembers(t, net, M, n)
+	check := func(when string) {
+		t.Helper()
+		for i, d := range ds {
+			if got, want := d.StateHash(), StateHashOf(d.Round, d.Phi, d.Mom); got != want {
+				t.Fatalf("%s: member %d's state hash %x, its state's %x", when, i, got, want)
+			}
+		}
+	}
+	check("at the start")
+	before := ds[0].StateHash()
+	for round := range 2 {
+		for i := range M {
+			innerPhase(thetas[i], i, uint64(round))
+		}
+		for i, err := range each(M, func(i int) error { _, err := ds[i].OuterStep(context.Background(), thetas[i]); return err }) {
+			if err != nil {
+				t.Fatalf("member %d: %v", i, err)
+			}
+		}
+		check("after a round")
+	}
+	if ds[0].StateHash() == before {
+		t.Fatal("the rounds left the state hash as it was")
+	}
+	for i := range M {
+		innerPhase(thetas[i], i, 7)
+	}
+	for i, err := range each(M, func(i int) error { _, err := ds[i].OuterStepDelayed(context.Background(), thetas[i]); return err }) {
+		if err != nil {
+			t.Fatalf("member %d: %v", i, err)
+		}
+	}
+	check("with a delayed round in flight")
+	for i, err := range each(M, func(i int) error { _, err := ds[i].Flush(thetas[i]); return err }) {
+		if err != nil {
+			t.Fatalf("member %d: %v", i, err)
+		}
+	}
+	check("after a delayed round landed")
+	round, phi, mom := ds[1].State()
+	if err := ds[0].SetState(round+5, phi, mom); err != nil {
+		t.Fatal(err)
+	}
+	check("after SetState")
+	ds[0].Round++
+	check("after a new round number")
+	ds[0].Phi[3] += 1
+	ds[0].Touch()
+	check("after a write and Touch")
+}
