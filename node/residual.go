@@ -35,9 +35,7 @@ func encodeResidual(round uint64, r []float32) []byte {
 	b = binary.LittleEndian.AppendUint32(b, residualVersion)
 	b = binary.LittleEndian.AppendUint64(b, round)
 	b = binary.LittleEndian.AppendUint64(b, uint64(len(r)))
-	for _, v := range r {
-		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
-	}
+	b = appendFloats(b, r)
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 }
 

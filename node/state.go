@@ -55,12 +55,7 @@ func encodeState(round uint64, phi, mom []float32) []byte {
 	b = binary.LittleEndian.AppendUint32(b, stateVersion)
 	b = binary.LittleEndian.AppendUint64(b, round)
 	b = binary.LittleEndian.AppendUint64(b, uint64(len(phi)))
-	for _, v := range phi {
-		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
-	}
-	for _, v := range mom {
-		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(v))
-	}
+	b = appendFloats(appendFloats(b, phi), mom)
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 }
 
