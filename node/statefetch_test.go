@@ -329,7 +329,19 @@ func TestServedBlobReuse(t *testing.T) {
 	want1 := read(r1)
 	first := &v.served.blob[0]
 	state(2) // round 1's blob becomes the spare, still being read
-	state(3) // so round 3 cannot take it
+	// A download of round 1 that began before round 2 goes on from it.
+	r1b, _, err := v.openServed(stateKeyAt(1))
+	if err != nil {
+		t.Fatalf("round 1 after round 2: %v", err)
+	}
+	if !bytes.Equal(read(r1b), want1) {
+		t.Fatal("the previous round's blob served other bytes")
+	}
+	r1b.(io.Closer).Close()
+	if _, _, err := v.openServed(stateKeyAt(0)); err == nil {
+		t.Fatal("served a round it no longer holds")
+	}
+	state(3) // round 3 cannot take round 1's blob: r1 still reads it
 	if got := read(r1); !bytes.Equal(got, want1) {
 		t.Fatal("a blob being downloaded was overwritten")
 	}
@@ -338,9 +350,12 @@ func TestServedBlobReuse(t *testing.T) {
 	}
 	r1.(io.Closer).Close()
 	r1.(io.Closer).Close() // a second Close counts once
-	state(4)               // round 2's blob, read by nobody, is the spare now
-	state(5)               // round 3's
-	state(6)               // round 4's
+	if _, _, err := v.openServed(stateKeyAt(1)); err == nil {
+		t.Fatal("served round 1 two rounds later")
+	}
+	state(4) // round 2's blob, read by nobody, is the spare now
+	state(5) // round 3's
+	state(6) // round 4's
 	if v.readers.Load() != 0 || v.spareReaders.Load() != 0 {
 		t.Fatalf("readers %d, spare's %d", v.readers.Load(), v.spareReaders.Load())
 	}

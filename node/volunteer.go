@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -368,9 +369,12 @@ type Volunteer struct {
 	mu         sync.Mutex
 	served     servedState // the shared state served to joiners
 	// readers counts the open downloads of served.blob; spare is the blob
-	// served before it, reused for the next state once spareReaders is 0.
+	// served before it (the state of round spareRound), still served by its
+	// round for a download that began before the round moved on, and
+	// reused for the next state once spareReaders is 0.
 	readers, spareReaders *atomic.Int32
 	spare                 []byte
+	spareRound            uint64
 }
 
 // Join runs a volunteer until ctx ends or cfg.Rounds are done, then saves
@@ -703,6 +707,9 @@ func (v *Volunteer) serveBulk(_ context.Context, from peer.ID, key string) (io.R
 func (v *Volunteer) openServed(key string) (io.ReaderAt, int64, error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	if round, latest, ok := parseStateKey(key); ok && !latest && v.spare != nil && round == v.spareRound && round != v.served.round {
+		return newCountedReader(bytes.NewReader(v.spare), v.spareReaders), int64(len(v.spare)), nil
+	}
 	r, n, err := v.served.open(key)
 	if err != nil || v.readers == nil {
 		return r, n, err
@@ -725,8 +732,9 @@ func (v *Volunteer) serveDiLoCo() uint64 {
 // serveHashed encodes the state into the spare blob when no download
 // still reads it (a fresh 1 GB allocation at 124M parameters took 2 s of
 // page faults on a VM, the copy into warm memory 0.04 s), else into a new
-// one; the blob it replaces becomes the spare. A blob being served is
-// never written: serveBulk opens only the current one, under v.mu.
+// one; the blob it replaces becomes the spare. A blob being read is never
+// written: openServed counts its readers, under v.mu, and the spare taken
+// for writing is no longer opened.
 func (v *Volunteer) serveHashed(round uint64, phi, mom []float32, chunks [][sha256.Size]byte) uint64 {
 	v.mu.Lock()
 	var dst []byte
@@ -736,7 +744,7 @@ func (v *Volunteer) serveHashed(round uint64, phi, mom []float32, chunks [][sha2
 	v.mu.Unlock()
 	blob, hash := encodeServedInto(dst, round, phi, mom, chunks, v.tail())
 	v.mu.Lock()
-	v.spare, v.spareReaders = v.served.blob, v.readers
+	v.spare, v.spareReaders, v.spareRound = v.served.blob, v.readers, v.served.round
 	v.served, v.readers = servedState{blob: blob, round: round}, new(atomic.Int32)
 	v.mu.Unlock()
 	return hash
