@@ -126,7 +126,7 @@ func Pull(ctx context.Context, cfg PullConfig) (PullResult, error) {
 
 // latestCertified is the latest certificate a chain from the bootstrap's
 // countersigned one leads to: the bootstrap polls every few seconds, and
-// volunteers serve only their latest state, so the anchor's own round may
+// volunteers serve only their latest two states, so the anchor's own round may
 // be gone already. A volunteer's chain counts only when it verifies and
 // extends the anchor (replica.Book.AdoptFrom), as for a newcomer.
 func latestCertified(ctx context.Context, pn *p2p.Node, log *slog.Logger) *replica.Certificate {
