@@ -67,6 +67,9 @@ func (v *Volunteer) initDiLoCo() (err error) {
 	var rctx context.Context
 	rctx, v.cancelRing = context.WithCancel(context.Background())
 	v.coll.Start(rctx)
+	// A delayed round's exchange outlives the run's context too, so a stop
+	// can land it (landOnStop); Close, or landOnStop's wait, ends it.
+	v.exchange, v.cancelExchange = context.WithCancel(rctx)
 	if v.dl, err = optimizer.NewDiLoCo(d, v.coll, v.theta); err != nil {
 		return err
 	}
@@ -152,6 +155,8 @@ func (d dilocoLoop) state() outerState {
 	return d.v.dl
 }
 
+func (d dilocoLoop) finish(ph phase) { d.v.landOnStop(ph) }
+
 func (d dilocoLoop) close() {
 	v := d.v
 	if v.cancelRing != nil {
@@ -192,11 +197,11 @@ func (v *Volunteer) contributeDelayed(ctx context.Context, ph phase) error {
 	case early != nil && early.err != nil: // the round landing during the phase failed
 		before, err = early.before, early.err
 	case early != nil: // it landed during the phase: report it now
-		if _, err = v.dl.OuterStepDelayed(ctx, v.theta); err == nil {
+		if _, err = v.dl.OuterStepDelayed(v.exchange, v.theta); err == nil {
 			before, st = early.before, early.stats
 		}
 	default:
-		st, err = v.dl.OuterStepDelayed(ctx, v.theta)
+		st, err = v.dl.OuterStepDelayed(v.exchange, v.theta)
 	}
 	if ctx.Err() != nil {
 		return nil
@@ -233,6 +238,60 @@ func (v *Volunteer) contributeDelayed(ctx context.Context, ph phase) error {
 	}
 	v.report(rep, ph, len(st.Group))
 	return nil
+}
+
+// landWait bounds how long a stopping volunteer waits for the exchange of
+// a delayed round in flight to land it (landOnStop); the demo's volunteers
+// finish theirs in a few hundred milliseconds.
+const landWait = 10 * time.Second
+
+// landOnStop is the end of an overlapped run stopped during the inner
+// phase ph: the round in flight, or one that landed during ph, is not
+// lost. A round that landed is reported, as the phase's end would have;
+// one still in flight is waited for up to landWait (its exchange outlives
+// the run's context: v.exchange), then applied and reported, or abandoned
+// with its exchange. The local checkpoint Close saves then holds it.
+func (v *Volunteer) landOnStop(ph phase) {
+	if v.dl == nil {
+		return
+	}
+	early := v.early
+	v.early = nil
+	before := v.dl.Round
+	var st optimizer.RoundStats
+	switch {
+	case early != nil && early.err != nil: // it failed: nothing was applied
+		v.dl.Abandon()
+		return
+	case early != nil: // it landed during the phase
+		before, st = early.before, early.stats
+		v.dl.Abandon() // forget the phase start: the checkpoint holds phi
+	case v.dl.InFlight():
+		say(v.cfg.Progress, "stopping: landing round %d, whose exchange is under way (at most %v)", before+1, landWait)
+		for deadline := time.Now().Add(landWait); !v.dl.ExchangeDone() && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond)
+		}
+		if !v.dl.ExchangeDone() {
+			v.cancelExchange()
+			v.dl.Abandon()
+			say(v.cfg.Progress, "round %d's exchange did not end in %v: left unfinished", before+1, landWait)
+			return
+		}
+		var err error
+		if st, err = v.dl.Flush(v.theta); err != nil {
+			say(v.cfg.Progress, "round %d did not complete (%v)", before+1, err)
+			return
+		}
+	default:
+		return
+	}
+	if v.dl.Round == before {
+		return
+	}
+	v.install(context.Background())
+	v.certs.vote(v.dl.Round, v.stateHash, st.Group)
+	v.lastReported = v.dl.Round
+	v.report(RoundReport{Round: v.dl.Round, Loss: ph.meanLoss(), Members: len(st.Group), Stats: st, StateHash: v.stateHash}, ph, len(st.Group))
 }
 
 // earlyLanding is a delayed round that landed during an inner phase

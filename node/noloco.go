@@ -335,6 +335,10 @@ func (s *nolocoState) state() outerState {
 	return s.opt
 }
 
+// finish does nothing: a NoLoCo step has no exchange left in flight
+// between inner phases.
+func (s *nolocoState) finish(phase) {}
+
 func (s *nolocoState) close() {
 	if s.opt != nil {
 		s.opt.Close()

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"time"
 
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/replica"
@@ -30,6 +31,10 @@ type outerLoop interface {
 	// state is the outer state the local checkpoint saves (nil before
 	// there is one).
 	state() outerState
+	// finish ends the loop when the run stops during the inner phase ph:
+	// a delayed round whose exchange ends soon is landed and reported
+	// rather than lost (DiLoCo); nothing for NoLoCo.
+	finish(ph phase)
 	// close stops what the loop started.
 	close()
 }
@@ -50,10 +55,16 @@ func (v *Volunteer) runReplica(ctx context.Context) error {
 			v.rollback(ctx, err) // back to phi; the others finish the round without us
 			continue
 		}
+		if err == nil && ctx.Err() != nil {
+			o.finish(ph)
+		}
 		if err != nil || ctx.Err() != nil {
 			return err
 		}
 		if err := o.contribute(ctx, ph); err != nil || ctx.Err() != nil {
+			if err == nil {
+				o.finish(phase{began: time.Now()}) // no inner step since
+			}
 			return err
 		}
 		if why := v.runComplete(); why != "" {

@@ -366,8 +366,11 @@ type Volunteer struct {
 	st    *stagedVolunteer // set for a staged run (staged.go)
 
 	cancelRing context.CancelFunc
-	mu         sync.Mutex
-	served     servedState // the shared state served to joiners
+	// exchange is the context of a delayed round's exchange (diloco.go).
+	exchange       context.Context
+	cancelExchange context.CancelFunc
+	mu             sync.Mutex
+	served         servedState // the shared state served to joiners
 	// readers counts the open downloads of served.blob; spare is the blob
 	// served before it (the state of round spareRound), still served by its
 	// round for a download that began before the round moved on, and

@@ -476,3 +476,76 @@ func (s *syncWriter) String() string {
 	defer s.mu.Unlock()
 	return s.w.String()
 }
+
+// TestDelayedStopLandsRound: volunteers of an overlapped run interrupted
+// together (as the demo stops them) land the round whose exchange was
+// under way, or the one that landed during the interrupted phase, and
+// report it before they leave, where they used to drop it; they agree on
+// its state.
+func TestDelayedStopLandsRound(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary and runs four processes")
+	}
+	net := []string{"--listen", "/ip4/127.0.0.1/udp/0/quic-v1", "--timing", "lan"}
+	run := startBootstrap(t, strings.Replace(smallRun, "inner_steps = 4", "inner_steps = 20\ndelayed = true", 1), net)
+	const n = 3
+	re := regexp.MustCompile(`(?m)^round (\d+): .*\(state ([0-9a-f]{16})\)`)
+	cmds := make([]*exec.Cmd, n)
+	outs := make([]*syncWriter, n)
+	for i := range n {
+		outs[i] = &syncWriter{w: &bytes.Buffer{}}
+		cmds[i] = exec.CommandContext(run.ctx, run.bin, append([]string{"--log-level", "warn", "node", "join", "--bootstrap", run.addr,
+			"--data-dir", filepath.Join(run.dir, "n", string(rune('a'+i))), "--min-peers", strconv.Itoa(n), "--threads", "1"}, net...)...)
+		cmds[i].Stdout, cmds[i].Stderr = outs[i], outs[i]
+		if err := cmds[i].Start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dump := func() {
+		for i, o := range outs {
+			t.Logf("volunteer %d output:\n%s", i, o.String())
+		}
+	}
+	for deadline := time.Now().Add(90 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		done := 0
+		for _, o := range outs {
+			if len(re.FindAllString(o.String(), -1)) >= 3 {
+				done++
+			}
+		}
+		if done == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			dump()
+			t.Fatal("the volunteers did not report 3 rounds")
+		}
+	}
+	before := make([]int, n)
+	for i, c := range cmds {
+		before[i] = len(outs[i].String())
+		c.Process.Signal(os.Interrupt)
+	}
+	for i, c := range cmds {
+		if err := c.Wait(); err != nil {
+			dump()
+			t.Fatalf("volunteer %d: %v", i, err)
+		}
+	}
+	last := map[string]string{} // round -> state, over every volunteer's lines
+	for i, o := range outs {
+		all := o.String()
+		after := re.FindAllStringSubmatch(all[before[i]:], -1)
+		if len(after) == 0 {
+			dump()
+			t.Fatalf("volunteer %d reported no round after the interrupt: the round in flight was dropped", i)
+		}
+		for _, m := range re.FindAllStringSubmatch(all, -1) {
+			if s, ok := last[m[1]]; ok && s != m[2] {
+				dump()
+				t.Fatalf("round %s: volunteer %d state %s, another's %s", m[1], i, m[2], s)
+			}
+			last[m[1]] = m[2]
+		}
+	}
+}
