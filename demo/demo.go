@@ -252,15 +252,20 @@ watch:
 	}
 	stopChaos()
 	<-chaosDone
-	if snap, err := status.Fetch(context.Background(), res.StatusURL); err == nil {
-		last = snap
-	}
 	var hist []status.RoundStats
 	var histErr error
 	if cfg.Chaos {
 		hist, histErr = status.FetchHistory(context.Background(), res.StatusURL, 0, 100000)
 	}
-	res.Stopped = kids.stop(out)
+	// The summary is the run once the volunteers have left: an overlapped
+	// volunteer lands and reports the round in flight as it stops.
+	res.Stopped = kids.stopThen(out, func() {
+		fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if snap, err := status.Fetch(fctx, res.StatusURL); err == nil {
+			last = snap
+		}
+	})
 	res.Wall = time.Since(began)
 	res.Rounds, res.TokensTrained, res.BytesSent, res.FP32DPBytes = last.Round, last.TokensTrained, last.BytesSent, last.FP32DPBytes
 	res.BitsPerParam = last.BitsPerParam
@@ -547,10 +552,16 @@ const stopWait = 15 * time.Second
 // stop interrupts every child (they save and leave gracefully), waits up
 // to stopWait, then kills what is left. Volunteers go first, the bootstrap
 // last.
-func (k *children) stop(out io.Writer) []Stopped { return k.stopWithin(out, stopWait) }
+func (k *children) stop(out io.Writer) []Stopped { return k.stopWithin(out, stopWait, nil) }
 
-// stopWithin is stop with another wait (tests).
-func (k *children) stopWithin(out io.Writer, wait time.Duration) []Stopped {
+// stopThen is stop that calls between once the volunteers have exited
+// and before the bootstrap (the first child) is stopped.
+func (k *children) stopThen(out io.Writer, between func()) []Stopped {
+	return k.stopWithin(out, stopWait, between)
+}
+
+// stopWithin is stopThen with another wait (tests).
+func (k *children) stopWithin(out io.Writer, wait time.Duration, between func()) []Stopped {
 	k.mu.Lock()
 	procs := k.procs
 	k.procs, k.stopped = nil, true
@@ -563,6 +574,9 @@ func (k *children) stopWithin(out io.Writer, wait time.Duration) []Stopped {
 	for i := len(procs) - 1; i >= 0; i-- {
 		if i == 0 && len(procs) > 1 {
 			waitAll(procs[1:], wait) // the volunteers' last reports reach the bootstrap
+			if between != nil {
+				between()
+			}
 		}
 		c := procs[i]
 		sent := time.Now()

@@ -1,6 +1,7 @@
 package demo
 
 import (
+	"io"
 	"net"
 	"path/filepath"
 	"strings"
@@ -70,7 +71,7 @@ func TestStopMarksKilled(t *testing.T) {
 	}
 	time.Sleep(100 * time.Millisecond) // the trap is set
 	var out strings.Builder
-	st := k.stopWithin(&out, 300*time.Millisecond)
+	st := k.stopWithin(&out, 300*time.Millisecond, nil)
 	want := map[string]bool{"bootstrap.log": false, "volunteer-1.log": false, "volunteer-2.log": true}
 	for _, s := range st {
 		if s.Killed != want[s.Name] {
@@ -83,6 +84,39 @@ func TestStopMarksKilled(t *testing.T) {
 	r := &Result{Stopped: st, Rounds: 1}
 	if got := r.Summary(); !strings.Contains(got, "volunteer-2.log did not leave within 15s of Ctrl-C and was killed") {
 		t.Fatalf("summary:\n%s", got)
+	}
+}
+
+// TestStopThenBetween: the summary's snapshot is taken once every
+// volunteer has exited and while the bootstrap still runs.
+func TestStopThenBetween(t *testing.T) {
+	dir := t.TempDir()
+	var k children
+	var kids []*child
+	for _, name := range []string{"bootstrap.log", "volunteer-1.log", "volunteer-2.log"} {
+		c, err := k.start("/bin/sh", filepath.Join(dir, name), false, "-c", "exec sleep 30")
+		if err != nil {
+			t.Fatal(err)
+		}
+		kids = append(kids, c)
+	}
+	exited := func(c *child) bool {
+		select {
+		case <-c.done:
+			return true
+		default:
+			return false
+		}
+	}
+	called := false
+	k.stopWithin(io.Discard, 5*time.Second, func() {
+		called = true
+		if !exited(kids[1]) || !exited(kids[2]) || exited(kids[0]) {
+			t.Errorf("between ran with volunteers exited %v %v, bootstrap exited %v", exited(kids[1]), exited(kids[2]), exited(kids[0]))
+		}
+	})
+	if !called || !exited(kids[0]) {
+		t.Fatalf("between called %v, bootstrap exited %v", called, exited(kids[0]))
 	}
 }
 

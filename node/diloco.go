@@ -241,9 +241,10 @@ func (v *Volunteer) contributeDelayed(ctx context.Context, ph phase) error {
 }
 
 // landWait bounds how long a stopping volunteer waits for the exchange of
-// a delayed round in flight to land it (landOnStop); the demo's volunteers
-// finish theirs in a few hundred milliseconds.
-const landWait = 10 * time.Second
+// a delayed round in flight to land it (landOnStop): a volunteer leaves
+// within 5 s of Ctrl-C (demo.maxStop), and the demo's volunteers finish
+// their exchanges in a few hundred milliseconds.
+const landWait = 3 * time.Second
 
 // landOnStop is the end of an overlapped run stopped during the inner
 // phase ph: the round in flight, or one that landed during ph, is not
