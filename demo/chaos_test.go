@@ -28,6 +28,7 @@ func TestHonestLossesAgree(t *testing.T) {
 		{"one round measured by one member", []string{line(1, "5.1", "5.20"), line(1, "5.0", "5.30") + line(2, "4.8", "4.70")}, true},
 		{"spread too wide", []string{line(1, "5.1", "5.20") + line(2, "4.9", "4.10"), line(1, "5.0", "5.30") + line(2, "4.8", "4.70")}, false},
 		{"train loss NaN", []string{line(1, "NaN", ""), line(1, "5.0", "5.30")}, false},
+		{"no step since the round before", []string{line(1, "-", "5.20"), line(1, "5.0", "5.30")}, true},
 		{"val loss +Inf", []string{line(1, "5.1", "+Inf"), line(1, "5.0", "5.30")}, false},
 		{"nothing to compare", []string{line(1, "5.1", "5.20"), "joined the run\n"}, false},
 	} {

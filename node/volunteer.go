@@ -1052,8 +1052,12 @@ func (v *Volunteer) report(rep RoundReport, ph phase, group int) {
 		if rep.LandedStep > 0 {
 			landed = fmt.Sprintf(", landed at step %d/%d", rep.LandedStep, v.run.Optimizer.InnerSteps)
 		}
-		say(v.cfg.Progress, "round %d: loss %.4f%s, %s tok/s, %d in group, %.1f kB sent%s, %.1fs%s%s%s", rep.Round,
-			rep.Loss, val, trainer.HumanRate(tps), group, float64(rep.Stats.BytesSent)/1e3, bits, wall, landed, epoch, state)
+		loss := "-" // no inner step since the last round (a stop right after one: landOnStop)
+		if !math.IsNaN(float64(rep.Loss)) {
+			loss = fmt.Sprintf("%.4f", rep.Loss)
+		}
+		say(v.cfg.Progress, "round %d: loss %s%s, %s tok/s, %d in group, %.1f kB sent%s, %.1fs%s%s%s", rep.Round,
+			loss, val, trainer.HumanRate(tps), group, float64(rep.Stats.BytesSent)/1e3, bits, wall, landed, epoch, state)
 	}
 	v.lastSent = telemetry.Report{Round: rep.Round, StateHash: rep.StateHash, Adopted: rep.Adopted,
 		TrainLoss: measured(rep.Loss), ValLoss: measured(rep.ValLoss), Tokens: tokens, TokensPerSec: tps,

@@ -61,7 +61,8 @@ func nodeCommand() *cli.Command {
 			"(the butterfly: each part aggregated by two members with a trimmed mean and cross-checked; plain or\n" +
 			"overlapped with the next inner phase), or NoLoCo's averaging with a random partner.\n" +
 			"Shows one line per round (loss, validation loss, tokens/s) and reports it to the bootstrap's status\n" +
-			"page. Ctrl-C saves a local checkpoint and leaves gracefully; the same command resumes it.\n\n" +
+			"page. Ctrl-C saves a local checkpoint and leaves gracefully; the same command resumes it (an\n" +
+			"overlapped run first lands the round whose exchange is under way, waiting at most 3 s).\n\n" +
 			"A closed run (manifest [admission] mode = \"closed\") admits only nodes with a join token for their\n" +
 			"peer ID: without one (or with an expired one) the volunteer stops at once and prints its peer ID\n" +
 			"and the command the run's operator runs to make one; then join with --token.",
