@@ -203,7 +203,9 @@ func (v *Volunteer) contributeDelayed(ctx context.Context, ph phase) error {
 	default:
 		st, err = v.dl.OuterStepDelayed(v.exchange, v.theta)
 	}
-	if ctx.Err() != nil {
+	// Stopping: a round that landed is still reported below (the round
+	// just started is landOnStop's); a failure is not worth a re-sync.
+	if ctx.Err() != nil && (err != nil || v.dl.Round == before) {
 		return nil
 	}
 	if err != nil {
@@ -259,6 +261,7 @@ func (v *Volunteer) landOnStop(ph phase) {
 	early := v.early
 	v.early = nil
 	before := v.dl.Round
+	deadline := time.Now().Add(landWait)
 	var st optimizer.RoundStats
 	switch {
 	case early != nil && early.err != nil: // it failed: nothing was applied
@@ -269,7 +272,7 @@ func (v *Volunteer) landOnStop(ph phase) {
 		v.dl.Abandon() // forget the phase start: the checkpoint holds phi
 	case v.dl.InFlight():
 		say(v.cfg.Progress, "stopping: landing round %d, whose exchange is under way (at most %v)", before+1, landWait)
-		for deadline := time.Now().Add(landWait); !v.dl.ExchangeDone() && time.Now().Before(deadline); {
+		for !v.dl.ExchangeDone() && time.Now().Before(deadline) {
 			time.Sleep(10 * time.Millisecond)
 		}
 		if !v.dl.ExchangeDone() {
@@ -293,6 +296,31 @@ func (v *Volunteer) landOnStop(ph phase) {
 	v.certs.vote(v.dl.Round, v.stateHash, st.Group)
 	v.lastReported = v.dl.Round
 	v.report(RoundReport{Round: v.dl.Round, Loss: ph.meanLoss(), Members: len(st.Group), Stats: st, StateHash: v.stateHash}, ph, len(st.Group))
+	v.awaitLanded(st.Group, v.dl.Round, deadline)
+}
+
+// awaitLanded keeps this stopping member in the round's exchange until
+// every other member of its group announces the round as landed, or has
+// left, or the deadline passes: a member that closed its collective the
+// moment its own exchange ended could leave a slower one without the parts
+// it owns.
+func (v *Volunteer) awaitLanded(group []transport.PeerID, round uint64, deadline time.Time) {
+	for time.Now().Before(deadline) {
+		at := map[transport.PeerID]uint64{}
+		for _, a := range announcements(v.pn) {
+			at[a.id] = a.round
+		}
+		behind := false
+		for _, p := range group {
+			if r, ok := at[p]; ok && r < round {
+				behind = true
+			}
+		}
+		if !behind {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // earlyLanding is a delayed round that landed during an inner phase
