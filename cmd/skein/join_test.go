@@ -132,6 +132,9 @@ func waitForStatus(t *testing.T, r *testRun, ok func(status.Snapshot) bool) stat
 	return last
 }
 
+// roundState matches a volunteer's round line: the round and its state hash.
+var roundState = regexp.MustCompile(`(?m)^round (\d+): .*\(state ([0-9a-f]{16})\)`)
+
 // trainTogether runs n volunteers of run for the given rounds (extra:
 // more flags for each) and checks that they report the same state hash
 // after every round; it returns their outputs.
@@ -141,7 +144,7 @@ func trainTogether(t *testing.T, run *testRun, n, rounds int, extra []string) []
 	var wg sync.WaitGroup
 	errs := make([]error, n)
 	outs := make([]string, n)
-	re := regexp.MustCompile(`(?m)^round (\d+): .*\(state ([0-9a-f]{16})\)`)
+	re := roundState
 	for i := 0; i < n; i++ {
 		wg.Add(1)
 		go func() {
@@ -274,7 +277,7 @@ func TestLateJoinerAdoptsRunState(t *testing.T) {
 	run := startBootstrap(t, smallRun, net)
 	ctx, dir := run.ctx, run.dir
 	join := func(name string, rounds, minPeers int) *exec.Cmd { return run.join(name, rounds, minPeers, net) }
-	re := regexp.MustCompile(`(?m)^round (\d+): .*\(state ([0-9a-f]{16})\)`)
+	re := roundState
 	states := func(out []byte) map[string]string {
 		m := map[string]string{}
 		for _, g := range re.FindAllSubmatch(out, -1) {
@@ -491,7 +494,7 @@ func TestDelayedStopLandsRound(t *testing.T) {
 	net := []string{"--listen", "/ip4/127.0.0.1/udp/0/quic-v1", "--timing", "lan"}
 	run := startBootstrap(t, strings.Replace(smallRun, "inner_steps = 4", "inner_steps = 20\ndelayed = true", 1), net)
 	const n = 3
-	re := regexp.MustCompile(`(?m)^round (\d+): .*\(state ([0-9a-f]{16})\)`)
+	re := roundState
 	cmds := make([]*exec.Cmd, n)
 	outs := make([]*syncWriter, n)
 	for i := range n {
