@@ -232,13 +232,11 @@ func (v *Volunteer) contributeDelayed(ctx context.Context, ph phase) error {
 		v.adopted(ctx, ph)
 		return nil
 	}
-	v.lastReported = v.dl.Round
-	rep := RoundReport{Round: v.dl.Round, Loss: ph.meanLoss(), Members: len(st.Group),
-		Stats: st, StateHash: v.stateHash}
+	landed := 0
 	if early != nil {
-		rep.LandedStep = early.step
+		landed = early.step
 	}
-	v.report(rep, ph, len(st.Group))
+	v.reportRound(ph, st, landed)
 	return nil
 }
 
@@ -294,8 +292,7 @@ func (v *Volunteer) landOnStop(ph phase) {
 	}
 	v.install(context.Background())
 	v.certs.vote(v.dl.Round, v.stateHash, st.Group)
-	v.lastReported = v.dl.Round
-	v.report(RoundReport{Round: v.dl.Round, Loss: ph.meanLoss(), Members: len(st.Group), Stats: st, StateHash: v.stateHash}, ph, len(st.Group))
+	v.reportRound(ph, st, 0)
 	v.awaitLanded(st.Group, v.dl.Round, deadline)
 }
 
@@ -382,11 +379,17 @@ func (v *Volunteer) contribute(ctx context.Context, ph phase) error {
 	if v.resynced(ctx) { // the others finished this round with another result
 		v.install(ctx)
 	}
-	v.lastReported = v.dl.Round
-	rep := RoundReport{Round: v.dl.Round, Loss: ph.meanLoss(), Members: len(st.Group),
-		Stats: st, StateHash: v.stateHash}
-	v.report(rep, ph, len(st.Group))
+	v.reportRound(ph, st, 0)
 	return nil
+}
+
+// reportRound reports the round this member contributed to and installed
+// (its line, telemetry, checkpoint): the inner phase ph, the round's stats
+// and, for a delayed round that landed during ph, the step it landed at.
+func (v *Volunteer) reportRound(ph phase, st optimizer.RoundStats, landedStep int) {
+	v.lastReported = v.dl.Round
+	v.report(RoundReport{Round: v.dl.Round, Loss: ph.meanLoss(), Members: len(st.Group), Stats: st,
+		StateHash: v.stateHash, LandedStep: landedStep}, ph, len(st.Group))
 }
 
 // outerStep offers theta to the round, retrying a failed round at once with

@@ -55,17 +55,19 @@ func (v *Volunteer) runReplica(ctx context.Context) error {
 			v.rollback(ctx, err) // back to phi; the others finish the round without us
 			continue
 		}
-		if err == nil && ctx.Err() != nil {
+		if err != nil {
+			return err
+		}
+		if ctx.Err() != nil {
 			o.finish(ph)
+			return nil
 		}
-		if err != nil || ctx.Err() != nil {
+		if err := o.contribute(ctx, ph); err != nil {
 			return err
 		}
-		if err := o.contribute(ctx, ph); err != nil || ctx.Err() != nil {
-			if err == nil {
-				o.finish(phase{began: time.Now()}) // no inner step since
-			}
-			return err
+		if ctx.Err() != nil {
+			o.finish(phase{began: time.Now()}) // no inner step since
+			return nil
 		}
 		if why := v.runComplete(); why != "" {
 			say(v.cfg.Progress, "the run is complete: %s; leaving", why)

@@ -8,6 +8,8 @@ import (
 	"io/fs"
 	"math"
 	"os"
+
+	"github.com/skein-ml/skein/optimizer"
 )
 
 // A volunteer's residual (wire.outer = "support"): what it has trained but
@@ -35,7 +37,7 @@ func encodeResidual(round uint64, r []float32) []byte {
 	b = binary.LittleEndian.AppendUint32(b, residualVersion)
 	b = binary.LittleEndian.AppendUint64(b, round)
 	b = binary.LittleEndian.AppendUint64(b, uint64(len(r)))
-	b = appendFloats(b, r)
+	b = optimizer.AppendFloats(b, r)
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/skein-ml/skein/data"
 	"github.com/skein-ml/skein/internal/atomicfile"
 	"github.com/skein-ml/skein/model"
+	"github.com/skein-ml/skein/optimizer"
 	"github.com/skein-ml/skein/p2p"
 	"github.com/skein-ml/skein/trainer"
 	"github.com/skein-ml/skein/transport"
@@ -55,7 +56,7 @@ func encodeState(round uint64, phi, mom []float32) []byte {
 	b = binary.LittleEndian.AppendUint32(b, stateVersion)
 	b = binary.LittleEndian.AppendUint64(b, round)
 	b = binary.LittleEndian.AppendUint64(b, uint64(len(phi)))
-	b = appendFloats(appendFloats(b, phi), mom)
+	b = optimizer.AppendFloats(optimizer.AppendFloats(b, phi), mom)
 	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 }
 

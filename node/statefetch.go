@@ -16,7 +16,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/libp2p/go-libp2p/core/peer"
 
@@ -102,17 +101,13 @@ func tailHash(tail []byte) [sha256.Size]byte {
 
 // encodeServedWith is encodeServed for a state with a tail.
 func encodeServedWith(round uint64, phi, mom []float32, tail []byte) ([]byte, uint64) {
-	return encodeServedHashed(round, phi, mom, optimizer.StateChunkHashes(phi, mom), tail)
+	return encodeServedInto(nil, round, phi, mom, optimizer.StateChunkHashes(phi, mom), tail)
 }
 
-// encodeServedHashed is encodeServedWith given the state's chunk hashes
-// (optimizer.StateChunkHashes(phi, mom), which DiLoCo keeps per state).
-func encodeServedHashed(round uint64, phi, mom []float32, chunks [][sha256.Size]byte, tail []byte) ([]byte, uint64) {
-	return encodeServedInto(nil, round, phi, mom, chunks, tail)
-}
-
-// encodeServedInto is encodeServedHashed into dst's memory when it has
-// the room (its contents are overwritten), else into a new buffer.
+// encodeServedInto is encodeServedWith given the state's chunk hashes
+// (optimizer.StateChunkHashes(phi, mom), which DiLoCo keeps per state),
+// into dst's memory when it has the room (its contents are overwritten),
+// else into a new buffer.
 func encodeServedInto(dst []byte, round uint64, phi, mom []float32, chunks [][sha256.Size]byte, tail []byte) ([]byte, uint64) {
 	extra := tailHash(tail)
 	size := servedSize(len(phi)) + int64(len(tail))
@@ -130,27 +125,10 @@ func encodeServedInto(dst []byte, round uint64, phi, mom []float32, chunks [][sh
 	for _, c := range chunks {
 		b = append(b, c[:]...)
 	}
-	b = appendFloats(appendFloats(b, phi), mom)
+	b = optimizer.AppendFloats(optimizer.AppendFloats(b, phi), mom)
 	b = append(b, tail...)
 	return b, optimizer.StateRootWith(round, len(phi), chunks, extra)
 }
-
-// appendFloats appends v as little-endian fp32: on a little-endian host
-// its memory as it is (a copy; the encoding's loop took 3 s of a 124M
-// state's 3.1 s to serve on one core).
-func appendFloats(b []byte, v []float32) []byte {
-	if hostLittleEndian {
-		return append(b, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(v))), 4*len(v))...)
-	}
-	for _, x := range v {
-		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(x))
-	}
-	return b
-}
-
-// hostLittleEndian is whether this host stores a float32's bits as the
-// served state does.
-var hostLittleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 
 // parseServedIndex checks the index of a served state of exactly n
 // parameters (the caller's model: nothing is sized from the sender's word)

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -376,18 +375,5 @@ func TestServedBlobReuse(t *testing.T) {
 	}
 	if want, _ := encodeServed(8, d.Phi, d.Mom); !bytes.Equal(read(r8), want) {
 		t.Fatal("the reused blob differs from a fresh encoding")
-	}
-}
-
-// TestAppendFloats: the bulk copy writes the bytes the portable loop
-// does, little-endian fp32, ±0, NaN and infinities included.
-func TestAppendFloats(t *testing.T) {
-	v := []float32{0, float32(math.Copysign(0, -1)), 1.5, -2.25e-30, float32(math.Inf(1)), float32(math.NaN()), math.MaxFloat32}
-	var want []byte
-	for _, x := range v {
-		want = binary.LittleEndian.AppendUint32(want, math.Float32bits(x))
-	}
-	if got := appendFloats([]byte("head"), v); !bytes.Equal(got, append([]byte("head"), want...)) {
-		t.Fatalf("got % x\nwant head % x", got, want)
 	}
 }

@@ -72,6 +72,20 @@ func StateChunkHashes(phi, mom []float32) [][sha256.Size]byte {
 // body does.
 var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 
+// AppendFloats appends v as the state's body stores it, float32 bits
+// little-endian: on a little-endian host its memory as it is, one copy (a
+// loop of one AppendUint32 a value took 3 s of the 3.1 s a volunteer spent
+// serving a 124M state on one core).
+func AppendFloats(b []byte, v []float32) []byte {
+	if littleEndian {
+		return append(b, unsafe.Slice((*byte)(unsafe.Pointer(unsafe.SliceData(v))), 4*len(v))...)
+	}
+	for _, x := range v {
+		b = binary.LittleEndian.AppendUint32(b, math.Float32bits(x))
+	}
+	return b
+}
+
 // stateChunkHashesPortable is StateChunkHashes on any host.
 func stateChunkHashesPortable(phi, mom []float32) [][sha256.Size]byte {
 	out := make([][sha256.Size]byte, 0, StateChunks(len(phi)))

@@ -1,6 +1,7 @@
 package optimizer
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"math"
@@ -63,5 +64,18 @@ func TestStateChunkHashes(t *testing.T) {
 		if StateRoot(7, n+1, got) == root {
 			t.Fatalf("n=%d: the size does not change the root", n)
 		}
+	}
+}
+
+// TestAppendFloats: the bulk copy writes the bytes the portable loop
+// does, little-endian fp32, ±0, NaN and infinities included.
+func TestAppendFloats(t *testing.T) {
+	v := []float32{0, float32(math.Copysign(0, -1)), 1.5, -2.25e-30, float32(math.Inf(1)), float32(math.NaN()), math.MaxFloat32}
+	var want []byte
+	for _, x := range v {
+		want = binary.LittleEndian.AppendUint32(want, math.Float32bits(x))
+	}
+	if got := AppendFloats([]byte("head"), v); !bytes.Equal(got, append([]byte("head"), want...)) {
+		t.Fatalf("got % x\nwant head % x", got, want)
 	}
 }
