@@ -444,3 +444,62 @@ func TestDiLoCoStateHashKept(t *testing.T) {
 	ds[0].Touch()
 	check("after a write and Touch")
 }
+
+// TestDiLoCoLandAtOnceIsPlain: a delayed round landed before the next
+// phase's first inner step is the plain round: the same state after every
+// round, dense and with a shared support, so what overlap costs in loss is
+// the steps it overlaps, never the delayed path itself (BENCHMARKS.md,
+// "Overlap at equal tokens").
+func TestDiLoCoLandAtOnceIsPlain(t *testing.T) {
+	sup := SupportConfig{Chunk: 64, K: 24, Decay: 0.5}
+	support := DefaultDiLoCo()
+	support.Support, support.OuterLR, support.Momentum = &sup, 3, 0
+	for _, tc := range []struct {
+		name string
+		cfg  DiLoCoConfig
+	}{{"dense", DefaultDiLoCo()}, {"support", support}} {
+		t.Run(tc.name, func(t *testing.T) {
+			const M, n, rounds = 4, 640, 3
+			plainNet, delayedNet := transport.NewMemNetwork(), transport.NewMemNetwork()
+			defer plainNet.Close()
+			defer delayedNet.Close()
+			pd, pt, _ := bfMembersDiLoCo(t, plainNet, M, n, tc.cfg, nil)
+			dd, dt, _ := bfMembersDiLoCo(t, delayedNet, M, n, tc.cfg, nil)
+			for r := range rounds {
+				for i := range M {
+					innerPhase(pt[i], i, uint64(r))
+					innerPhase(dt[i], i, uint64(r))
+				}
+				for i, err := range each(M, func(i int) error { _, err := pd[i].OuterStep(context.Background(), pt[i]); return err }) {
+					if err != nil {
+						t.Fatalf("round %d, plain member %d: %v", r, i, err)
+					}
+				}
+				for i, err := range each(M, func(i int) error {
+					if _, err := dd[i].OuterStepDelayed(context.Background(), dt[i]); err != nil {
+						return err
+					}
+					_, err := dd[i].Land(dt[i]) // waits for the exchange: before any step
+					return err
+				}) {
+					if err != nil {
+						t.Fatalf("round %d, delayed member %d: %v", r, i, err)
+					}
+				}
+				for i := range M {
+					if dd[i].Round != pd[i].Round {
+						t.Fatalf("round %d, member %d: delayed at round %d, plain at %d", r, i, dd[i].Round, pd[i].Round)
+					}
+					for j := range pd[i].Phi {
+						if d := math.Abs(float64(dd[i].Phi[j] - pd[i].Phi[j])); d > 1e-5 {
+							t.Fatalf("round %d, member %d, coordinate %d: phi %v delayed, %v plain", r, i, j, dd[i].Phi[j], pd[i].Phi[j])
+						}
+						if d := math.Abs(float64(dt[i][j] - pt[i][j])); d > 1e-5 {
+							t.Fatalf("round %d, member %d, coordinate %d: weights %v delayed, %v plain", r, i, j, dt[i][j], pt[i][j])
+						}
+					}
+				}
+			}
+		})
+	}
+}
