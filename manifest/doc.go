@@ -77,7 +77,7 @@
 //	outer_lr = 0.7       # eta
 //	outer_momentum = 0.9 # mu (DiLoCo) or beta (NoLoCo), in [0, 1)
 //	nesterov = true      # DiLoCo: Nesterov outer momentum
-//	delayed = false      # DiLoCo: apply each outer step one round late
+//	delayed = false      # DiLoCo: overlap each round's exchange with the next phase; it lands a few steps in
 //	group_size = 2       # NoLoCo: members averaged together, 2..16
 //	gamma = 0.7          # NoLoCo: pull towards the group's mean weights
 //

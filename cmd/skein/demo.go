@@ -48,7 +48,7 @@ func demoCommand() *cli.Command {
 			&cli.IntFlag{Name: "batch", Usage: "sequences per inner step and volunteer (default: the manifest's)"},
 			&cli.IntFlag{Name: "seq-len", Usage: "tokens per sequence (default: the manifest's; 0 there: the model's context)"},
 			&cli.StringFlag{Name: "optimizer", Value: d.Manifest.Optimizer.Kind, Usage: "outer optimizer: diloco or noloco"},
-			&cli.BoolFlag{Name: "delayed", Usage: "DiLoCo's overlapped outer step: each round's exchange runs during the next inner phase, whose first steps train from the member's own progress until the round's result lands"},
+			&cli.BoolFlag{Name: "delayed", Usage: "DiLoCo's overlapped outer step: each round's exchange runs during the next inner phase, whose first steps train from the member's own progress until the round's result lands; volunteers compute nearly all the time, and at equal tokens it ends 0-0.4% behind plain rounds (BENCHMARKS.md)"},
 			&cli.StringFlag{Name: "outer", Usage: "what of each pseudo-gradient crosses the wire: dense (every coordinate, int8), or support (the round's shared support: --support-k of every 4096 coordinates, the rest kept in each volunteer's residual); default: the manifest's"},
 			&cli.IntFlag{Name: "support-k", Value: 1536, Usage: "with --outer support: coordinates of every 4096 sent each round"},
 			&cli.IntFlag{Name: "support-block", Value: 1024, Usage: "with --outer support: values sharing one scale on the wire (wire.block_size)"},
