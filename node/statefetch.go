@@ -200,6 +200,23 @@ func (s servedState) open(key string) (io.ReaderAt, int64, error) {
 	return bytes.NewReader(s.blob), int64(len(s.blob)), nil
 }
 
+// servedBlob is a served state with the count of its open downloads: a
+// blob being read is never reused for the next state.
+type servedBlob struct {
+	servedState
+	readers *atomic.Int32
+}
+
+// open is servedState.open, the reader counted among the blob's readers
+// until the bulk server closes it.
+func (s servedBlob) open(key string) (io.ReaderAt, int64, error) {
+	r, n, err := s.servedState.open(key)
+	if err != nil {
+		return nil, 0, err
+	}
+	return newCountedReader(r, s.readers), n, nil
+}
+
 // countedReader is a served blob's reader that counts itself among the
 // blob's open readers until the bulk server closes it.
 type countedReader struct {

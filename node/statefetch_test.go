@@ -355,8 +355,8 @@ func TestServedBlobReuse(t *testing.T) {
 	state(4) // round 2's blob, read by nobody, is the spare now
 	state(5) // round 3's
 	state(6) // round 4's
-	if v.readers.Load() != 0 || v.spareReaders.Load() != 0 {
-		t.Fatalf("readers %d, spare's %d", v.readers.Load(), v.spareReaders.Load())
+	if v.served.readers.Load() != 0 || v.spare.readers.Load() != 0 {
+		t.Fatalf("readers %d, spare's %d", v.served.readers.Load(), v.spare.readers.Load())
 	}
 	second := &v.served.blob[0]
 	state(7)

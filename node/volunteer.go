@@ -1,7 +1,6 @@
 package node
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -370,14 +369,11 @@ type Volunteer struct {
 	exchange       context.Context
 	cancelExchange context.CancelFunc
 	mu             sync.Mutex
-	served         servedState // the shared state served to joiners
-	// readers counts the open downloads of served.blob; spare is the blob
-	// served before it (the state of round spareRound), still served by its
-	// round for a download that began before the round moved on, and
-	// reused for the next state once spareReaders is 0.
-	readers, spareReaders *atomic.Int32
-	spare                 []byte
-	spareRound            uint64
+	served         servedBlob // the shared state served to joiners
+	// spare is the state served before it, still served by its round for
+	// a download that began before the round moved on, and its blob
+	// reused for the next state once nobody reads it.
+	spare servedBlob
 }
 
 // Join runs a volunteer until ctx ends or cfg.Rounds are done, then saves
@@ -705,19 +701,18 @@ func (v *Volunteer) serveBulk(_ context.Context, from peer.ID, key string) (io.R
 	return v.openServed(key)
 }
 
-// openServed opens the served state for a bulk key, counted among its
-// blob's readers until the bulk server closes it.
+// openServed opens the served state for a bulk key, or the spare for its
+// round, counted among the blob's readers until the bulk server closes it.
 func (v *Volunteer) openServed(key string) (io.ReaderAt, int64, error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if round, latest, ok := parseStateKey(key); ok && !latest && v.spare != nil && round == v.spareRound && round != v.served.round {
-		return newCountedReader(bytes.NewReader(v.spare), v.spareReaders), int64(len(v.spare)), nil
-	}
 	r, n, err := v.served.open(key)
-	if err != nil || v.readers == nil {
-		return r, n, err
+	if err != nil {
+		if sr, sn, serr := v.spare.open(key); serr == nil {
+			return sr, sn, nil
+		}
 	}
-	return newCountedReader(r, v.readers), n, nil
+	return r, n, err
 }
 
 // serve makes a state what this volunteer serves to joiners and returns
@@ -741,14 +736,14 @@ func (v *Volunteer) serveDiLoCo() uint64 {
 func (v *Volunteer) serveHashed(round uint64, phi, mom []float32, chunks [][sha256.Size]byte) uint64 {
 	v.mu.Lock()
 	var dst []byte
-	if v.spare != nil && v.spareReaders.Load() == 0 {
-		dst, v.spare = v.spare[:0], nil
+	if v.spare.blob != nil && v.spare.readers.Load() == 0 {
+		dst, v.spare = v.spare.blob[:0], servedBlob{}
 	}
 	v.mu.Unlock()
 	blob, hash := encodeServedInto(dst, round, phi, mom, chunks, v.tail())
 	v.mu.Lock()
-	v.spare, v.spareReaders, v.spareRound = v.served.blob, v.readers, v.served.round
-	v.served, v.readers = servedState{blob: blob, round: round}, new(atomic.Int32)
+	v.spare = v.served
+	v.served = servedBlob{servedState{blob: blob, round: round}, new(atomic.Int32)}
 	v.mu.Unlock()
 	return hash
 }
