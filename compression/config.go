@@ -19,7 +19,7 @@ const (
 	Int4    Codec = 5 // blockwise absmax int4: scale = absmax/7, codes in [-7, 7], two per byte
 	MinMax8 Codec = 6 // blockwise min-max uint8 for the collective's contributions and aggregates (ALGORITHMS.md 1)
 	Int2    Codec = 7 // blockwise absmax 2-bit: step = absmax/1.5, codes 0..3 decode to (q-1.5)*step, four per byte
-	Sign    Codec = 8 // blockwise 1-bit: scale = mean |x| (stochastic: absmax), a bit per element decodes to ±scale
+	Sign    Codec = 8 // blockwise 1-bit: scale = sum x^2 / sum |x| (stochastic: absmax), a bit per element decodes to ±scale
 )
 
 // String returns the codec's lowercase name.

@@ -40,10 +40,12 @@
 //     (q-1.5)*step. For pseudo-gradients whose error feedback keeps what
 //     rounding loses (the shared support's compacted vector); a block with
 //     absmax < 2^-100 has step 0 and codes 2, and decodes to +0.
-//   - Sign: a bit per element, ±scale; nearest takes scale = mean |x| of the
-//     block and x's sign bit, stochastic scale = absmax and 1 with
-//     probability (1 + x/absmax)/2. The same use as Int2; a block whose
-//     scale is below 2^-100 has scale 0 and decodes to +0.
+//   - Sign: a bit per element, ±scale; nearest takes scale = sum x^2 /
+//     sum |x| of the block (so the decoded block's projection on x is x)
+//     and x's sign bit, stochastic scale = absmax and 1 with probability
+//     (1 + x/absmax)/2. The same use as Int2; a block whose scale is below
+//     2^-100 has scale 0 and decodes to +0. A decoder reads the scale as
+//     sent: how an encoder picks it is not part of the format.
 //   - BF16 and FP16 saturate at their largest finite value instead of
 //     overflowing to Inf.
 //

@@ -90,10 +90,16 @@ func decodeInt2(dst []float32, body []byte, block, base int) error {
 }
 
 // Sign: one bit an element and a float32 scale a block, for the same use
-// as Int2 at half its bits. Nearest: the scale is the block's mean |x|
-// (the scale that minimizes the squared error of ±scale) and the bit is
-// x's sign (+ for +0); stochastic: the scale is absmax and the bit is 1
-// with probability (1 + x/absmax)/2, so the expectation is x. Element 8k+j
+// as Int2 at half its bits. Nearest: the bit is x's sign (+ for +0) and the
+// scale is sum x^2 / sum |x|, the one whose decoded block d keeps x's
+// projection (<d, x> = |x|^2): rounding adds error across x and takes
+// nothing along it. The mean |x| would minimize |d - x|^2 instead, by
+// shrinking every block by (sum |x|)^2 / (n sum x^2) along x (2/pi for
+// Gaussian values), and a pseudo-gradient's shrinkage is progress lost
+// wherever nothing feeds it back: the butterfly's aggregates, and the part
+// of a residual its decay drops (BENCHMARKS.md, session 13). The scale lies
+// between the mean |x| and absmax. Stochastic: the scale is absmax and the
+// bit is 1 with probability (1 + x/absmax)/2, so the expectation is x. Element 8k+j
 // is bit j of byte k, 1 decoding to +scale and 0 to -scale; the unused
 // bits of a last partial byte are 0. A block whose scale would be below
 // 2^-100 has scale 0 and bits 1, and decodes to +0.
@@ -166,10 +172,10 @@ func decodeSign(dst []float32, body []byte, block, base int) error {
 }
 
 // encodeSignMean is encodeSign without stochastic rounding: the scale is
-// the block's mean |x| (summed in float64 in index order) and the bits
-// are the signs. One pass over each block computes the signs, the largest
-// magnitude and the sum together: the sum's chain of dependent adds
-// bounds it, and the rest fills its wait.
+// the block's sum x^2 / sum |x| (both summed in float64 in index order)
+// and the bits are the signs. One pass over each block computes the signs,
+// the largest magnitude and the two sums together: the sums' chains of
+// dependent adds bound it, and the rest fills their wait.
 func encodeSignMean(body []byte, x []float32, block, base int) error {
 	nb := (len(x) + block - 1) / block
 	bits := body[4*nb : 4*nb+(len(x)+7)/8]
@@ -178,7 +184,7 @@ func encodeSignMean(body []byte, x []float32, block, base int) error {
 		hi := min(lo+block, len(x))
 		xb := x[lo:hi]
 		bb := bits[lo/8 : (hi+7)/8]
-		var sum float64
+		var sum, sq float64
 		var m uint32
 		n := len(xb) &^ 7
 		for k := 0; k < n; k += 8 {
@@ -188,7 +194,9 @@ func encodeSignMean(body []byte, x []float32, block, base int) error {
 				u := math.Float32bits(v[j])
 				w |= (^u >> 31) << j
 				m = max(m, u&absMask)
-				sum += math.Abs(float64(v[j]))
+				f := float64(v[j])
+				sum += math.Abs(f)
+				sq += f * f
 			}
 			bb[k/8] = byte(w)
 		}
@@ -198,10 +206,12 @@ func encodeSignMean(body []byte, x []float32, block, base int) error {
 				u := math.Float32bits(xb[i])
 				bb[i/8] |= byte((^u>>31)&1) << (i % 8)
 				m = max(m, u&absMask)
-				sum += math.Abs(float64(xb[i]))
+				f := float64(xb[i])
+				sum += math.Abs(f)
+				sq += f * f
 			}
 		}
-		if err := signScale(body[4*b:], bb, xb, m, sum, base+lo); err != nil {
+		if err := signScale(body[4*b:], bb, xb, m, sum, sq, base+lo); err != nil {
 			return err
 		}
 	}
@@ -209,13 +219,18 @@ func encodeSignMean(body []byte, x []float32, block, base int) error {
 }
 
 // signScale ends encodeSignMean's block xb (its bits bb, the largest
-// magnitude's bits m, the sum of magnitudes sum): it checks the block,
-// writes the scale at the start of dst and sets a zero block's bits.
-func signScale(dst, bb []byte, xb []float32, m uint32, sum float64, base int) error {
+// magnitude's bits m, the sums of magnitudes sum and of squares sq): it
+// checks the block, writes the scale at the start of dst and sets a zero
+// block's bits. sq/sum is at most absmax (sq <= absmax*sum), so the scale
+// is finite, and it is 0 only for a block of zeros.
+func signScale(dst, bb []byte, xb []float32, m uint32, sum, sq float64, base int) error {
 	if m > maxBlockBits {
 		return cmp.Or(tooLarge(Sign, m, base), nonFinite(xb, base))
 	}
-	scale := float32(sum / float64(len(xb)))
+	var scale float32
+	if sum > 0 {
+		scale = float32(sq / sum)
+	}
 	if scale < minScaleAbs {
 		scale = 0
 		for i := range xb {

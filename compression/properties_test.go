@@ -257,3 +257,39 @@ func TestNoAllocSteadyState(t *testing.T) {
 		}
 	}
 }
+
+// The sign codec's nearest rounding keeps each block's projection: the
+// decoded block d has <d, x> = |x|^2, whatever the values' distribution
+// (Gaussian, uniform like a sum of Adam steps, heavy-tailed), for whole
+// blocks and a short last one. The mean |x| would shrink it by (sum |x|)^2
+// / (n sum x^2): 2/pi, 3/4 and far less here, so a scale that shrinks
+// fails the test.
+func TestSignKeepsProjection(t *testing.T) {
+	const block, n = 1024, 5*1024 + 200
+	g := gaussian(n, 21)
+	dists := map[string]func(i int) float32{
+		"gaussian":     func(i int) float32 { return g[i] },
+		"uniform":      func(i int) float32 { return float32(2*math.Mod(float64(i)*0.6180339887, 1) - 1) },
+		"heavy-tailed": func(i int) float32 { return g[i] * g[i] * g[i] },
+	}
+	for name, f := range dists {
+		x := make([]float32, n)
+		for i := range x {
+			x[i] = f(i)
+		}
+		cfg := testConfig(Sign, false, 1)
+		cfg.BlockSize = block
+		y, _ := roundTrip(t, cfg, x, 1)
+		for lo := 0; lo < n; lo += block {
+			hi := min(lo+block, n)
+			var dot, sq float64
+			for i := lo; i < hi; i++ {
+				dot += float64(y[i]) * float64(x[i])
+				sq += float64(x[i]) * float64(x[i])
+			}
+			if r := dot / sq; math.Abs(r-1) > 1e-5 {
+				t.Errorf("%s, block at %d: <d, x>/|x|^2 = %.6f, want 1", name, lo, r)
+			}
+		}
+	}
+}

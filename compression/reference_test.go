@@ -208,14 +208,15 @@ func f16NearestRef(f float32) uint16 {
 }
 
 // The sign codec's deterministic bytes are those of the format's text, computed
-// plainly: per block the float64 mean |x| in index order as the scale (0
-// below 2^-100, with every bit set), then the signs, 1 for + (and +0).
+// plainly: per block the float64 sums of x^2 and |x| in index order, their
+// quotient as the scale (0 below 2^-100, with every bit set), then the
+// signs, 1 for + (and +0).
 // Blocks of 1024 and a short last one; a tiny block and a -0.
 func TestSignMatchesReference(t *testing.T) {
 	const block = 1024
 	x := gaussian(5*block+200, 9)
 	for i := block; i < 2*block; i++ {
-		x[i] *= 1e-35 // mean below 2^-100: scale 0
+		x[i] *= 1e-35 // scale below 2^-100: 0
 	}
 	x[7] = float32(math.Copysign(0, -1))
 	body := make([]byte, bodyLen(Sign, len(x), block))
@@ -227,11 +228,12 @@ func TestSignMatchesReference(t *testing.T) {
 	bits := want[4*nb:]
 	for b := range nb {
 		xb := x[b*block : min((b+1)*block, len(x))]
-		var sum float64
+		var sum, sq float64
 		for _, v := range xb {
 			sum += math.Abs(float64(v))
+			sq += float64(v) * float64(v)
 		}
-		scale := float32(sum / float64(len(xb)))
+		scale := float32(sq / sum)
 		if scale < minScaleAbs {
 			scale = 0
 		}
