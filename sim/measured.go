@@ -100,8 +100,9 @@ var SupportCodec = WireCodec{Name: "support", Ratio: MinMax8Ratio * 4096 / 64, E
 // SupportSignCodec is the support volunteers run with `skein demo --outer
 // support`: 1536 of every 4096 coordinates with 1-bit signs and a scale
 // per 1024 (1.03125 bits a value) through the butterfly, 2647x less
-// traffic than fp32 data-parallel at +0.58% loss in the convergence
-// benchmark (BENCHMARKS.md, issue [3/4], session 8):
+// traffic than fp32 data-parallel at 0.7-1.2% lower loss than the dense
+// robust round from scratch and +1.95% warm in the convergence benchmark
+// (BENCHMARKS.md, issue [3/4], sessions 8 and 13):
 // 32/(1536/4096*1.03125) = 83x smaller than fp32; its local work
 // (BenchmarkSupportRound/sign1536 at 124M, the state hash included) ran at
 // SupportSignBps on one core; the owners decode the compacted parts at
