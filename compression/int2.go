@@ -98,18 +98,18 @@ func decodeInt2(dst []float32, body []byte, block, base int) error {
 // Gaussian values), and a pseudo-gradient's shrinkage is progress lost
 // wherever nothing feeds it back: the butterfly's aggregates, and the part
 // of a residual its decay drops (BENCHMARKS.md, session 13). The scale lies
-// between the mean |x| and absmax. Stochastic: the scale is absmax and the
-// bit is 1 with probability (1 + x/absmax)/2, so the expectation is x. Element 8k+j
-// is bit j of byte k, 1 decoding to +scale and 0 to -scale; the unused
-// bits of a last partial byte are 0. A block whose scale would be below
-// 2^-100 has scale 0 and bits 1, and decodes to +0.
+// between the mean |x| and absmax. Stochastic: the scale is absmax and
+// the bit is 1 with probability (1 + x/absmax)/2, so the expectation is
+// x. Element 8k+j is bit j of byte k, 1 decoding to +scale and 0 to
+// -scale; the unused bits of a last partial byte are 0. A block whose
+// scale would be below 2^-100 has scale 0 and bits 1, and decodes to +0.
 
 // encodeSign writes nb float32 scales then ceil(len(x)/8) bytes of bits:
-// without stochastic rounding encodeSignMean, with it the scale is the
+// without stochastic rounding encodeSignNearest, with it the scale is the
 // block's absmax.
 func encodeSign(body []byte, x []float32, block, base int, key uint64, sr bool) error {
 	if !sr {
-		return encodeSignMean(body, x, block, base)
+		return encodeSignNearest(body, x, block, base)
 	}
 	nb := (len(x) + block - 1) / block
 	bits := body[4*nb : 4*nb+(len(x)+7)/8]
@@ -171,12 +171,12 @@ func decodeSign(dst []float32, body []byte, block, base int) error {
 	return nil
 }
 
-// encodeSignMean is encodeSign without stochastic rounding: the scale is
+// encodeSignNearest is encodeSign without stochastic rounding: the scale is
 // the block's sum x^2 / sum |x| (both summed in float64 in index order)
 // and the bits are the signs. One pass over each block computes the signs,
 // the largest magnitude and the two sums together: the sums' chains of
 // dependent adds bound it, and the rest fills their wait.
-func encodeSignMean(body []byte, x []float32, block, base int) error {
+func encodeSignNearest(body []byte, x []float32, block, base int) error {
 	nb := (len(x) + block - 1) / block
 	bits := body[4*nb : 4*nb+(len(x)+7)/8]
 	for b := 0; b < nb; b++ {
@@ -218,11 +218,11 @@ func encodeSignMean(body []byte, x []float32, block, base int) error {
 	return nil
 }
 
-// signScale ends encodeSignMean's block xb (its bits bb, the largest
+// signScale ends encodeSignNearest's block xb (its bits bb, the largest
 // magnitude's bits m, the sums of magnitudes sum and of squares sq): it
 // checks the block, writes the scale at the start of dst and sets a zero
 // block's bits. sq/sum is at most absmax (sq <= absmax*sum), so the scale
-// is finite, and it is 0 only for a block of zeros.
+// is finite; below 2^-100 it is sent as 0.
 func signScale(dst, bb []byte, xb []float32, m uint32, sum, sq float64, base int) error {
 	if m > maxBlockBits {
 		return cmp.Or(tooLarge(Sign, m, base), nonFinite(xb, base))
