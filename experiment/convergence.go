@@ -160,6 +160,10 @@ func Arms() []Arm {
 		{Name: "diloco-h50-sign1536-agg-int4", Description: "diloco-h50-sign1536 with the butterfly's aggregates in int4 instead of signs", configure: aggCodec(signK(1536), compression.Int4)},
 		{Name: "diloco-h50-sign1536-attack", Description: "diloco-h50-sign1536 with one worker scaling its pseudo-gradient by 1000", configure: withAttack(signK(1536), 1000)},
 		{Name: "diloco-h50-sign1536-flip", Description: "diloco-h50-sign1536 with one worker flipping the sign of its pseudo-gradient (x -4)", configure: withAttack(signK(1536), -4)},
+		{Name: "diloco-h50-sign1536-b256", Description: "diloco-h50-sign1536 with a sign scale per 256 values instead of 1024", configure: blocked(signK(1536), 256)},
+		{Name: "diloco-h50-sign1536-b256-attack", Description: "diloco-h50-sign1536-b256 with one worker scaling its pseudo-gradient by 1000", configure: withAttack(blocked(signK(1536), 256), 1000)},
+		{Name: "diloco-h50-sign1536-b256-flip", Description: "diloco-h50-sign1536-b256 with one worker flipping the sign of its pseudo-gradient (x -4)", configure: withAttack(blocked(signK(1536), 256), -4)},
+		{Name: "diloco-h50-sign1536-b128", Description: "diloco-h50-sign1536 with a sign scale per 128 values instead of 1024", configure: blocked(signK(1536), 128)},
 		{Name: "diloco-h50-sign2048-delayed", Description: "diloco-h50-sign2048 with each exchange overlapped with the next inner phase (one-step delayed)", configure: func(c *SwarmConfig) {
 			signK(2048)(c)
 			c.Delayed = true
@@ -221,6 +225,8 @@ func Arms() []Arm {
 		}},
 		{Name: "warm-diloco-h50-nominated", Description: "warm start: diloco-h50-nominated", Warm: true, configure: nominated(64, 16, optimizer.DefaultRobust(), false, 0)},
 		{Name: "warm-diloco-h50-sign1536", Description: "warm start: diloco-h50-sign1536", Warm: true, configure: signK(1536)},
+		{Name: "warm-diloco-h50-sign1536-b256", Description: "warm start: diloco-h50-sign1536-b256", Warm: true, configure: blocked(signK(1536), 256)},
+		{Name: "warm-diloco-h50-sign1536-b128", Description: "warm start: diloco-h50-sign1536-b128", Warm: true, configure: blocked(signK(1536), 128)},
 		{Name: "warm-diloco-h50-sign1536-agg-int2", Description: "warm start: diloco-h50-sign1536-agg-int2", Warm: true, configure: aggCodec(signK(1536), compression.Int2)},
 		{Name: "warm-diloco-h50-sign1536-agg-int4", Description: "warm start: diloco-h50-sign1536-agg-int4", Warm: true, configure: aggCodec(signK(1536), compression.Int4)},
 		{Name: "warm-diloco-h50-sign4096", Description: "warm start: diloco-h50-sign2048 at every coordinate (signs, not a support's worth of bytes: where the signs' limit is)", Warm: true, configure: signK(4096)},

@@ -97,9 +97,10 @@ var SparseCodec = WireCodec{Name: "sparse", Ratio: 32 / 0.1739, EncodeBps: 1.0e9
 // decode the compacted parts at minmax8's speed.
 var SupportCodec = WireCodec{Name: "support", Ratio: MinMax8Ratio * 4096 / 64, EncodeBps: 0.31e9, DecodeBps: MinMax8DecodeBps * 4096 / 64}
 
-// SupportSignCodec is the support volunteers run with `skein demo --outer
-// support`: 1536 of every 4096 coordinates with 1-bit signs and a scale
-// per 1024 (1.03125 bits a value) through the butterfly, 2647x less
+// SupportSignCodec is the support volunteers ran with `skein demo --outer
+// support` until session 13 (the demo now takes a scale per 256, 9% more
+// bytes, not projected): 1536 of every 4096 coordinates with 1-bit signs
+// and a scale per 1024 (1.03125 bits a value) through the butterfly, 2647x less
 // traffic than fp32 data-parallel at 0.7-1.2% lower loss than the dense
 // robust round from scratch and +1.95% warm in the convergence benchmark
 // (BENCHMARKS.md, issue [3/4], sessions 8 and 13):
