@@ -60,6 +60,9 @@ func (m Manifest) Canonical() []byte {
 		w.str("outer", m.Wire.Outer)
 		w.int("support_k", int64(m.Wire.SupportK))
 		w.float("residual_decay", m.Wire.ResidualDecay)
+		if m.Wire.Rotate { // written only when set, for the same reason
+			w.bool("rotate", true)
+		}
 	}
 	if m.Wire.BlockSize != 0 {
 		w.int("block_size", int64(m.Wire.BlockSize))

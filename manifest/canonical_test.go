@@ -84,19 +84,28 @@ func fullSupport() Manifest {
 	return m
 }
 
+// fullRotated takes fullSupport's support in a rotated basis, with no
+// residual (the outer momentum carries what is not sent).
+func fullRotated() Manifest {
+	m := fullSupport()
+	m.Wire.Rotate, m.Wire.ResidualDecay = true, 0
+	return m
+}
+
 // A compacted exchange's fields are in the hash, an older manifest's hash
 // does not change, and what does not fit is refused.
 func TestOuterExchange(t *testing.T) {
-	for name, base := range map[string]Manifest{"support": fullSupport()} {
+	for name, base := range map[string]Manifest{"support": fullSupport(), "rotated": fullRotated()} {
 		if err := base.Validate(); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
 		roundTrip(t, name, base)
 		for k, edit := range map[string]func(m *Manifest){
-			"outer": func(m *Manifest) { m.Wire.Outer, m.Wire.SupportK, m.Wire.ResidualDecay = "", 0, 0 },
-			"k":     func(m *Manifest) { m.Wire.SupportK++ },
-			"decay": func(m *Manifest) { m.Wire.ResidualDecay /= 2 },
-			"block": func(m *Manifest) { m.Wire.BlockSize = 512 },
+			"outer":  func(m *Manifest) { m.Wire.Outer, m.Wire.SupportK, m.Wire.ResidualDecay = "", 0, 0 },
+			"k":      func(m *Manifest) { m.Wire.SupportK++ },
+			"decay":  func(m *Manifest) { m.Wire.ResidualDecay = (m.Wire.ResidualDecay + 1) / 2 },
+			"block":  func(m *Manifest) { m.Wire.BlockSize = 512 },
+			"rotate": func(m *Manifest) { m.Wire.Rotate = !m.Wire.Rotate },
 		} {
 			m := base
 			edit(&m)
@@ -112,11 +121,14 @@ func TestOuterExchange(t *testing.T) {
 		t.Error(`wire.outer = "dense" changes an older manifest's hash`)
 	}
 	for name, edit := range map[string]func(m *Manifest){
-		"unknown":          func(m *Manifest) { m.Wire.Outer = "topk" },
-		"k 0":              func(m *Manifest) { m.Wire.SupportK = 0 },
-		"k too large":      func(m *Manifest) { m.Wire.SupportK = SupportChunk + 1 },
-		"subspace":         func(m *Manifest) { m.Wire.Outer = "subspace" },
-		"decay 0":          func(m *Manifest) { m.Wire.ResidualDecay = 0 },
+		"unknown":       func(m *Manifest) { m.Wire.Outer = "topk" },
+		"k 0":           func(m *Manifest) { m.Wire.SupportK = 0 },
+		"k too large":   func(m *Manifest) { m.Wire.SupportK = SupportChunk + 1 },
+		"subspace":      func(m *Manifest) { m.Wire.Outer = "subspace" },
+		"decay below 0": func(m *Manifest) { m.Wire.ResidualDecay = -0.5 },
+		"dense, rotated": func(m *Manifest) {
+			m.Wire.Outer, m.Wire.SupportK, m.Wire.ResidualDecay, m.Wire.Rotate = OuterDense, 0, 0, true
+		},
 		"decay > 1":        func(m *Manifest) { m.Wire.ResidualDecay = 1.5 },
 		"staged":           func(m *Manifest) { m.Pipeline.Stages = 3 },
 		"noloco":           func(m *Manifest) { m.Optimizer.Kind = KindNoLoCo },
@@ -242,7 +254,7 @@ func TestCanonicalGolden(t *testing.T) {
 // has every key of an open run, fullClosed() those of a closed one.
 func TestCanonicalHasEveryKey(t *testing.T) {
 	var got []string
-	for _, m := range []Manifest{full(), fullClosed(), fullTokenized(), fullDataset(), fullSupport()} {
+	for _, m := range []Manifest{full(), fullClosed(), fullTokenized(), fullDataset(), fullSupport(), fullRotated()} {
 		var v map[string]any
 		md, err := toml.Decode(string(m.Canonical()), &v)
 		if err != nil {
@@ -330,6 +342,7 @@ func TestHashCoversEveryField(t *testing.T) {
 		"wire.outer":          nil,
 		"wire.support_k":      nil,
 		"wire.residual_decay": nil,
+		"wire.rotate":         nil,
 		"wire.block_size":     func(m *Manifest) { m.Wire.BlockSize = 512 },
 		"data.source":         func(m *Manifest) { m.Data.Source = SourceLocal },
 		"data.val_fraction":   func(m *Manifest) { m.Data.ValFraction = 0.03 },

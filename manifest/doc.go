@@ -85,7 +85,8 @@
 //	codec = "minmax8" # "bf16", "fp16", "fp32", "int2", "int4", "int8", "minmax8" or "sign"
 //	# outer = "support"     # DiLoCo, one stage: send only each round's shared support ("dense", the default: every coordinate)
 //	# support_k = 1024      # with "support": coordinates of every 4096 sent each round, 1..4096
-//	# residual_decay = 0.5  # with "support": decay per round of what a volunteer has not sent yet, (0, 1]
+//	# residual_decay = 0.5  # with "support": decay per round of what a volunteer has not sent yet, [0, 1] (0: none)
+//	# rotate = true         # with "support": the support in a randomized Hadamard basis of each 4096 coordinates
 //	# block_size = 1024     # values sharing one scale in the blockwise codecs (0: 256)
 //
 //	[data]

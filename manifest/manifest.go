@@ -188,6 +188,14 @@ type Wire struct {
 	Outer         string  `toml:"outer"`
 	SupportK      int     `toml:"support_k"`
 	ResidualDecay float64 `toml:"residual_decay"`
+	// Rotate (with OuterSupport) takes the support in a fixed randomized
+	// Hadamard basis of every SupportChunk coordinates
+	// (optimizer.SupportConfig.Rotate), all of it by the hash: each
+	// round's rotated coordinates carry a share of every coordinate, and
+	// signs of rotated values lose no more than 8-bit values of plain
+	// ones. Measured best with ResidualDecay 0 and the outer momentum
+	// (BENCHMARKS.md, issue [3/4], session 14).
+	Rotate bool `toml:"rotate"`
 	// BlockSize is how many values share one scale in the blockwise
 	// codecs (0: compression.DefaultBlockSize). A sign's scale is 32 bits
 	// for 1-bit values: 1024 makes scales 3% of a sign frame, 256 11%.

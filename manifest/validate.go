@@ -148,8 +148,8 @@ func (w Wire) validate() error {
 	}
 	switch w.Outer {
 	case "", OuterDense:
-		if w.SupportK != 0 || w.ResidualDecay != 0 {
-			return bad("wire.outer", w.Outer, "a dense exchange takes no support_k or residual_decay")
+		if w.SupportK != 0 || w.ResidualDecay != 0 || w.Rotate {
+			return bad("wire.outer", w.Outer, "a dense exchange takes no support_k, residual_decay or rotate")
 		}
 		if w.Codec == compression.Int2.String() || w.Codec == compression.Sign.String() {
 			return bad("wire.codec", w.Codec, "only with wire.outer = %q, whose residual keeps what its rounding loses", OuterSupport)
@@ -162,8 +162,8 @@ func (w Wire) validate() error {
 	default:
 		return bad("wire.outer", w.Outer, "want %q or %q", OuterDense, OuterSupport)
 	}
-	if !(w.ResidualDecay > 0 && w.ResidualDecay <= 1) {
-		return bad("wire.residual_decay", w.ResidualDecay, "out of range (0, 1]")
+	if !(w.ResidualDecay >= 0 && w.ResidualDecay <= 1) {
+		return bad("wire.residual_decay", w.ResidualDecay, "out of range [0, 1] (0: no residual)")
 	}
 	return nil
 }

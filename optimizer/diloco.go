@@ -138,6 +138,10 @@ type DiLoCo struct {
 	// takes out what was sent there and swaps the two buffers.
 	residNext bool
 
+	// rot rotates the support's basis (SupportConfig.Rotate); mfull then
+	// holds the round's delta rotated.
+	rot *rotation
+
 	// shared subspace (DiLoCoConfig.Subspace): the bases, and this
 	// member's full contribution (residual plus delta) of the round
 	sub   *subspace
@@ -171,8 +175,11 @@ func NewDiLoCo(cfg DiLoCoConfig, coll Collective, phi []float32) (*DiLoCo, error
 		if s.FeedRounding {
 			d.csent = make([]float32, k)
 		}
-		if s.Nominate > 0 {
+		if s.Nominate > 0 || s.Rotate {
 			d.mfull = make([]float32, n)
+		}
+		if s.Rotate {
+			d.rot = newRotation(s.Chunk)
 		}
 	}
 	if s := cfg.Subspace; s != nil {
@@ -315,8 +322,20 @@ func (d *DiLoCo) prepare(ctx context.Context, start, theta []float32, plain bool
 			}
 		}
 		d.sup = d.cfg.Support.SupportWith(d.sup[:0], d.Mom, d.Round, nominated)
+		src := d.delta
+		if d.rot != nil {
+			src = d.mfull
+			copy(src, d.delta)
+			d.rot.forward(src)
+		}
+		if decay == 0 { // no residual: each round sends its own delta
+			for j, p := range d.sup {
+				d.cdelta[j] = src[p]
+			}
+			return nil
+		}
 		for j, p := range d.sup {
-			d.cdelta[j] = float32(decay*d.resid[p]) + d.delta[p]
+			d.cdelta[j] = float32(decay*d.resid[p]) + src[p]
 		}
 		return nil
 	case d.ef != nil:
@@ -352,7 +371,7 @@ func (d *DiLoCo) checkOwnNorm(s0, s1, s2, s3 float64) error {
 // apply then works it in one pass per chunk (applyDenseSupport).
 func (d *DiLoCo) denseSupport() bool {
 	s := d.cfg.Support
-	return s != nil && d.sub == nil && d.cfg.Momentum == 0 && 8*s.K > s.Chunk
+	return s != nil && d.sub == nil && d.rot == nil && d.cfg.Momentum == 0 && 8*s.K > s.Chunk
 }
 
 // fusedSupport is whether the round's support runs fused passes
@@ -501,7 +520,7 @@ func (d *DiLoCo) apply() error {
 		d.Round++
 		return nil
 	}
-	if d.cfg.Support != nil && mu == 0 {
+	if d.cfg.Support != nil && mu == 0 && d.rot == nil {
 		// Off the support NesterovStep with a zero average and no momentum
 		// sets the momentum to +0 and leaves phi as it is: only the
 		// support is worked (the same bits). The momentum is non-zero at
@@ -526,6 +545,9 @@ func (d *DiLoCo) apply() error {
 			for j, p := range d.sup {
 				d.avg[p] = d.cavg[j]
 			}
+			if d.rot != nil {
+				d.rot.inverse(d.avg)
+			}
 		}
 		NesterovStep(d.Phi, d.Mom, d.avg, eta, mu)
 	}
@@ -540,15 +562,20 @@ func (d *DiLoCo) apply() error {
 		d.sub.advance(d.cavg, d.Round)
 	}
 	d.Round++
-	if s := d.cfg.Support; s != nil {
+	if s := d.cfg.Support; s != nil && s.Decay > 0 {
 		// What was sent leaves the residual; the rest waits for a later
-		// round's support.
+		// round's support. With decay 0 nothing waits: the residual is
+		// never read, and stays zero.
+		delta := d.delta
+		if d.rot != nil {
+			delta = d.mfull // in the support's basis
+		}
 		if s.Decay == 1 {
-			for i, v := range d.delta {
+			for i, v := range delta {
 				d.resid[i] += v
 			}
 		} else {
-			for i, v := range d.delta {
+			for i, v := range delta {
 				d.resid[i] = float32(s.Decay*d.resid[i]) + v
 			}
 		}

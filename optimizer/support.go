@@ -27,10 +27,14 @@ import (
 
 // SupportConfig configures DiLoCoConfig.Support.
 type SupportConfig struct {
-	Chunk        int     // coordinates per chunk, >= 2
-	K            int     // support coordinates per chunk, in [1, Chunk]
-	FromMomentum int     // of K, chosen by the largest |outer momentum|, in [0, K]
-	Decay        float32 // residual decay per round, in (0, 1]
+	Chunk        int // coordinates per chunk, >= 2
+	K            int // support coordinates per chunk, in [1, Chunk]
+	FromMomentum int // of K, chosen by the largest |outer momentum|, in [0, K]
+	// Decay is the residual's decay per round, in [0, 1]: 0 sends each
+	// round's own pseudo-gradient at its support and keeps nothing (no
+	// error feedback; with Rotate and the outer momentum, the best warm
+	// rule measured, BENCHMARKS.md session 14).
+	Decay float32
 	// Nominate, if positive, is how many positions of each chunk a member
 	// nominates from its own residual plus pseudo-gradient (its largest
 	// magnitudes); the union of the round's nominations (DiLoCoConfig's
@@ -59,6 +63,16 @@ type SupportConfig struct {
 	// the largest sum of squares) instead of single coordinates: a block's
 	// index costs the wire what one position did.
 	NominateBlock int
+	// Rotate takes the support, the residual and the values sent in a
+	// rotated basis of each chunk (rotate.go: a fixed randomized
+	// Hadamard transform, Chunk a power of two): the support's K rotated
+	// coordinates carry a share of every coordinate of the chunk, and
+	// signs of rotated values lose no more than 8-bit values of the
+	// plain ones (BENCHMARKS.md, session 14). The average is rotated back
+	// before the outer step, which then moves every coordinate. It
+	// excludes FromMomentum and nominations, which pick plain
+	// coordinates.
+	Rotate bool
 }
 
 // DefaultSupport is 64 of every 4096 (1.56%), half by momentum.
@@ -75,14 +89,18 @@ func (c SupportConfig) Validate() error {
 		return fmt.Errorf("%w: support K %d out of range [1, %d]", ErrConfig, c.K, c.Chunk)
 	case c.FromMomentum < 0 || c.FromMomentum > c.K:
 		return fmt.Errorf("%w: support from momentum %d out of range [0, %d]", ErrConfig, c.FromMomentum, c.K)
-	case !(c.Decay > 0 && c.Decay <= 1):
-		return fmt.Errorf("%w: residual decay %v out of range (0, 1]", ErrConfig, c.Decay)
+	case !(c.Decay >= 0 && c.Decay <= 1):
+		return fmt.Errorf("%w: residual decay %v out of range [0, 1]", ErrConfig, c.Decay)
 	case c.Nominate < 0 || c.Nominate > c.K:
 		return fmt.Errorf("%w: nominations %d out of range [0, %d]", ErrConfig, c.Nominate, c.K)
 	case c.Cycle && c.Chunk%c.K != 0:
 		return fmt.Errorf("%w: a cycling support needs K (%d) to divide the chunk (%d)", ErrConfig, c.K, c.Chunk)
 	case c.NominateBlock > 1 && (c.Chunk%c.NominateBlock != 0 || c.Nominate%c.NominateBlock != 0):
 		return fmt.Errorf("%w: nomination blocks of %d must divide the chunk (%d) and the nominations (%d)", ErrConfig, c.NominateBlock, c.Chunk, c.Nominate)
+	case c.Rotate && c.Chunk&(c.Chunk-1) != 0:
+		return fmt.Errorf("%w: a rotated support needs a chunk that is a power of two, not %d", ErrConfig, c.Chunk)
+	case c.Rotate && (c.FromMomentum > 0 || c.Nominate > 0):
+		return fmt.Errorf("%w: a rotated support picks rotated coordinates: no momentum's or nominated ones", ErrConfig)
 	}
 	return nil
 }

@@ -49,11 +49,12 @@ func demoCommand() *cli.Command {
 			&cli.IntFlag{Name: "seq-len", Usage: "tokens per sequence (default: the manifest's; 0 there: the model's context)"},
 			&cli.StringFlag{Name: "optimizer", Value: d.Manifest.Optimizer.Kind, Usage: "outer optimizer: diloco or noloco"},
 			&cli.BoolFlag{Name: "delayed", Usage: "DiLoCo's overlapped outer step: each round's exchange runs during the next inner phase, whose first steps train from the member's own progress until the round's result lands; volunteers compute nearly all the time, and at equal tokens it ends 0-0.4% behind plain rounds (BENCHMARKS.md)"},
-			&cli.StringFlag{Name: "outer", Usage: "what of each pseudo-gradient crosses the wire: dense (every coordinate, int8), or support (the round's shared support: --support-k of every 4096 coordinates, the rest kept in each volunteer's residual); default: the manifest's"},
+			&cli.StringFlag{Name: "outer", Usage: "what of each pseudo-gradient crosses the wire: dense (every coordinate, int8), or support (the round's shared support: --support-k of every 4096 coordinates, rotated by default, see --support-rotate); default: the manifest's"},
 			&cli.IntFlag{Name: "support-k", Value: 1536, Usage: "with --outer support: coordinates of every 4096 sent each round"},
 			&cli.IntFlag{Name: "support-block", Value: 256, Usage: "with --outer support: values sharing one scale on the wire (wire.block_size; 256 sends 9% more than 1024 and ends 0.3% lower warm, 2.5% lower in a 3-minute demo)"},
 			&cli.StringFlag{Name: "support-codec", Value: "sign", Usage: "with --outer support: the codec of the support's values (sign: 1 bit a value; int2, int4, minmax8, ...)"},
-			&cli.Float64Flag{Name: "residual-decay", Value: 0.5, Usage: "with --outer support: the residual's decay per round (with --outer support the outer step is plain SGD at lr 3 unless --outer-lr and --outer-momentum say otherwise)"},
+			&cli.BoolFlag{Name: "support-rotate", Value: true, Usage: "with --outer support: take the support in a randomized Hadamard basis of every 4096 coordinates (wire.rotate), with no residual and the outer Nesterov momentum 0.9 at lr 0.7 x 4096/--support-k; --support-rotate=false: plain coordinates, the residual, outer SGD at lr 3"},
+			&cli.Float64Flag{Name: "residual-decay", Value: -1, Usage: "with --outer support: the residual's decay per round, in [0, 1] (default: 0 with --support-rotate, else 0.5)"},
 			&cli.Float64Flag{Name: "outer-lr", Usage: "DiLoCo's outer learning rate (default: the manifest's)"},
 			&cli.Float64Flag{Name: "outer-momentum", Value: -1, Usage: "DiLoCo's outer momentum, in [0, 1) (default: the manifest's)"},
 			&cli.DurationFlag{Name: "duration", Value: d.Duration, Usage: "stop after this long (0: only at --target-loss or Ctrl-C)"},
@@ -162,11 +163,26 @@ func demoCommand() *cli.Command {
 			case manifest.OuterDense:
 				cfg.Manifest.Wire.Outer, cfg.Manifest.Wire.SupportK, cfg.Manifest.Wire.ResidualDecay = "", 0, 0
 			case manifest.OuterSupport:
-				cfg.Manifest.Wire.Outer, cfg.Manifest.Wire.SupportK, cfg.Manifest.Wire.ResidualDecay = o, c.Int("support-k"), c.Float64("residual-decay")
+				k, rotate, decay := c.Int("support-k"), c.Bool("support-rotate"), c.Float64("residual-decay")
+				if k < 1 || k > manifest.SupportChunk {
+					return fmt.Errorf("--support-k %d: want 1..%d (coordinates of every %d)", k, manifest.SupportChunk, manifest.SupportChunk)
+				}
+				cfg.Manifest.Wire.Outer, cfg.Manifest.Wire.SupportK, cfg.Manifest.Wire.Rotate = o, k, rotate
 				cfg.Manifest.Wire.Codec, cfg.Manifest.Wire.BlockSize = c.String("support-codec"), c.Int("support-block")
-				// The outer rule measured best with a support (BENCHMARKS.md,
-				// issue [3/4]): the residual as the momentum, a larger step.
-				cfg.Manifest.Optimizer.OuterLR, cfg.Manifest.Optimizer.OuterMomentum = 3, 0
+				// The outer rules measured best with a support (BENCHMARKS.md,
+				// issue [3/4]): rotated, no residual and the paper's Nesterov
+				// step scaled by how rarely a rotated coordinate is sent;
+				// plain, the residual as the momentum and a larger step.
+				if rotate {
+					cfg.Manifest.Optimizer.OuterLR, cfg.Manifest.Optimizer.OuterMomentum = 0.7*manifest.SupportChunk/float64(k), 0.9
+					cfg.Manifest.Wire.ResidualDecay = 0
+				} else {
+					cfg.Manifest.Optimizer.OuterLR, cfg.Manifest.Optimizer.OuterMomentum = 3, 0
+					cfg.Manifest.Wire.ResidualDecay = 0.5
+				}
+				if decay >= 0 {
+					cfg.Manifest.Wire.ResidualDecay = decay
+				}
 			default:
 				return fmt.Errorf("--outer %q: want %q or %q", o, manifest.OuterDense, manifest.OuterSupport)
 			}

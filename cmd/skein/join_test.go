@@ -205,19 +205,32 @@ func TestDelayedVolunteersAgree(t *testing.T) {
 	}
 }
 
-// TestSupportVolunteersAgree: with a shared support on the wire (the
-// demo's --outer support: 1536 of every 4096 coordinates a round as signs
-// with a scale per 1024, residual decay 0.5, outer SGD) three volunteers
-// end every round with the same state, send a fraction of the dense
-// exchange's bits per parameter, and the status page's validation loss
-// falls and shows the bits.
+// TestSupportVolunteersAgree: with a shared support on the wire, 1536 of
+// every 4096 coordinates a round as signs, three volunteers end every
+// round with the same state, send a fraction of the dense exchange's bits
+// per parameter, and the status page's validation loss falls and shows the
+// bits. Two rules: plain coordinates with a scale per 1024, residual decay
+// 0.5 and outer SGD; and the demo's --outer support, rotated coordinates
+// (every member must rotate back to the same bits) with a scale per 256,
+// no residual and the outer momentum.
 func TestSupportVolunteersAgree(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary and runs four processes")
 	}
+	for _, tc := range []struct {
+		name, optimizer, wire string
+	}{
+		{"plain", "outer_lr = 2\nouter_momentum = 0", "residual_decay = 0.5\nblock_size = 1024\n"},
+		{"rotated", "outer_lr = 1.87\nouter_momentum = 0.9", "residual_decay = 0\nblock_size = 256\nrotate = true\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testSupportVolunteers(t, tc.optimizer, tc.wire) })
+	}
+}
+
+func testSupportVolunteers(t *testing.T, optimizer, wire string) {
 	net := []string{"--listen", "/ip4/127.0.0.1/udp/0/quic-v1", "--timing", "lan"}
-	toml := strings.Replace(smallRun, "inner_steps = 4", "inner_steps = 4\nouter_lr = 2\nouter_momentum = 0", 1) +
-		"[wire]\ncodec = \"sign\"\nouter = \"support\"\nsupport_k = 1536\nresidual_decay = 0.5\nblock_size = 1024\n"
+	toml := strings.Replace(smallRun, "inner_steps = 4", "inner_steps = 4\n"+optimizer, 1) +
+		"[wire]\ncodec = \"sign\"\nouter = \"support\"\nsupport_k = 1536\n" + wire
 	run := startBootstrap(t, toml, net)
 	const rounds = 4
 	outs := trainTogether(t, run, 3, rounds, net)

@@ -1,0 +1,7 @@
+//go:build !amd64
+
+package optimizer
+
+const hasFWHTAsm = false
+
+func fwhtAsm(a []float32) { fwhtGeneric(a) }
