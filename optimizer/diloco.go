@@ -139,8 +139,10 @@ type DiLoCo struct {
 	residNext bool
 
 	// rot rotates the support's basis (SupportConfig.Rotate); mfull then
-	// holds the round's delta rotated.
-	rot *rotation
+	// holds the round's delta rotated (with a residual: without one,
+	// prepareRotated and applyRotated work a chunk at a time in rbuf).
+	rot  *rotation
+	rbuf []float32
 
 	// shared subspace (DiLoCoConfig.Subspace): the bases, and this
 	// member's full contribution (residual plus delta) of the round
@@ -179,7 +181,7 @@ func NewDiLoCo(cfg DiLoCoConfig, coll Collective, phi []float32) (*DiLoCo, error
 			d.mfull = make([]float32, n)
 		}
 		if s.Rotate {
-			d.rot = newRotation(s.Chunk)
+			d.rot, d.rbuf = newRotation(s.Chunk), make([]float32, s.Chunk)
 		}
 	}
 	if s := cfg.Subspace; s != nil {
@@ -272,6 +274,9 @@ func (d *DiLoCo) prepare(ctx context.Context, start, theta []float32, plain bool
 	d.residNext = false
 	if plain && d.fusedSupport() {
 		return d.prepareFused(start, theta)
+	}
+	if plain && d.rot != nil && d.cfg.Support.Decay == 0 {
+		return d.prepareRotated(start, theta)
 	}
 	// l2(delta), in the same pass, over four sums: one sum's chain of
 	// dependent adds would bound the pass (the norm only meets a bound).
@@ -428,6 +433,73 @@ func (d *DiLoCo) prepareFused(start, theta []float32) error {
 	return nil
 }
 
+// prepareRotated is prepare's pass for a rotated support without a
+// residual in a plain round: a chunk at a time, in a buffer that stays in
+// cache, delta = start - theta (and its norm, as prepare computes it),
+// rotated, and its values at the support taken as the contribution. The
+// same operations on the same values as prepare's passes over the whole
+// model (delta, its copy, the rotation, the gather), which read and wrote
+// it four times; nothing else reads delta after a plain round without a
+// residual.
+func (d *DiLoCo) prepareRotated(start, theta []float32) error {
+	s := d.cfg.Support
+	d.sup = s.SupportWith(d.sup[:0], d.Mom, d.Round, nil)
+	var s0, s1, s2, s3 float64
+	n := len(theta)
+	start, sup, cdelta := start[:n], d.sup, d.cdelta[:len(d.sup)]
+	j := 0
+	for lo := 0; lo < n; lo += s.Chunk {
+		hi := min(lo+s.Chunk, n)
+		st, th, c := start[lo:hi], theta[lo:hi], d.rbuf[:hi-lo]
+		i := 0
+		for ; i+4 <= len(c); i += 4 {
+			v0, v1, v2, v3 := st[i]-th[i], st[i+1]-th[i+1], st[i+2]-th[i+2], st[i+3]-th[i+3]
+			c[i], c[i+1], c[i+2], c[i+3] = v0, v1, v2, v3
+			s0 += float64(v0) * float64(v0)
+			s1 += float64(v1) * float64(v1)
+			s2 += float64(v2) * float64(v2)
+			s3 += float64(v3) * float64(v3)
+		}
+		for ; i < len(c); i++ {
+			v := st[i] - th[i]
+			c[i] = v
+			s0 += float64(v) * float64(v)
+		}
+		if len(c) == s.Chunk {
+			d.rot.forwardChunk(c)
+		}
+		for ; j < len(sup) && int(sup[j]) < hi; j++ {
+			cdelta[j] = c[int(sup[j])-lo]
+		}
+	}
+	return d.checkOwnNorm(s0, s1, s2, s3)
+}
+
+// applyRotated is apply's outer step for a rotated support: a chunk at a
+// time, in a buffer that stays in cache, the average scattered from the
+// support, rotated back, and the Nesterov step of phi and the momentum
+// on it. The same operations on the same values as clearing the average
+// over the whole model, scattering, rotating it back and stepping, which
+// read and wrote it four times.
+func (d *DiLoCo) applyRotated(eta, mu float32) {
+	s := d.cfg.Support
+	n := len(d.Phi)
+	sup, cavg := d.sup, d.cavg[:len(d.sup)]
+	j := 0
+	for lo := 0; lo < n; lo += s.Chunk {
+		hi := min(lo+s.Chunk, n)
+		c := d.rbuf[:hi-lo]
+		clear(c)
+		for ; j < len(sup) && int(sup[j]) < hi; j++ {
+			c[int(sup[j])-lo] = cavg[j]
+		}
+		if len(c) == s.Chunk {
+			d.rot.inverseChunk(c)
+		}
+		NesterovStep(d.Phi[lo:hi], d.Mom[lo:hi], c, eta, mu)
+	}
+}
+
 // applyDenseSupport is apply's step, momentum and residual for a support
 // without momentum dense enough that every cache line of the model holds
 // some of it: the same operations on each coordinate, in the same order,
@@ -539,14 +611,13 @@ func (d *DiLoCo) apply() error {
 		for j, p := range d.sup {
 			NesterovStep(d.Phi[p:p+1], d.Mom[p:p+1], d.cavg[j:j+1], eta, mu)
 		}
+	} else if d.rot != nil {
+		d.applyRotated(eta, mu)
 	} else {
 		if d.cfg.Support != nil {
 			clear(d.avg)
 			for j, p := range d.sup {
 				d.avg[p] = d.cavg[j]
-			}
-			if d.rot != nil {
-				d.rot.inverse(d.avg)
 			}
 		}
 		NesterovStep(d.Phi, d.Mom, d.avg, eta, mu)

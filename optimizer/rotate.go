@@ -37,25 +37,35 @@ func newRotation(chunk int) *rotation {
 // forward replaces every whole chunk x_c of x with R x_c.
 func (r *rotation) forward(x []float32) {
 	for lo := 0; lo+r.chunk <= len(x); lo += r.chunk {
-		c := x[lo : lo+r.chunk]
-		for i, s := range r.signs[:len(c)] {
-			c[i] *= s
-		}
-		fwht(c)
-		for i := range c {
-			c[i] *= r.scale
-		}
+		r.forwardChunk(x[lo : lo+r.chunk])
+	}
+}
+
+// forwardChunk replaces c, one whole chunk, with R c.
+func (r *rotation) forwardChunk(c []float32) {
+	c = c[:len(r.signs)]
+	for i, s := range r.signs {
+		c[i] *= s
+	}
+	fwht(c)
+	for i := range c {
+		c[i] *= r.scale
 	}
 }
 
 // inverse replaces every whole chunk x_c of x with R^T x_c.
 func (r *rotation) inverse(x []float32) {
 	for lo := 0; lo+r.chunk <= len(x); lo += r.chunk {
-		c := x[lo : lo+r.chunk]
-		fwht(c)
-		for i, s := range r.signs[:len(c)] {
-			c[i] *= r.scale * s
-		}
+		r.inverseChunk(x[lo : lo+r.chunk])
+	}
+}
+
+// inverseChunk replaces c, one whole chunk, with R^T c.
+func (r *rotation) inverseChunk(c []float32) {
+	c = c[:len(r.signs)]
+	fwht(c)
+	for i, s := range r.signs {
+		c[i] *= r.scale * s
 	}
 }
 

@@ -205,3 +205,56 @@ func TestRotatedSupportConfig(t *testing.T) {
 		}
 	}
 }
+
+// TestRotatedSupportFusedMatchesPasses checks the plain round's fused
+// passes (prepareRotated, a chunk at a time) against the delayed
+// variant's, which computes delta over the whole model, copies and
+// rotates it: one round of each from the same state and local weights
+// must send the same contribution and end at the same phi and momentum,
+// bit for bit, with and without a last partial chunk.
+func TestRotatedSupportFusedMatchesPasses(t *testing.T) {
+	for _, n := range []int{1024, 1100} {
+		cfg := DefaultDiLoCo()
+		cfg.OuterLR, cfg.Momentum, cfg.NormGrowth = 1.5, 0.9, 0
+		cfg.Support = &SupportConfig{Chunk: 128, K: 48, Decay: 0, Rotate: true}
+		r := rand.New(rand.NewPCG(11, uint64(n)))
+		phi0, theta := make([]float32, n), make([]float32, n)
+		for i := range phi0 {
+			phi0[i] = float32(r.NormFloat64())
+			theta[i] = phi0[i] - float32(r.NormFloat64()*0.01)
+		}
+		plain, err := NewDiLoCo(cfg, alone{}, phi0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		delayed, err := NewDiLoCo(cfg, alone{}, phi0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		th := append([]float32(nil), theta...)
+		if _, err := plain.OuterStep(context.Background(), th); err != nil {
+			t.Fatal(err)
+		}
+		th = append([]float32(nil), theta...)
+		if _, err := delayed.OuterStepDelayed(context.Background(), th); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := delayed.Flush(th); err != nil {
+			t.Fatal(err)
+		}
+		for name, pair := range map[string][2][]float32{
+			"contribution": {plain.cdelta, delayed.cdelta},
+			"phi":          {plain.Phi, delayed.Phi},
+			"momentum":     {plain.Mom, delayed.Mom},
+		} {
+			for i := range pair[0] {
+				if math.Float32bits(pair[0][i]) != math.Float32bits(pair[1][i]) {
+					t.Fatalf("n %d: %s[%d]: fused %v, passes %v", n, name, i, pair[0][i], pair[1][i])
+				}
+			}
+		}
+		if plain.Phi[0] == phi0[0] {
+			t.Fatalf("n %d: phi did not move", n)
+		}
+	}
+}
