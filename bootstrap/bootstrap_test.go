@@ -177,6 +177,10 @@ func TestConfigStagedRuns(t *testing.T) {
 		t.Fatalf("default: %v", err)
 	}
 	c.Manifest.Pipeline.Stages, c.Manifest.Pipeline.SkipRatio = 3, 1.0/3
+	if err := c.Validate(); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "wire.outer") {
+		t.Fatalf("staged DiLoCo with the demo's compacted wire: %v, want ErrConfig naming wire.outer", err)
+	}
+	c.Manifest.UseDense() // a staged run's replicas average every coordinate
 	if err := c.Validate(); err != nil {
 		t.Fatalf("staged DiLoCo: %v", err)
 	}

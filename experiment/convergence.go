@@ -170,6 +170,9 @@ func Arms() []Arm {
 		// coordinate between the rounds that send it.
 		{Name: "diloco-h50-rot1536", Description: "DiLoCo H=50, a shared support of 1536 of every 4096 rotated coordinates (a fixed randomized Hadamard basis per chunk) by a keyed hash of the round, 1-bit signs with a scale per 256, no residual, butterfly default robust rule, outer Nesterov 0.9 at lr 1.87 (0.7 x 4096/1536)", configure: rotK(1536, 256)},
 		{Name: "diloco-h50-rot1536-b1024", Description: "diloco-h50-rot1536 with a sign scale per 1024 values", configure: rotK(1536, 1024)},
+		{Name: "diloco-h50-rot1792-b1024", Description: "DiLoCo H=50, diloco-h50-rot1536's rule on 1792 of every 4096 rotated coordinates, a sign scale per 1024 values, outer Nesterov 0.9 at lr 1.6 (0.7 x 4096/1792)", configure: rotKLR(1792, 1024, 1.6)},
+		{Name: "diloco-h50-rot1792-b1024-attack", Description: "diloco-h50-rot1792-b1024 with one worker scaling its pseudo-gradient by 1000", configure: withAttack(rotKLR(1792, 1024, 1.6), 1000)},
+		{Name: "diloco-h50-rot1792-b1024-flip", Description: "diloco-h50-rot1792-b1024 with one worker flipping the sign of its pseudo-gradient (x -4)", configure: withAttack(rotKLR(1792, 1024, 1.6), -4)},
 		{Name: "diloco-h50-rot1536-attack", Description: "diloco-h50-rot1536 with one worker scaling its pseudo-gradient by 1000", configure: withAttack(rotK(1536, 256), 1000)},
 		{Name: "diloco-h50-rot1536-flip", Description: "diloco-h50-rot1536 with one worker flipping the sign of its pseudo-gradient (x -4)", configure: withAttack(rotK(1536, 256), -4)},
 		{Name: "diloco-h50-sign2048-delayed", Description: "diloco-h50-sign2048 with each exchange overlapped with the next inner phase (one-step delayed)", configure: func(c *SwarmConfig) {
@@ -237,6 +240,7 @@ func Arms() []Arm {
 		{Name: "warm-diloco-h50-sign1536-b128", Description: "warm start: diloco-h50-sign1536-b128", Warm: true, configure: blocked(signK(1536), 128)},
 		{Name: "warm-diloco-h50-rot1536", Description: "warm start: diloco-h50-rot1536", Warm: true, configure: rotK(1536, 256)},
 		{Name: "warm-diloco-h50-rot1536-b1024", Description: "warm start: diloco-h50-rot1536-b1024", Warm: true, configure: rotK(1536, 1024)},
+		{Name: "warm-diloco-h50-rot1792-b1024", Description: "warm start: diloco-h50-rot1792-b1024", Warm: true, configure: rotKLR(1792, 1024, 1.6)},
 		{Name: "warm-diloco-h50-sign1536-agg-int2", Description: "warm start: diloco-h50-sign1536-agg-int2", Warm: true, configure: aggCodec(signK(1536), compression.Int2)},
 		{Name: "warm-diloco-h50-sign1536-agg-int4", Description: "warm start: diloco-h50-sign1536-agg-int4", Warm: true, configure: aggCodec(signK(1536), compression.Int4)},
 		{Name: "warm-diloco-h50-sign4096", Description: "warm start: diloco-h50-sign2048 at every coordinate (signs, not a support's worth of bytes: where the signs' limit is)", Warm: true, configure: signK(4096)},
@@ -322,11 +326,14 @@ func signK(k int) func(c *SwarmConfig) {
 // signs with a scale per block, no residual, outer Nesterov 0.9 at lr
 // 1.87: the paper's 0.7 times 4096/k, since a coordinate's rotated share
 // is sent in k/4096 of the rounds.
-func rotK(k, block int) func(c *SwarmConfig) {
+func rotK(k, block int) func(c *SwarmConfig) { return rotKLR(k, block, 1.87) }
+
+// rotKLR is rotK at outer learning rate lr.
+func rotKLR(k, block int, lr float64) func(c *SwarmConfig) {
 	return func(c *SwarmConfig) {
 		s := optimizer.SupportConfig{Chunk: 4096, K: k, Decay: 0, Rotate: true}
 		c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support = DiLoCo, 50, optimizer.DefaultRobust(), &s
-		c.DiLoCo.OuterLR, c.DiLoCo.Momentum = 1.87, 0.9
+		c.DiLoCo.OuterLR, c.DiLoCo.Momentum = lr, 0.9
 		c.Codec.Codec, c.Codec.BlockSize = compression.Sign, block
 	}
 }

@@ -364,16 +364,49 @@ func Default() Manifest {
 
 // Demo returns the run that `skein demo` and a `skein bootstrap` without a
 // manifest file start: Default with its corpus packed into 4 MiB shards that
-// travel with the run, so that a volunteer needs no corpus of its own.
+// travel with the run, so that a volunteer needs no corpus of its own, and
+// the rotated shared support on the wire (UseRotatedSupport): in the
+// 3-minute demo it ends as low as the dense exchange at about 2100x less
+// traffic than fp32 data-parallel, where the dense one sends 128x less
+// (BENCHMARKS.md, issue [3/4], session 15).
 func Demo() Manifest {
 	m := Default()
 	m.Data.Source, m.Data.ShardBytes = SourceShards, 4<<20
+	m.UseRotatedSupport(DemoSupportK)
 	return m
 }
 
+// DemoSupportK is the demo run's wire.support_k: 1536 of every 4096
+// rotated coordinates, 1-bit signs with a scale per 256 (0.42 bits a
+// parameter a round before framing).
+const DemoSupportK = 1536
+
+// UseRotatedSupport sets m's DiLoCo round to send k of every SupportChunk
+// coordinates of the rotated basis (wire.rotate) as signs with a scale per
+// 256, with no residual, and the outer rule measured best with it: the
+// Nesterov momentum 0.9 at lr 0.7 x SupportChunk/k, the paper's step
+// scaled by how rarely a rotated coordinate is sent (BENCHMARKS.md, issue
+// [3/4], session 14).
+func (m *Manifest) UseRotatedSupport(k int) {
+	m.Wire = Wire{Codec: compression.Sign.String(), Outer: OuterSupport, SupportK: k, Rotate: true, BlockSize: 256}
+	m.Optimizer.OuterLR, m.Optimizer.OuterMomentum, m.Optimizer.Nesterov = 0.7*SupportChunk/float64(k), 0.9, true
+}
+
+// UseDense sets m's DiLoCo round to send every coordinate as minmax8, with
+// Default's outer rule.
+func (m *Manifest) UseDense() {
+	d := Default()
+	m.Wire = d.Wire
+	m.Optimizer.OuterLR, m.Optimizer.OuterMomentum, m.Optimizer.Nesterov = d.Optimizer.OuterLR, d.Optimizer.OuterMomentum, d.Optimizer.Nesterov
+}
+
 // UseNoLoCo switches m to NoLoCo with its own outer defaults (ALGORITHMS.md
-// 2; a DiLoCo run's outer settings are not NoLoCo's).
+// 2; a DiLoCo run's outer settings are not NoLoCo's), and a compacted wire
+// (a DiLoCo round's) to Default's dense one.
 func (m *Manifest) UseNoLoCo() {
+	if m.Wire.Compacted() {
+		m.UseDense()
+	}
 	n := optimizer.DefaultNoLoCo()
 	m.Optimizer.Kind, m.Optimizer.OuterLR, m.Optimizer.OuterMomentum = KindNoLoCo, n.OuterLR, n.Momentum
 }

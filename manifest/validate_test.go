@@ -14,6 +14,45 @@ func TestDefaultIsValid(t *testing.T) {
 	}
 }
 
+// The demo's run sends the rotated support with its own outer rule;
+// switching it to NoLoCo or to the dense exchange leaves a valid run with
+// Default's dense wire, and a staged run is refused a compacted wire.
+func TestDemoWire(t *testing.T) {
+	d := Demo()
+	d.Data.Shards = []Shard{{Hash: fmt.Sprintf("%064x", 1), Bytes: 1 << 20, Files: 3}}
+	if err := d.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	w := d.Wire
+	if !w.Compacted() || !w.Rotate || w.SupportK != DemoSupportK || w.Codec != "sign" || w.ResidualDecay != 0 || w.BlockSize != 256 {
+		t.Fatalf("demo wire %+v, want the rotated support of %d", w, DemoSupportK)
+	}
+	if o := d.Optimizer; math.Abs(o.OuterLR-0.7*4096/1536) > 1e-12 || o.OuterMomentum != 0.9 || !o.Nesterov {
+		t.Fatalf("demo outer rule lr %v momentum %v nesterov %v", o.OuterLR, o.OuterMomentum, o.Nesterov)
+	}
+	staged := d
+	staged.Pipeline.Stages = 3
+	if err := staged.Validate(); !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "wire.outer") {
+		t.Fatalf("staged demo with the support: %v, want ErrInvalid naming wire.outer", err)
+	}
+	def := Default()
+	for name, use := range map[string]func(m *Manifest){"dense": (*Manifest).UseDense, "noloco": (*Manifest).UseNoLoCo} {
+		m := d
+		use(&m)
+		if m.Wire != def.Wire {
+			t.Errorf("%s: wire %+v, want Default's %+v", name, m.Wire, def.Wire)
+		}
+		if err := m.Validate(); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	m := d
+	m.UseDense()
+	if m.Optimizer != def.Optimizer {
+		t.Errorf("dense: optimizer %+v, want Default's %+v", m.Optimizer, def.Optimizer)
+	}
+}
+
 func TestZeroIsInvalid(t *testing.T) {
 	if err := (Manifest{}).Validate(); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("zero Manifest: %v, want ErrInvalid", err)

@@ -119,6 +119,24 @@ const (
 	SignDecodeBps  = 3.19e9
 )
 
+// SupportRotCodec is the support `skein demo --outer support` runs since
+// session 14 (wire.rotate): 1536 of every 4096 coordinates of a fixed
+// randomized Hadamard basis per chunk, 1-bit signs with a scale per 256
+// (1.125 bits a value), no residual and the outer Nesterov momentum: 2435x
+// less traffic than fp32 data-parallel in the convergence benchmark, 2.25%
+// below the dense robust round from scratch and +0.29..+1.06% warm at four
+// seeds (BENCHMARKS.md, issue [3/4], sessions 14 and 15):
+// 32/(1536/4096*1.125) = 76x smaller than fp32; its local work
+// (BenchmarkSupportRound/rot1536 at 124M, the state hash and the two
+// transforms included) ran at SupportRotBps on one core; the owners decode
+// the compacted parts at SignDecodeBps.
+var SupportRotCodec = WireCodec{Name: "support-rot", Ratio: 32 / (1536.0 / 4096 * (1 + 32.0/256)), EncodeBps: SupportRotBps, DecodeBps: SignDecodeBps * 4096 / 1536}
+
+// SupportRotBps: 1.84-1.98 s a round at 124M (mean 1.90 s, the state hash's
+// 0.57 s included: 0.262 GB/s of fp32 parameters), session 15, on a day
+// sign1536 took 1.69-1.97 s on the same machine (1.52 s in session 9).
+const SupportRotBps = 0.262e9
+
 // SparseDecodeBps is the sparse codec's decode-and-add speed on one core,
 // per byte of fp32 output: BenchmarkSparseVsMinMax8/sparse-decode measured
 // 1.68-2.28 GB/s.

@@ -45,6 +45,9 @@ func stagedDemo(c *cli.Context, cfg demo.Config) error {
 	k := c.Float64("skip-ratio")
 	skip := math.Round(k * float64(S))
 	m.Pipeline = manifest.Pipeline{Stages: S, SkipRatio: skip / float64(S), Microbatches: 4, CheckFreePlus: true}
+	if m.Wire.Compacted() && !c.IsSet("outer") {
+		m.UseDense() // a staged run's replicas average every coordinate
+	}
 	if math.Abs(m.Pipeline.SkipRatio-k) > 1e-6 && c.IsSet("skip-ratio") {
 		fmt.Fprintf(out, "--skip-ratio %.3g: rounded to %.0f of %d stages skipped (%.3f)\n", k, skip, S, m.Pipeline.SkipRatio)
 	}

@@ -131,6 +131,10 @@ func TestStagedDemoRefusesBadSettings(t *testing.T) {
 		{[]string{"--hostile", "checkfree-norm", "--chaos"}, "--chaos applies to the data-parallel demo"},
 		{[]string{"--hostile", "checkfree-norm", "--hostile-count", "6"}, "the hostile ones must be fewer"},
 		{[]string{"--device", "tpu"}, `--device "tpu": want auto, cpu or cuda:N`},
+		{[]string{"--support-k", "0"}, "--support-k 0: want 1..4096"}, // a support's setting asks for one
+		{[]string{"--outer", "sparse"}, `--outer "sparse"`},
+		{[]string{"--optimizer", "noloco", "--outer", "support"}, "wire.outer"},
+		{[]string{"--stages", "3", "--outer", "support"}, "wire.outer"},
 		{[]string{"--stages", "3", "--device", "cuda:0,bf16"}, `unknown option "bf16"`},
 	} {
 		dir := t.TempDir()

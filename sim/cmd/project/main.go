@@ -75,7 +75,8 @@ func runCodecs(dir string) error {
 		"member-hour, on the volunteers20 population. Codecs: minmax8 (today's), the sparse codec (64 of every 4096, " +
 		"2-bit, measured speed: `sim/measured.go`), a shared support of 64 of every 4096 through the butterfly " +
 		"(wire.outer = \"support\", minmax8, its local work measured) and one of 1536 of every 4096 with 1-bit signs (support-sign, " +
-		"2647x at -1.2% from scratch and +1.95% warm against the dense robust round in the convergence benchmark). Overlap: each round's exchange runs during the next inner phase.\n\n")
+		"2647x at -1.2% from scratch and +1.95% warm against the dense robust round in the convergence benchmark), and the same share of a rotated basis with a scale per 256, no residual and the outer momentum (support-rot, " +
+		"the demo's run since session 15: 2435x at -2.25% from scratch and +0.29..+1.06% warm). Overlap: each round's exchange runs during the next inner phase.\n\n")
 	b.WriteString("| model | codec | overlap | M = 100 | M = 1000 | M = 10000 |\n|---|---|---|---|---|---|\n")
 	var notes []string
 	var rows []codecRow
@@ -84,7 +85,7 @@ func runCodecs(dir string) error {
 		if sz.note != "" {
 			notes = append(notes, sz.name+sz.note)
 		}
-		for _, wc := range []sim.WireCodec{sim.MinMax8Codec, sim.SparseCodec, sim.SupportCodec, sim.SupportSignCodec} {
+		for _, wc := range []sim.WireCodec{sim.MinMax8Codec, sim.SparseCodec, sim.SupportCodec, sim.SupportSignCodec, sim.SupportRotCodec} {
 			for _, ov := range []bool{false, true} {
 				cfg := sim.DefaultProjectionConfig()
 				cfg.Params, cfg.InnerSteps, cfg.Codec, cfg.Overlap = sz.params, 50, wc, ov
@@ -149,7 +150,7 @@ func codecsSVG(rows []codecRow, members []int) []byte {
 	}
 	w := left + len(models)*(panelW+gap) + 150
 	h := top + panelH + 60
-	colors := map[string]string{"minmax8": "#d62728", "sparse": "#2ca02c", "support": "#1f77b4", "support-sign": "#9467bd"}
+	colors := map[string]string{"minmax8": "#d62728", "sparse": "#2ca02c", "support": "#1f77b4", "support-sign": "#9467bd", "support-rot": "#ff7f0e"}
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", w, h)
 	b.WriteString(`<rect width="100%" height="100%" fill="white"/>` + "\n")
@@ -184,11 +185,11 @@ func codecsSVG(rows []codecRow, members []int) []byte {
 		}
 	}
 	lx := left + len(models)*(panelW+gap) - 20
-	for i, c := range []string{"minmax8", "sparse", "support", "support-sign"} {
+	for i, c := range []string{"minmax8", "sparse", "support", "support-sign", "support-rot"} {
 		y := top + 10 + 18*i
 		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="2"/><text x="%d" y="%d">%s</text>`+"\n", lx, y, lx+20, y, colors[c], lx+25, y+4, c)
 	}
-	y := top + 10 + 18*4
+	y := top + 10 + 18*5
 	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black" stroke-width="2" stroke-dasharray="6,3"/><text x="%d" y="%d">overlap</text>`+"\n", lx, y, lx+20, y, lx+25, y+4)
 	fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="middle">butterfly's compute utilisation against members M (log scale); H = 50, churn 0.1/h</text>`+"\n", w/2, h-12)
 	b.WriteString("</svg>\n")
