@@ -174,19 +174,16 @@ func demoCommand() *cli.Command {
 				if k < 1 || k > manifest.SupportChunk {
 					return fmt.Errorf("--support-k %d: want 1..%d (coordinates of every %d)", k, manifest.SupportChunk, manifest.SupportChunk)
 				}
-				cfg.Manifest.Wire.Outer, cfg.Manifest.Wire.SupportK, cfg.Manifest.Wire.Rotate = o, k, rotate
-				cfg.Manifest.Wire.Codec, cfg.Manifest.Wire.BlockSize = c.String("support-codec"), c.Int("support-block")
 				// The outer rules measured best with a support (BENCHMARKS.md,
 				// issue [3/4]): rotated, no residual and the paper's Nesterov
 				// step scaled by how rarely a rotated coordinate is sent;
 				// plain, the residual as the momentum and a larger step.
-				if rotate {
-					cfg.Manifest.Optimizer.OuterLR, cfg.Manifest.Optimizer.OuterMomentum = 0.7*manifest.SupportChunk/float64(k), 0.9
-					cfg.Manifest.Wire.ResidualDecay = 0
-				} else {
+				cfg.Manifest.UseRotatedSupport(k)
+				if !rotate {
+					cfg.Manifest.Wire.Rotate, cfg.Manifest.Wire.ResidualDecay = false, 0.5
 					cfg.Manifest.Optimizer.OuterLR, cfg.Manifest.Optimizer.OuterMomentum = 3, 0
-					cfg.Manifest.Wire.ResidualDecay = 0.5
 				}
+				cfg.Manifest.Wire.Codec, cfg.Manifest.Wire.BlockSize = c.String("support-codec"), c.Int("support-block")
 				if decay >= 0 {
 					cfg.Manifest.Wire.ResidualDecay = decay
 				}
