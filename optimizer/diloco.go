@@ -278,25 +278,9 @@ func (d *DiLoCo) prepare(ctx context.Context, start, theta []float32, plain bool
 	if plain && d.rot != nil && d.cfg.Support.Decay == 0 {
 		return d.prepareRotated(start, theta)
 	}
-	// l2(delta), in the same pass, over four sums: one sum's chain of
-	// dependent adds would bound the pass (the norm only meets a bound).
-	var s0, s1, s2, s3 float64
-	theta, start, delta := theta[:len(theta)], start[:len(theta)], d.delta[:len(theta)]
-	i := 0
-	for ; i+4 <= len(theta); i += 4 {
-		v0, v1, v2, v3 := start[i]-theta[i], start[i+1]-theta[i+1], start[i+2]-theta[i+2], start[i+3]-theta[i+3]
-		delta[i], delta[i+1], delta[i+2], delta[i+3] = v0, v1, v2, v3
-		s0 += float64(v0) * float64(v0)
-		s1 += float64(v1) * float64(v1)
-		s2 += float64(v2) * float64(v2)
-		s3 += float64(v3) * float64(v3)
-	}
-	for ; i < len(theta); i++ {
-		v := start[i] - theta[i]
-		delta[i] = v
-		s0 += float64(v) * float64(v)
-	}
-	if err := d.checkOwnNorm(s0, s1, s2, s3); err != nil {
+	var sq [4]float64
+	diffSquares(d.delta[:len(theta)], start, theta, &sq)
+	if err := d.checkOwnNorm(sq[0], sq[1], sq[2], sq[3]); err != nil {
 		return err
 	}
 	switch {
@@ -444,27 +428,14 @@ func (d *DiLoCo) prepareFused(start, theta []float32) error {
 func (d *DiLoCo) prepareRotated(start, theta []float32) error {
 	s := d.cfg.Support
 	d.sup = s.SupportWith(d.sup[:0], d.Mom, d.Round, nil)
-	var s0, s1, s2, s3 float64
+	var sq [4]float64
 	n := len(theta)
-	start, sup, cdelta := start[:n], d.sup, d.cdelta[:len(d.sup)]
+	sup, cdelta := d.sup, d.cdelta[:len(d.sup)]
 	j := 0
 	for lo := 0; lo < n; lo += s.Chunk {
 		hi := min(lo+s.Chunk, n)
-		st, th, c := start[lo:hi], theta[lo:hi], d.rbuf[:hi-lo]
-		i := 0
-		for ; i+4 <= len(c); i += 4 {
-			v0, v1, v2, v3 := st[i]-th[i], st[i+1]-th[i+1], st[i+2]-th[i+2], st[i+3]-th[i+3]
-			c[i], c[i+1], c[i+2], c[i+3] = v0, v1, v2, v3
-			s0 += float64(v0) * float64(v0)
-			s1 += float64(v1) * float64(v1)
-			s2 += float64(v2) * float64(v2)
-			s3 += float64(v3) * float64(v3)
-		}
-		for ; i < len(c); i++ {
-			v := st[i] - th[i]
-			c[i] = v
-			s0 += float64(v) * float64(v)
-		}
+		c := d.rbuf[:hi-lo]
+		diffSquares(c, start[lo:hi], theta[lo:hi], &sq)
 		if len(c) == s.Chunk {
 			d.rot.forwardChunk(c)
 		}
@@ -472,7 +443,33 @@ func (d *DiLoCo) prepareRotated(start, theta []float32) error {
 			cdelta[j] = c[int(sup[j])-lo]
 		}
 	}
-	return d.checkOwnNorm(s0, s1, s2, s3)
+	return d.checkOwnNorm(sq[0], sq[1], sq[2], sq[3])
+}
+
+// diffSquares sets dst = a - b (all of dst's length) and adds the squares
+// of dst to sq, over four sums: one sum's chain of dependent adds would
+// bound the pass (the norm they make only meets a bound). Element i adds
+// to sq[i%4] (the tail to sq[0]), so passes over a vector's pieces of a
+// multiple of 4 long sum as one pass over it does.
+func diffSquares(dst, a, b []float32, sq *[4]float64) {
+	n := len(dst)
+	a, b = a[:n], b[:n]
+	s0, s1, s2, s3 := sq[0], sq[1], sq[2], sq[3]
+	i := 0
+	for ; i+4 <= n; i += 4 {
+		v0, v1, v2, v3 := a[i]-b[i], a[i+1]-b[i+1], a[i+2]-b[i+2], a[i+3]-b[i+3]
+		dst[i], dst[i+1], dst[i+2], dst[i+3] = v0, v1, v2, v3
+		s0 += float64(v0) * float64(v0)
+		s1 += float64(v1) * float64(v1)
+		s2 += float64(v2) * float64(v2)
+		s3 += float64(v3) * float64(v3)
+	}
+	for ; i < n; i++ {
+		v := a[i] - b[i]
+		dst[i] = v
+		s0 += float64(v) * float64(v)
+	}
+	sq[0], sq[1], sq[2], sq[3] = s0, s1, s2, s3
 }
 
 // applyRotated is apply's outer step for a rotated support: a chunk at a
