@@ -99,6 +99,19 @@ func NesterovStep(phi, m, delta []float32, eta, mu float32) {
 	}
 }
 
+// nesterovStepScaled is NesterovStep on delta[i]*scale[i], the product
+// rounded to float32 first, as a pass that multiplied delta by scale and
+// then stepped would round it.
+func nesterovStepScaled(phi, m, delta, scale []float32, eta, mu float32) {
+	scale = scale[:len(delta)]
+	for i, x := range delta {
+		d := float32(x * scale[i])
+		mi := float32(mu*m[i]) + d
+		m[i] = mi
+		phi[i] -= float32(eta * float32(d+float32(mu*mi)))
+	}
+}
+
 // DiLoCo is one member's outer optimizer state: the global ("slow") weights
 // phi, the outer momentum and the round number, identical on every member
 // after each round. Phi and Mom are written only by its methods (apply and
@@ -435,15 +448,47 @@ func (d *DiLoCo) prepareRotated(start, theta []float32) error {
 	for lo := 0; lo < n; lo += s.Chunk {
 		hi := min(lo+s.Chunk, n)
 		c := d.rbuf[:hi-lo]
-		diffSquares(c, start[lo:hi], theta[lo:hi], &sq)
-		if len(c) == s.Chunk {
-			d.rot.forwardChunk(c)
+		if len(c) < s.Chunk { // a last, partial chunk is not rotated
+			diffSquares(c, start[lo:hi], theta[lo:hi], &sq)
+			for ; j < len(sup) && int(sup[j]) < hi; j++ {
+				cdelta[j] = c[int(sup[j])-lo]
+			}
+			continue
 		}
+		// forwardChunk's operations: D in the difference's pass, H, and
+		// the scale only where the support takes a value.
+		diffSignsSquares(c, start[lo:hi], theta[lo:hi], d.rot.signs, &sq)
+		fwht(c)
 		for ; j < len(sup) && int(sup[j]) < hi; j++ {
-			cdelta[j] = c[int(sup[j])-lo]
+			cdelta[j] = c[int(sup[j])-lo] * d.rot.scale
 		}
 	}
 	return d.checkOwnNorm(sq[0], sq[1], sq[2], sq[3])
+}
+
+// diffSignsSquares is diffSquares of (a - b) * signs, signs each +1 or -1:
+// the differences' squares (exactly the products' squares) are summed as
+// diffSquares sums them, and dst holds D (a - b), which forwardChunk's
+// first loop would compute from it.
+func diffSignsSquares(dst, a, b, signs []float32, sq *[4]float64) {
+	n := len(dst)
+	a, b, signs = a[:n], b[:n], signs[:n]
+	s0, s1, s2, s3 := sq[0], sq[1], sq[2], sq[3]
+	i := 0
+	for ; i+4 <= n; i += 4 {
+		v0, v1, v2, v3 := a[i]-b[i], a[i+1]-b[i+1], a[i+2]-b[i+2], a[i+3]-b[i+3]
+		dst[i], dst[i+1], dst[i+2], dst[i+3] = v0*signs[i], v1*signs[i+1], v2*signs[i+2], v3*signs[i+3]
+		s0 += float64(v0) * float64(v0)
+		s1 += float64(v1) * float64(v1)
+		s2 += float64(v2) * float64(v2)
+		s3 += float64(v3) * float64(v3)
+	}
+	for ; i < n; i++ {
+		v := a[i] - b[i]
+		dst[i] = v * signs[i]
+		s0 += float64(v) * float64(v)
+	}
+	sq[0], sq[1], sq[2], sq[3] = s0, s1, s2, s3
 }
 
 // diffSquares sets dst = a - b (all of dst's length) and adds the squares
@@ -490,10 +535,14 @@ func (d *DiLoCo) applyRotated(eta, mu float32) {
 		for ; j < len(sup) && int(sup[j]) < hi; j++ {
 			c[int(sup[j])-lo] = cavg[j]
 		}
-		if len(c) == s.Chunk {
-			d.rot.inverseChunk(c)
+		if len(c) < s.Chunk { // not rotated
+			NesterovStep(d.Phi[lo:hi], d.Mom[lo:hi], c, eta, mu)
+			continue
 		}
-		NesterovStep(d.Phi[lo:hi], d.Mom[lo:hi], c, eta, mu)
+		// inverseChunk's operations, its last loop (the scaled signs)
+		// in the step's pass.
+		fwht(c)
+		nesterovStepScaled(d.Phi[lo:hi], d.Mom[lo:hi], c, d.rot.scaledSigns, eta, mu)
 	}
 }
 

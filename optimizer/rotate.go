@@ -18,18 +18,22 @@ type rotation struct {
 	chunk int
 	signs []float32
 	scale float32
+	// scaledSigns[i] = scale * signs[i], the factors of inverseChunk's
+	// last loop, for the fused step (nesterovStepScaled).
+	scaledSigns []float32
 }
 
 // rotationKey keys the signs of D.
 const rotationKey = 0x5ca1ab1e0ddba11
 
 func newRotation(chunk int) *rotation {
-	r := &rotation{chunk: chunk, signs: make([]float32, chunk), scale: float32(1 / math.Sqrt(float64(chunk)))}
+	r := &rotation{chunk: chunk, signs: make([]float32, chunk), scale: float32(1 / math.Sqrt(float64(chunk))), scaledSigns: make([]float32, chunk)}
 	for i := range r.signs {
 		r.signs[i] = 1
 		if splitmix(rotationKey^uint64(i))&1 == 1 {
 			r.signs[i] = -1
 		}
+		r.scaledSigns[i] = r.scale * r.signs[i]
 	}
 	return r
 }
