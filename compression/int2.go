@@ -154,6 +154,13 @@ func decodeSign(dst []float32, body []byte, block, base int) error {
 		if err := checkScale(scale, 1, base+b*block); err != nil {
 			return err
 		}
+	}
+	done := 0
+	if hasSignAsm { // the whole blocks, 8 values an instruction
+		done = signBlocksAsm(dst, body[:4*nb], bits, block)
+	}
+	for b := done; b < nb; b++ {
+		scale := math.Float32frombits(binary.LittleEndian.Uint32(body[4*b:]))
 		lo := b * block
 		hi := min(lo+block, len(dst))
 		d := dst[lo:hi]
@@ -240,6 +247,19 @@ func signScale(dst, bb []byte, xb []float32, m uint32, sum, sq float64, base int
 	binary.LittleEndian.PutUint32(dst, math.Float32bits(scale))
 	return nil
 }
+
+// signMasks[b] holds the eight sign bits (as float32 bits) that
+// signOctets[b]'s factors put on a scale: 1<<31 for -1, 0 for +1.
+var signMasks = func() (t [256][8]uint32) {
+	for b := range t {
+		for j := range 8 {
+			if b>>j&1 == 0 {
+				t[b][j] = 1 << 31
+			}
+		}
+	}
+	return t
+}()
 
 // signOctets[b] holds the eight signs (±1) of byte b.
 var signOctets = func() (t [256][8]float32) {

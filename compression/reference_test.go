@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"sort"
 	"testing"
 )
@@ -246,5 +247,42 @@ func TestSignMatchesReference(t *testing.T) {
 	}
 	if !bytes.Equal(body, want) {
 		t.Fatal("sign bytes differ from the reference")
+	}
+}
+
+// Sign bodies decode as the format's text says, computed plainly: bit j
+// of byte k is element 8k+j, 1 decoding to +scale and 0 to -scale (a zero
+// scale to -0 for a 0 bit). Whole blocks go through signBlocksAVX2 where
+// the CPU has it; a short last block, a last partial byte and blocks of 8
+// take the Go loop's paths too.
+func TestSignDecodeMatchesReference(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	for _, tc := range []struct{ n, block int }{{8, 8}, {61, 8}, {1024, 256}, {5*256 + 77, 256}, {3*1024 + 1, 1024}, {100, 1024}} {
+		nb := (tc.n + tc.block - 1) / tc.block
+		body := make([]byte, 4*nb+(tc.n+7)/8)
+		for i := range body[4*nb:] {
+			body[4*nb+i] = byte(r.Uint32())
+		}
+		for b := range nb {
+			scale := float32(r.ExpFloat64())
+			if b == 1 {
+				scale = 0
+			}
+			binary.LittleEndian.PutUint32(body[4*b:], math.Float32bits(scale))
+		}
+		got := make([]float32, tc.n)
+		if err := decodeSign(got, body, tc.block, 0); err != nil {
+			t.Fatal(err)
+		}
+		for i, v := range got {
+			scale := math.Float32frombits(binary.LittleEndian.Uint32(body[4*(i/tc.block):]))
+			want := -scale
+			if body[4*nb+i/8]>>(i%8)&1 == 1 {
+				want = scale
+			}
+			if math.Float32bits(v) != math.Float32bits(want) {
+				t.Fatalf("n %d block %d element %d: %v, want %v", tc.n, tc.block, i, v, want)
+			}
+		}
 	}
 }

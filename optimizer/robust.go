@@ -284,7 +284,9 @@ func fromOrderedKey(k int32) float32 {
 }
 
 // median8 is trimmedMeanNet for 8 contributions, the network unrolled on
-// registers.
+// registers; the median (t = 3, TrimMedian's) by median8AVX2 where the
+// CPU has AVX2, which does the same operations 8 coordinates at a time
+// (TestMedian8AsmBits).
 func median8(out []float32, inputs [][]float32, t int) {
 	kept := float64(8 - 2*t)
 	x0, x1, x2, x3, x4, x5, x6, x7 := inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], inputs[5], inputs[6], inputs[7]
@@ -292,7 +294,11 @@ func median8(out []float32, inputs [][]float32, t int) {
 	x0, x1, x2, x3, x4, x5, x6, x7 = x0[:n], x1[:n], x2[:n], x3[:n], x4[:n], x5[:n], x6[:n], x7[:n]
 	cx := func(a, b int32) (int32, int32) { return min(a, b), max(a, b) }
 	var key [8]int32
-	for i := range out {
+	i := 0
+	if t == 3 && hasMedianAsm { // the default rule: 8 coordinates a pass
+		i = median8Asm(out, inputs)
+	}
+	for ; i < n; i++ {
 		k0, k1, k2, k3 := orderedKey(x0[i]), orderedKey(x1[i]), orderedKey(x2[i]), orderedKey(x3[i])
 		k4, k5, k6, k7 := orderedKey(x4[i]), orderedKey(x5[i]), orderedKey(x6[i]), orderedKey(x7[i])
 		k0, k2 = cx(k0, k2)
