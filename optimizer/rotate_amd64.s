@@ -8,7 +8,7 @@
 // register of 8 values: t is the register with each value's partner,
 // s = x+t and d = t-x, and the upper value of each pair takes d (its
 // partner minus itself: a[j]-a[j+h]), the lower one s. Stages 8 and up
-// pair whole registers.
+// pair whole registers, two stages a pass (stage4) while they fit.
 TEXT ·fwhtAVX2(SB), NOSPLIT, $0-16
 	MOVQ a+0(FP), DI
 	MOVQ n+8(FP), CX
@@ -41,6 +41,57 @@ inreg:
 
 	MOVQ $8, BX // h, in values
 
+	// Stages h and 2h in one pass while 4h <= n: of each 4 values a, b,
+	// c, d at j, j+h, j+2h, j+3h, stage h makes a+b, a-b, c+d, c-d and
+	// stage 2h pairs the first with the third and the second with the
+	// fourth: the same operations in the same order as two passes, with
+	// half the loads and stores.
+stage4:
+	MOVQ BX, AX
+	SHLQ $2, AX // 4h
+	CMPQ AX, CX
+	JG   stage
+	MOVQ BX, R8
+	SHLQ $2, R8 // h in bytes
+	MOVQ DI, SI // the block's start
+	MOVQ CX, R9 // values left
+
+block4:
+	MOVQ BX, R10
+	SHRQ $3, R10
+	MOVQ SI, R11
+	LEAQ (SI)(R8*2), R12
+
+quad:
+	VMOVUPS (R11), Y0
+	VMOVUPS (R11)(R8*1), Y1
+	VMOVUPS (R12), Y2
+	VMOVUPS (R12)(R8*1), Y3
+	VADDPS  Y1, Y0, Y4 // a+b
+	VSUBPS  Y1, Y0, Y5 // a-b
+	VADDPS  Y3, Y2, Y6 // c+d
+	VSUBPS  Y3, Y2, Y7 // c-d
+	VADDPS  Y6, Y4, Y0
+	VSUBPS  Y6, Y4, Y2
+	VADDPS  Y7, Y5, Y1
+	VSUBPS  Y7, Y5, Y3
+	VMOVUPS Y0, (R11)
+	VMOVUPS Y1, (R11)(R8*1)
+	VMOVUPS Y2, (R12)
+	VMOVUPS Y3, (R12)(R8*1)
+	ADDQ    $32, R11
+	ADDQ    $32, R12
+	DECQ    R10
+	JNZ     quad
+
+	LEAQ (SI)(R8*4), SI
+	SUBQ AX, R9
+	JNZ  block4
+
+	SHLQ $2, BX
+	JMP  stage4
+
+	// At most one stage is left, alone.
 stage:
 	CMPQ BX, CX
 	JGE  done
