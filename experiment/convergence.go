@@ -173,6 +173,10 @@ func Arms() []Arm {
 		{Name: "diloco-h50-rot1792-b1024", Description: "DiLoCo H=50, diloco-h50-rot1536's rule on 1792 of every 4096 rotated coordinates, a sign scale per 1024 values, outer Nesterov 0.9 at lr 1.6 (0.7 x 4096/1792)", configure: rotKLR(1792, 1024, 1.6)},
 		{Name: "diloco-h50-rot1792-b1024-attack", Description: "diloco-h50-rot1792-b1024 with one worker scaling its pseudo-gradient by 1000", configure: withAttack(rotKLR(1792, 1024, 1.6), 1000)},
 		{Name: "diloco-h50-rot1792-b1024-flip", Description: "diloco-h50-rot1792-b1024 with one worker flipping the sign of its pseudo-gradient (x -4)", configure: withAttack(rotKLR(1792, 1024, 1.6), -4)},
+		{Name: "diloco-h50-rot1536-tiled", Description: "diloco-h50-rot1536 with one hash draw a round, tiled over every chunk (SupportConfig.Tiled)", configure: tiled(rotK(1536, 256))},
+		{Name: "diloco-h50-rot1792-b1024-tiled", Description: "diloco-h50-rot1792-b1024 with one hash draw a round, tiled over every chunk (SupportConfig.Tiled)", configure: tiled(rotKLR(1792, 1024, 1.6))},
+		{Name: "diloco-h50-rot1792-b1024-tiled-attack", Description: "diloco-h50-rot1792-b1024-tiled with one worker scaling its pseudo-gradient by 1000", configure: withAttack(tiled(rotKLR(1792, 1024, 1.6)), 1000)},
+		{Name: "diloco-h50-rot1792-b1024-tiled-flip", Description: "diloco-h50-rot1792-b1024-tiled with one worker flipping the sign of its pseudo-gradient (x -4)", configure: withAttack(tiled(rotKLR(1792, 1024, 1.6)), -4)},
 		{Name: "diloco-h50-rot1536-attack", Description: "diloco-h50-rot1536 with one worker scaling its pseudo-gradient by 1000", configure: withAttack(rotK(1536, 256), 1000)},
 		{Name: "diloco-h50-rot1536-flip", Description: "diloco-h50-rot1536 with one worker flipping the sign of its pseudo-gradient (x -4)", configure: withAttack(rotK(1536, 256), -4)},
 		{Name: "diloco-h50-sign2048-delayed", Description: "diloco-h50-sign2048 with each exchange overlapped with the next inner phase (one-step delayed)", configure: func(c *SwarmConfig) {
@@ -241,6 +245,8 @@ func Arms() []Arm {
 		{Name: "warm-diloco-h50-rot1536", Description: "warm start: diloco-h50-rot1536", Warm: true, configure: rotK(1536, 256)},
 		{Name: "warm-diloco-h50-rot1536-b1024", Description: "warm start: diloco-h50-rot1536-b1024", Warm: true, configure: rotK(1536, 1024)},
 		{Name: "warm-diloco-h50-rot1792-b1024", Description: "warm start: diloco-h50-rot1792-b1024", Warm: true, configure: rotKLR(1792, 1024, 1.6)},
+		{Name: "warm-diloco-h50-rot1536-tiled", Description: "warm start: diloco-h50-rot1536-tiled", Warm: true, configure: tiled(rotK(1536, 256))},
+		{Name: "warm-diloco-h50-rot1792-b1024-tiled", Description: "warm start: diloco-h50-rot1792-b1024-tiled", Warm: true, configure: tiled(rotKLR(1792, 1024, 1.6))},
 		{Name: "warm-diloco-h50-sign1536-agg-int2", Description: "warm start: diloco-h50-sign1536-agg-int2", Warm: true, configure: aggCodec(signK(1536), compression.Int2)},
 		{Name: "warm-diloco-h50-sign1536-agg-int4", Description: "warm start: diloco-h50-sign1536-agg-int4", Warm: true, configure: aggCodec(signK(1536), compression.Int4)},
 		{Name: "warm-diloco-h50-sign4096", Description: "warm start: diloco-h50-sign2048 at every coordinate (signs, not a support's worth of bytes: where the signs' limit is)", Warm: true, configure: signK(4096)},
@@ -335,6 +341,17 @@ func rotKLR(k, block int, lr float64) func(c *SwarmConfig) {
 		c.Algorithm, c.InnerSteps, c.Robust, c.DiLoCo.Support = DiLoCo, 50, optimizer.DefaultRobust(), &s
 		c.DiLoCo.OuterLR, c.DiLoCo.Momentum = lr, 0.9
 		c.Codec.Codec, c.Codec.BlockSize = compression.Sign, block
+	}
+}
+
+// tiled is a support arm with one hash draw a round, tiled over every
+// chunk (SupportConfig.Tiled).
+func tiled(arm func(c *SwarmConfig)) func(c *SwarmConfig) {
+	return func(c *SwarmConfig) {
+		arm(c)
+		s := *c.DiLoCo.Support
+		s.Tiled = true
+		c.DiLoCo.Support = &s
 	}
 }
 

@@ -63,6 +63,9 @@ func (m Manifest) Canonical() []byte {
 		if m.Wire.Rotate { // written only when set, for the same reason
 			w.bool("rotate", true)
 		}
+		if m.Wire.Tiled { // the same
+			w.bool("tiled", true)
+		}
 	}
 	if m.Wire.BlockSize != 0 {
 		w.int("block_size", int64(m.Wire.BlockSize))

@@ -92,10 +92,17 @@ func fullRotated() Manifest {
 	return m
 }
 
+// fullTiled is fullRotated with one draw a round for every chunk.
+func fullTiled() Manifest {
+	m := fullRotated()
+	m.Wire.Tiled = true
+	return m
+}
+
 // A compacted exchange's fields are in the hash, an older manifest's hash
 // does not change, and what does not fit is refused.
 func TestOuterExchange(t *testing.T) {
-	for name, base := range map[string]Manifest{"support": fullSupport(), "rotated": fullRotated()} {
+	for name, base := range map[string]Manifest{"support": fullSupport(), "rotated": fullRotated(), "tiled": fullTiled()} {
 		if err := base.Validate(); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
@@ -105,7 +112,8 @@ func TestOuterExchange(t *testing.T) {
 			"k":      func(m *Manifest) { m.Wire.SupportK++ },
 			"decay":  func(m *Manifest) { m.Wire.ResidualDecay = (m.Wire.ResidualDecay + 1) / 2 },
 			"block":  func(m *Manifest) { m.Wire.BlockSize = 512 },
-			"rotate": func(m *Manifest) { m.Wire.Rotate = !m.Wire.Rotate },
+			"rotate": func(m *Manifest) { m.Wire.Rotate, m.Wire.Tiled = !m.Wire.Rotate, false },
+			"tiled":  func(m *Manifest) { m.Wire.Rotate, m.Wire.Tiled = true, !m.Wire.Tiled },
 		} {
 			m := base
 			edit(&m)
@@ -129,7 +137,11 @@ func TestOuterExchange(t *testing.T) {
 		"dense, rotated": func(m *Manifest) {
 			m.Wire.Outer, m.Wire.SupportK, m.Wire.ResidualDecay, m.Wire.Rotate = OuterDense, 0, 0, true
 		},
-		"decay > 1":        func(m *Manifest) { m.Wire.ResidualDecay = 1.5 },
+		"decay > 1":    func(m *Manifest) { m.Wire.ResidualDecay = 1.5 },
+		"tiled, plain": func(m *Manifest) { m.Wire.Tiled = true },
+		"dense, tiled": func(m *Manifest) {
+			m.Wire.Outer, m.Wire.SupportK, m.Wire.ResidualDecay, m.Wire.Tiled = OuterDense, 0, 0, true
+		},
 		"staged":           func(m *Manifest) { m.Pipeline.Stages = 3 },
 		"noloco":           func(m *Manifest) { m.Optimizer.Kind = KindNoLoCo },
 		"dense with decay": func(m *Manifest) { m.Wire.Outer, m.Wire.SupportK = OuterDense, 0 },
@@ -254,7 +266,7 @@ func TestCanonicalGolden(t *testing.T) {
 // has every key of an open run, fullClosed() those of a closed one.
 func TestCanonicalHasEveryKey(t *testing.T) {
 	var got []string
-	for _, m := range []Manifest{full(), fullClosed(), fullTokenized(), fullDataset(), fullSupport(), fullRotated()} {
+	for _, m := range []Manifest{full(), fullClosed(), fullTokenized(), fullDataset(), fullSupport(), fullRotated(), fullTiled()} {
 		var v map[string]any
 		md, err := toml.Decode(string(m.Canonical()), &v)
 		if err != nil {
@@ -343,6 +355,7 @@ func TestHashCoversEveryField(t *testing.T) {
 		"wire.support_k":      nil,
 		"wire.residual_decay": nil,
 		"wire.rotate":         nil,
+		"wire.tiled":          nil,
 		"wire.block_size":     func(m *Manifest) { m.Wire.BlockSize = 512 },
 		"data.source":         func(m *Manifest) { m.Data.Source = SourceLocal },
 		"data.val_fraction":   func(m *Manifest) { m.Data.ValFraction = 0.03 },

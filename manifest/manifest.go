@@ -196,6 +196,13 @@ type Wire struct {
 	// ones. Measured best with ResidualDecay 0 and the outer momentum
 	// (BENCHMARKS.md, issue [3/4], session 14).
 	Rotate bool `toml:"rotate"`
+	// Tiled (with Rotate) draws the support's positions once a round and
+	// takes them, cyclically shifted by a keyed offset per chunk, in every
+	// SupportChunk coordinates (optimizer.SupportConfig.Tiled): each
+	// rotated coordinate is still sent in SupportK/SupportChunk of the
+	// rounds, at one draw a round instead of one per chunk (0.2 s of the
+	// 124M round's CPU time).
+	Tiled bool `toml:"tiled"`
 	// BlockSize is how many values share one scale in the blockwise
 	// codecs (0: compression.DefaultBlockSize). A sign's scale is 32 bits
 	// for 1-bit values: 1024 makes scales 3% of a sign frame, 256 11%.
@@ -382,13 +389,14 @@ func Demo() Manifest {
 const DemoSupportK = 1536
 
 // UseRotatedSupport sets m's DiLoCo round to send k of every SupportChunk
-// coordinates of the rotated basis (wire.rotate) as signs with a scale per
-// 256, with no residual, and the outer rule measured best with it: the
+// coordinates of the rotated basis (wire.rotate), drawn once a round and
+// tiled (wire.tiled), as signs with a scale per 256, with no residual,
+// and the outer rule measured best with it: the
 // Nesterov momentum 0.9 at lr 0.7 x SupportChunk/k, the paper's step
 // scaled by how rarely a rotated coordinate is sent (BENCHMARKS.md, issue
 // [3/4], session 14).
 func (m *Manifest) UseRotatedSupport(k int) {
-	m.Wire = Wire{Codec: compression.Sign.String(), Outer: OuterSupport, SupportK: k, Rotate: true, BlockSize: 256}
+	m.Wire = Wire{Codec: compression.Sign.String(), Outer: OuterSupport, SupportK: k, Rotate: true, Tiled: true, BlockSize: 256}
 	m.Optimizer.OuterLR, m.Optimizer.OuterMomentum, m.Optimizer.Nesterov = 0.7*SupportChunk/float64(k), 0.9, true
 }
 

@@ -267,7 +267,7 @@ func TestKnownKeys(t *testing.T) {
 		"optimizer", "optimizer.kind", "optimizer.inner_steps", "optimizer.inner_lr", "optimizer.warmup",
 		"optimizer.total_steps", "optimizer.weight_decay", "optimizer.grad_clip", "optimizer.outer_lr",
 		"optimizer.outer_momentum", "optimizer.nesterov", "optimizer.delayed", "optimizer.group_size", "optimizer.gamma",
-		"wire", "wire.codec", "wire.outer", "wire.support_k", "wire.residual_decay", "wire.block_size", "wire.rotate",
+		"wire", "wire.codec", "wire.outer", "wire.support_k", "wire.residual_decay", "wire.block_size", "wire.rotate", "wire.tiled",
 		"data", "data.source", "data.val_fraction", "data.shard_bytes",
 		"data.shards", "data.shards.hash", "data.shards.bytes", "data.shards.files",
 		"data.shards.tokens", "data.shards.documents", "data.shards.split", "data.epochs", "data.max_tokens",

@@ -148,8 +148,8 @@ func (w Wire) validate() error {
 	}
 	switch w.Outer {
 	case "", OuterDense:
-		if w.SupportK != 0 || w.ResidualDecay != 0 || w.Rotate {
-			return bad("wire.outer", w.Outer, "a dense exchange takes no support_k, residual_decay or rotate")
+		if w.SupportK != 0 || w.ResidualDecay != 0 || w.Rotate || w.Tiled {
+			return bad("wire.outer", w.Outer, "a dense exchange takes no support_k, residual_decay, rotate or tiled")
 		}
 		if w.Codec == compression.Int2.String() || w.Codec == compression.Sign.String() {
 			return bad("wire.codec", w.Codec, "only with wire.outer = %q, whose residual keeps what its rounding loses", OuterSupport)
@@ -164,6 +164,9 @@ func (w Wire) validate() error {
 	}
 	if !(w.ResidualDecay >= 0 && w.ResidualDecay <= 1) {
 		return bad("wire.residual_decay", w.ResidualDecay, "out of range [0, 1] (0: no residual)")
+	}
+	if w.Tiled && !w.Rotate {
+		return bad("wire.tiled", w.Tiled, "only with wire.rotate (a plain support takes half by the momentum, chunk by chunk)")
 	}
 	return nil
 }

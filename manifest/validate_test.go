@@ -24,7 +24,7 @@ func TestDemoWire(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := d.Wire
-	if !w.Compacted() || !w.Rotate || w.SupportK != DemoSupportK || w.Codec != "sign" || w.ResidualDecay != 0 || w.BlockSize != 256 {
+	if !w.Compacted() || !w.Rotate || !w.Tiled || w.SupportK != DemoSupportK || w.Codec != "sign" || w.ResidualDecay != 0 || w.BlockSize != 256 {
 		t.Fatalf("demo wire %+v, want the rotated support of %d", w, DemoSupportK)
 	}
 	if o := d.Optimizer; math.Abs(o.OuterLR-0.7*4096/1536) > 1e-12 || o.OuterMomentum != 0.9 || !o.Nesterov {

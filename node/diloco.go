@@ -106,7 +106,7 @@ func outerSupport(w manifest.Wire, momentum float64) *optimizer.SupportConfig {
 	}
 	// The residual keeps what the wire's rounding lost too (the butterfly
 	// reports what it sent): int2 and sign lose much of each value.
-	s := &optimizer.SupportConfig{Chunk: manifest.SupportChunk, K: w.SupportK, Decay: float32(w.ResidualDecay), FeedRounding: w.ResidualDecay > 0, Rotate: w.Rotate}
+	s := &optimizer.SupportConfig{Chunk: manifest.SupportChunk, K: w.SupportK, Decay: float32(w.ResidualDecay), FeedRounding: w.ResidualDecay > 0, Rotate: w.Rotate, Tiled: w.Tiled}
 	if momentum > 0 && !w.Rotate { // a rotated support picks rotated coordinates, all by the hash
 		s.FromMomentum = w.SupportK / 2
 	}

@@ -4,6 +4,9 @@ import (
 	"errors"
 	"math"
 	"testing"
+
+	"github.com/skein-ml/skein/manifest"
+	"github.com/skein-ml/skein/optimizer"
 )
 
 func TestResidualRoundTripAndErrors(t *testing.T) {
@@ -42,4 +45,38 @@ func FuzzResidual(f *testing.F) {
 			t.Fatalf("decoded %d values for a model of %d", len(r), n)
 		}
 	})
+}
+
+// The manifest's wire becomes the optimizer's support: half by the
+// momentum for a plain support with an outer momentum, all by the hash
+// when rotated, one draw tiled over the chunks when tiled; every one
+// valid.
+func TestOuterSupportFromWire(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		wire     manifest.Wire
+		momentum float64
+		want     *optimizer.SupportConfig
+	}{
+		{"dense", manifest.Wire{Codec: "minmax8"}, 0.9, nil},
+		{"plain", manifest.Wire{Codec: "sign", Outer: manifest.OuterSupport, SupportK: 64, ResidualDecay: 0.5}, 0.9,
+			&optimizer.SupportConfig{Chunk: manifest.SupportChunk, K: 64, FromMomentum: 32, Decay: 0.5, FeedRounding: true}},
+		{"plain, no momentum", manifest.Wire{Codec: "sign", Outer: manifest.OuterSupport, SupportK: 64, ResidualDecay: 0.5}, 0,
+			&optimizer.SupportConfig{Chunk: manifest.SupportChunk, K: 64, Decay: 0.5, FeedRounding: true}},
+		{"rotated", manifest.Wire{Codec: "sign", Outer: manifest.OuterSupport, SupportK: 1536, Rotate: true}, 0.9,
+			&optimizer.SupportConfig{Chunk: manifest.SupportChunk, K: 1536, Rotate: true}},
+		{"tiled", manifest.Wire{Codec: "sign", Outer: manifest.OuterSupport, SupportK: 1536, Rotate: true, Tiled: true}, 0.9,
+			&optimizer.SupportConfig{Chunk: manifest.SupportChunk, K: 1536, Rotate: true, Tiled: true}},
+	} {
+		got := outerSupport(tc.wire, tc.momentum)
+		if (got == nil) != (tc.want == nil) || got != nil && *got != *tc.want {
+			t.Errorf("%s: %+v, want %+v", tc.name, got, tc.want)
+			continue
+		}
+		if got != nil {
+			if err := got.Validate(); err != nil {
+				t.Errorf("%s: %v", tc.name, err)
+			}
+		}
+	}
 }

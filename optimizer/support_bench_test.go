@@ -15,9 +15,10 @@ import (
 // shared support (issue [3/4]) at M = 8, of 64 of every 4096 coordinates
 // with minmax8 (half by momentum, or nominated) or of 1792 by the hash
 // with signs and FeedRounding (what crossed the wire decoded again), or of
-// 1536 with a sign scale per 1024 and residual decay 0.5 (the demo's), or
-// of 1536 rotated coordinates (SupportConfig.Rotate: the two transforms a
-// round) with a scale per 256, no residual and the outer momentum:
+// 1536 with a sign scale per 1024 and residual decay 0.5, or of 1536
+// rotated coordinates (SupportConfig.Rotate: the two transforms a round)
+// with a scale per 256, no residual and the outer momentum (the demo's),
+// drawn for every chunk or once and tiled (SupportConfig.Tiled):
 // choosing the support from the momentum (or nominations), the error
 // feedback (residual plus pseudo-gradient, compacted), the state hash the
 // round starts from, the butterfly's codec work of one member on the
@@ -40,17 +41,19 @@ func BenchmarkSupportRound(b *testing.B) {
 			block        int
 			decay        float32
 			rotate       bool
+			tiled        bool
 		}{
-			{"support", 64, 0, compression.MinMax8, true, 0, 0.95, false},
-			{"nominated", 64, 16, compression.MinMax8, false, 0, 0.95, false},
-			{"random1792-sign", 1792, 0, compression.Sign, false, 0, 0.95, false},
-			{"sign1536", 1536, 0, compression.Sign, false, 1024, 0.5, false},
-			{"rot1536", 1536, 0, compression.Sign, false, 256, 0, true},
+			{"support", 64, 0, compression.MinMax8, true, 0, 0.95, false, false},
+			{"nominated", 64, 16, compression.MinMax8, false, 0, 0.95, false, false},
+			{"random1792-sign", 1792, 0, compression.Sign, false, 0, 0.95, false, false},
+			{"sign1536", 1536, 0, compression.Sign, false, 1024, 0.5, false, false},
+			{"rot1536", 1536, 0, compression.Sign, false, 256, 0, true, false},
+			{"rot1536-tiled", 1536, 0, compression.Sign, false, 256, 0, true, true},
 		} {
 			b.Run(fmt.Sprintf("%s/%dM", arm.name, (n+500_000)/1_000_000), func(b *testing.B) {
 				cfg := DefaultDiLoCo()
 				cfg.OuterLR, cfg.Momentum, cfg.NormGrowth = 3, 0, 0
-				s := SupportConfig{Chunk: 4096, K: arm.k, Decay: arm.decay, Nominate: arm.nominate, FeedRounding: arm.codec == compression.Sign && !arm.rotate, Rotate: arm.rotate}
+				s := SupportConfig{Chunk: 4096, K: arm.k, Decay: arm.decay, Nominate: arm.nominate, FeedRounding: arm.codec == compression.Sign && !arm.rotate, Rotate: arm.rotate, Tiled: arm.tiled}
 				if arm.rotate { // the outer momentum carries what no residual does
 					cfg.OuterLR, cfg.Momentum = 1.87, 0.9
 				}

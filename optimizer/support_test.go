@@ -351,6 +351,79 @@ func TestSupportHashDraws(t *testing.T) {
 	}
 }
 
+// A tiled support is the first chunk's draw (the draw an untiled support
+// makes for that chunk) in every whole chunk, shifted cyclically by an
+// offset of its own, and a last, partial chunk's own draw; over rounds,
+// every position of every chunk is drawn at about K/Chunk.
+func TestSupportTiled(t *testing.T) {
+	const chunk, k = 64, 24
+	c := SupportConfig{Chunk: chunk, K: k, Rotate: true, Tiled: true}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	plain := c
+	plain.Tiled = false
+	mom := make([]float32, chunk*5+40) // five whole chunks and a tail of 40
+	counts := make([]int, len(mom))
+	const rounds = 400
+	shifted := 0 // chunks whose offset is not 0
+	for round := range uint64(rounds) {
+		got, own := c.Support(nil, mom, round), plain.Support(nil, mom, round)
+		if len(got) != c.SupportLen(len(mom)) || !slices.IsSorted(got) {
+			t.Fatalf("round %d: %d positions (want %d), sorted %v", round, len(got), c.SupportLen(len(mom)), slices.IsSorted(got))
+		}
+		first := got[:k]
+		if !slices.Equal(first, own[:k]) {
+			t.Fatalf("round %d: the first chunk's draw %v, untiled %v", round, first, own[:k])
+		}
+		for ch := 1; ch < 5; ch++ {
+			part := got[ch*k : (ch+1)*k]
+			found := -1
+			for o := range chunk {
+				var want []int32
+				for _, p := range first {
+					want = append(want, int32(ch*chunk)+(p+int32(o))%chunk)
+				}
+				slices.Sort(want)
+				if slices.Equal(part, want) {
+					found = o
+					break
+				}
+			}
+			if found < 0 {
+				t.Fatalf("round %d chunk %d: %v is no cyclic shift of %v", round, ch, part, first)
+			}
+			if found > 0 {
+				shifted++
+			}
+		}
+		if tail := got[5*k:]; !slices.Equal(tail, own[5*k:]) {
+			t.Fatalf("round %d: the partial chunk's draw %v, want its own %v", round, tail, own[5*k:])
+		}
+		for _, p := range got {
+			counts[p]++
+		}
+	}
+	if shifted < rounds*4*9/10 {
+		t.Errorf("%d of %d chunks shifted, want nearly all", shifted, rounds*4)
+	}
+	// Each position's count is Binomial(400, 24/64): mean 150, sd 9.7.
+	for p, n := range counts[:5*chunk] {
+		if n < 100 || n > 200 {
+			t.Errorf("position %d in %d of %d rounds, want about %d", p, n, rounds, rounds*k/chunk)
+		}
+	}
+	for _, bad := range []SupportConfig{
+		{Chunk: 64, K: 24, FromMomentum: 4, Tiled: true},
+		{Chunk: 64, K: 16, Cycle: true, Tiled: true},
+		{Chunk: 64, K: 24, Nominate: 4, Tiled: true},
+	} {
+		if bad.Validate() == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+}
+
 // refMomentumPart is the chunk's FromMomentum largest |momentum| (the
 // lower index between equals), sorted.
 func refMomentumPart(c SupportConfig, mom []float32, k int) []int32 {

@@ -54,7 +54,7 @@ func demoCommand() *cli.Command {
 			&cli.IntFlag{Name: "support-k", Value: 1536, Usage: "with --outer support: coordinates of every 4096 sent each round"},
 			&cli.IntFlag{Name: "support-block", Value: 256, Usage: "with --outer support: values sharing one scale on the wire (wire.block_size; 256 sends 9% more than 1024 and ends 0.3% lower warm, 2.5% lower in a 3-minute demo)"},
 			&cli.StringFlag{Name: "support-codec", Value: "sign", Usage: "with --outer support: the codec of the support's values (sign: 1 bit a value; int2, int4, minmax8, ...)"},
-			&cli.BoolFlag{Name: "support-rotate", Value: true, Usage: "with --outer support: take the support in a randomized Hadamard basis of every 4096 coordinates (wire.rotate), with no residual and the outer Nesterov momentum 0.9 at lr 0.7 x 4096/--support-k; --support-rotate=false: plain coordinates, the residual, outer SGD at lr 3"},
+			&cli.BoolFlag{Name: "support-rotate", Value: true, Usage: "with --outer support: take the support in a randomized Hadamard basis of every 4096 coordinates (wire.rotate), drawn once a round and tiled over the chunks with a keyed shift each (wire.tiled), with no residual and the outer Nesterov momentum 0.9 at lr 0.7 x 4096/--support-k; --support-rotate=false: plain coordinates, the residual, outer SGD at lr 3"},
 			&cli.Float64Flag{Name: "residual-decay", Value: -1, Usage: "with --outer support: the residual's decay per round, in [0, 1] (default: 0 with --support-rotate, else 0.5)"},
 			&cli.Float64Flag{Name: "outer-lr", Usage: "DiLoCo's outer learning rate (default: the manifest's)"},
 			&cli.Float64Flag{Name: "outer-momentum", Value: -1, Usage: "DiLoCo's outer momentum, in [0, 1) (default: the manifest's)"},
@@ -180,7 +180,7 @@ func demoCommand() *cli.Command {
 				// plain, the residual as the momentum and a larger step.
 				cfg.Manifest.UseRotatedSupport(k)
 				if !rotate {
-					cfg.Manifest.Wire.Rotate, cfg.Manifest.Wire.ResidualDecay = false, 0.5
+					cfg.Manifest.Wire.Rotate, cfg.Manifest.Wire.Tiled, cfg.Manifest.Wire.ResidualDecay = false, false, 0.5
 					cfg.Manifest.Optimizer.OuterLR, cfg.Manifest.Optimizer.OuterMomentum = 3, 0
 				}
 				cfg.Manifest.Wire.Codec, cfg.Manifest.Wire.BlockSize = c.String("support-codec"), c.Int("support-block")

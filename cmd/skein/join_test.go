@@ -221,7 +221,7 @@ func TestSupportVolunteersAgree(t *testing.T) {
 		name, optimizer, wire string
 	}{
 		{"plain", "outer_lr = 2\nouter_momentum = 0", "residual_decay = 0.5\nblock_size = 1024\n"},
-		{"rotated", "outer_lr = 1.87\nouter_momentum = 0.9", "residual_decay = 0\nblock_size = 256\nrotate = true\n"},
+		{"rotated, tiled (the demo's)", "outer_lr = 1.87\nouter_momentum = 0.9", "residual_decay = 0\nblock_size = 256\nrotate = true\ntiled = true\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) { testSupportVolunteers(t, tc.optimizer, tc.wire) })
 	}
