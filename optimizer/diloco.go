@@ -495,27 +495,23 @@ func diffSignsSquares(dst, a, b, signs []float32, sq *[4]float64) {
 // of dst to sq, over four sums: one sum's chain of dependent adds would
 // bound the pass (the norm they make only meets a bound). Element i adds
 // to sq[i%4] (the tail to sq[0]), so passes over a vector's pieces of a
-// multiple of 4 long sum as one pass over it does.
+// multiple of 4 long sum as one pass over it does: it is
+// diffSignsSquares with every sign +1 (a product that changes nothing),
+// a piece of len(ones) at a time.
 func diffSquares(dst, a, b []float32, sq *[4]float64) {
-	n := len(dst)
-	a, b = a[:n], b[:n]
-	s0, s1, s2, s3 := sq[0], sq[1], sq[2], sq[3]
-	i := 0
-	for ; i+4 <= n; i += 4 {
-		v0, v1, v2, v3 := a[i]-b[i], a[i+1]-b[i+1], a[i+2]-b[i+2], a[i+3]-b[i+3]
-		dst[i], dst[i+1], dst[i+2], dst[i+3] = v0, v1, v2, v3
-		s0 += float64(v0) * float64(v0)
-		s1 += float64(v1) * float64(v1)
-		s2 += float64(v2) * float64(v2)
-		s3 += float64(v3) * float64(v3)
+	for lo := 0; lo < len(dst); lo += len(ones) {
+		hi := min(lo+len(ones), len(dst))
+		diffSignsSquares(dst[lo:hi], a[lo:hi], b[lo:hi], ones[:hi-lo], sq)
 	}
-	for ; i < n; i++ {
-		v := a[i] - b[i]
-		dst[i] = v
-		s0 += float64(v) * float64(v)
-	}
-	sq[0], sq[1], sq[2], sq[3] = s0, s1, s2, s3
 }
+
+// ones is diffSquares' signs.
+var ones = func() (o [4096]float32) {
+	for i := range o {
+		o[i] = 1
+	}
+	return o
+}()
 
 // applyRotated is apply's outer step for a rotated support: a chunk at a
 // time, in a buffer that stays in cache, the average scattered from the

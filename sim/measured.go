@@ -113,10 +113,12 @@ var SupportSignCodec = WireCodec{Name: "support-sign", Ratio: 32 / (1536.0 / 409
 // SupportSignBps (1.52 s a round at 124M, the state hash's 0.55 s
 // included: 0.327 GB/s of fp32 parameters; session 8 had 2.55 s)
 // and SignDecodeBps (BenchmarkDecode/sign/zstd0: 3.19-3.20 GB/s of fp32
-// output): see SupportSignCodec.
+// output in session 8; 22.1-30.3 GB/s with session 16's AVX2 decoding, the
+// lowest taken, against 7.3-7.6 GB/s for the Go loop in the same run): see
+// SupportSignCodec.
 const (
 	SupportSignBps = 0.327e9
-	SignDecodeBps  = 3.19e9
+	SignDecodeBps  = 22.1e9
 )
 
 // SupportRotCodec is the support `skein demo --outer support` runs since
@@ -125,17 +127,19 @@ const (
 // (1.125 bits a value), no residual and the outer Nesterov momentum: 2435x
 // less traffic than fp32 data-parallel in the convergence benchmark, 2.25%
 // below the dense robust round from scratch and +0.29..+1.06% warm at four
-// seeds (BENCHMARKS.md, issue [3/4], sessions 14 and 15):
+// seeds (BENCHMARKS.md, issue [3/4], sessions 14-16; tiled, +0.63% warm):
 // 32/(1536/4096*1.125) = 76x smaller than fp32; its local work
 // (BenchmarkSupportRound/rot1536 at 124M, the state hash and the two
 // transforms included) ran at SupportRotBps on one core; the owners decode
 // the compacted parts at SignDecodeBps.
 var SupportRotCodec = WireCodec{Name: "support-rot", Ratio: 32 / (1536.0 / 4096 * (1 + 32.0/256)), EncodeBps: SupportRotBps, DecodeBps: SignDecodeBps * 4096 / 1536}
 
-// SupportRotBps: 1.84-1.98 s a round at 124M (mean 1.90 s, the state hash's
-// 0.57 s included: 0.262 GB/s of fp32 parameters), session 15, on a day
-// sign1536 took 1.69-1.97 s on the same machine (1.52 s in session 9).
-const SupportRotBps = 0.262e9
+// SupportRotBps: 1.26-1.30 s a round at 124M (mean 1.28 s, the state hash's
+// 0.56 s included: 0.390 GB/s of fp32 parameters), session 16, tiled
+// (BenchmarkSupportRound/rot1536-tiled, the demo's rule since then); the
+// same rule untiled took 1.44-1.50 s, and 1.79-1.91 s before session 16's
+// AVX2 median and fused passes.
+const SupportRotBps = 0.390e9
 
 // SparseDecodeBps is the sparse codec's decode-and-add speed on one core,
 // per byte of fp32 output: BenchmarkSparseVsMinMax8/sparse-decode measured
