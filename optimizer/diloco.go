@@ -466,10 +466,10 @@ func (d *DiLoCo) prepareRotated(start, theta []float32) error {
 	return d.checkOwnNorm(sq[0], sq[1], sq[2], sq[3])
 }
 
-// diffSignsSquares is diffSquares of (a - b) * signs, signs each +1 or -1:
-// the differences' squares (exactly the products' squares) are summed as
-// diffSquares sums them, and dst holds D (a - b), which forwardChunk's
-// first loop would compute from it.
+// diffSignsSquares sets dst = (a - b) * signs (all of dst's length; signs
+// each +1 or -1: D (a - b), which forwardChunk's first loop would compute)
+// and adds the differences' squares (exactly the products') to sq, over
+// four sums: element i to sq[i%4], the tail to sq[0] (diffSquares).
 func diffSignsSquares(dst, a, b, signs []float32, sq *[4]float64) {
 	n := len(dst)
 	a, b, signs = a[:n], b[:n], signs[:n]
