@@ -160,19 +160,19 @@ func decodeSign(dst []float32, body []byte, block, base int) error {
 		done = signBlocksAsm(dst, body[:4*nb], bits, block)
 	}
 	for b := done; b < nb; b++ {
-		scale := math.Float32frombits(binary.LittleEndian.Uint32(body[4*b:]))
+		scale := binary.LittleEndian.Uint32(body[4*b:])
 		lo := b * block
 		hi := min(lo+block, len(dst))
 		d := dst[lo:hi]
 		n := len(d) &^ 7
 		for k, c := range bits[lo/8 : lo/8+n/8] {
-			t, o := &signOctets[c], (*[8]float32)(d[8*k:])
+			t, o := &signMasks[c], (*[8]float32)(d[8*k:])
 			for j := range 8 {
-				o[j] = t[j] * scale
+				o[j] = math.Float32frombits(scale ^ t[j])
 			}
 		}
 		for i := n; i < len(d); i++ {
-			d[i] = signOctets[bits[(lo+i)/8]][i%8] * scale
+			d[i] = math.Float32frombits(scale ^ signMasks[bits[(lo+i)/8]][i%8])
 		}
 	}
 	return nil
@@ -248,24 +248,16 @@ func signScale(dst, bb []byte, xb []float32, m uint32, sum, sq float64, base int
 	return nil
 }
 
-// signMasks[b] holds the eight sign bits (as float32 bits) that
-// signOctets[b]'s factors put on a scale: 1<<31 for -1, 0 for +1.
+// signMasks[b] holds the sign bits (as float32 bits) of byte b's eight
+// values: 1<<31 where a bit is 0 (-scale), 0 where it is 1 (+scale). A
+// scale is checked finite and >= 0, so scale XOR mask is the product of
+// the scale and -1 or +1.
 var signMasks = func() (t [256][8]uint32) {
 	for b := range t {
 		for j := range 8 {
 			if b>>j&1 == 0 {
 				t[b][j] = 1 << 31
 			}
-		}
-	}
-	return t
-}()
-
-// signOctets[b] holds the eight signs (±1) of byte b.
-var signOctets = func() (t [256][8]float32) {
-	for b := range t {
-		for j := range 8 {
-			t[b][j] = float32(2*(b>>j&1)) - 1
 		}
 	}
 	return t

@@ -4,8 +4,8 @@
 //
 // For each of nb blocks: its scale broadcast to 8 lanes, then for each of
 // its per bytes of bits, the 8 values scale XOR masks[byte] (the sign bit
-// where a bit is 0), stored. decodeSign's signOctets[byte][j] * scale
-// is the same bits: a product with -1 flips the sign bit alone.
+// where a bit is 0), stored: what decodeSign's Go loop computes, 8
+// values an instruction.
 TEXT ·signBlocksAVX2(SB), NOSPLIT, $0-48
 	MOVQ dst+0(FP), DI
 	MOVQ scales+8(FP), SI

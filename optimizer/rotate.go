@@ -19,7 +19,7 @@ type rotation struct {
 	signs []float32
 	scale float32
 	// scaledSigns[i] = scale * signs[i], the factors of inverseChunk's
-	// last loop, for the fused step (nesterovStepScaled).
+	// last loop (and of the fused step, nesterovStepScaled).
 	scaledSigns []float32
 }
 
@@ -68,8 +68,8 @@ func (r *rotation) inverse(x []float32) {
 func (r *rotation) inverseChunk(c []float32) {
 	c = c[:len(r.signs)]
 	fwht(c)
-	for i, s := range r.signs {
-		c[i] *= r.scale * s
+	for i, s := range r.scaledSigns {
+		c[i] *= s
 	}
 }
 

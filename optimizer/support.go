@@ -146,7 +146,7 @@ func (c SupportConfig) SupportWith(dst []int32, mom []float32, round uint64, nom
 			// offset o (mod Chunk), in increasing order: those that wrap
 			// come first.
 			drawn := dst[first : first+k]
-			o := int32(splitmix(round*0x9E3779B97F4A7C15^uint64(base)*0xBF58476D1CE4E5B9) % uint64(c.Chunk))
+			o := int32(splitmix(chunkKey(round, base)) % uint64(c.Chunk))
 			cut, _ := slices.BinarySearch(drawn, int32(c.Chunk)-o)
 			for _, p := range drawn[cut:] {
 				dst = append(dst, int32(base)+p+o-int32(c.Chunk))
@@ -212,7 +212,7 @@ func (c SupportConfig) SupportWith(dst []int32, mom []float32, round uint64, nom
 				taken[p/64] |= 1 << (p % 64)
 			}
 			n := len(chosen)
-			key := round*0x9E3779B97F4A7C15 ^ uint64(base)*0xBF58476D1CE4E5B9
+			key := chunkKey(round, base)
 			if m&(m-1) == 0 {
 				drawPow2(taken, key, uint64(m-1), n, k)
 			} else {
@@ -321,6 +321,13 @@ func drawPow2(taken []uint64, key, mask uint64, n, k int) {
 		*w = old | 1<<(p&63)
 		n += int(^old >> (p & 63) & 1)
 	}
+}
+
+// chunkKey keys the hash's draws for the chunk at base in a round: draw t
+// of the chunk is splitmix(chunkKey(round, base)^t), and a tiled
+// support's offset for it is splitmix(chunkKey(round, base)).
+func chunkKey(round uint64, base int) uint64 {
+	return round*0x9E3779B97F4A7C15 ^ uint64(base)*0xBF58476D1CE4E5B9
 }
 
 // splitmix is SplitMix64's output function.
