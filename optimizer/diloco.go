@@ -186,7 +186,7 @@ func NewDiLoCo(cfg DiLoCoConfig, coll Collective, phi []float32) (*DiLoCo, error
 		delta: make([]float32, n), avg: make([]float32, n)}
 	if s := cfg.Support; s != nil {
 		k := s.SupportLen(n)
-		d.resid, d.sup, d.cdelta, d.cavg = make([]float32, n), make([]int32, 0, k), make([]float32, k), make([]float32, k)
+		d.sup, d.cdelta, d.cavg = make([]int32, 0, k), make([]float32, k), make([]float32, k)
 		if s.FeedRounding {
 			d.csent = make([]float32, k)
 		}
@@ -195,6 +195,12 @@ func NewDiLoCo(cfg DiLoCoConfig, coll Collective, phi []float32) (*DiLoCo, error
 		}
 		if s.Rotate {
 			d.rot, d.rbuf = newRotation(s.Chunk), make([]float32, s.Chunk)
+		}
+		// Without decay nor nominations the residual is never read: no
+		// buffer (a model's size, 0.5 GB at 124M parameters) unless the
+		// fused passes use it as scratch.
+		if d.keepsResidual() || d.denseSupport() {
+			d.resid = make([]float32, n)
 		}
 	}
 	if s := cfg.Subspace; s != nil {
@@ -223,15 +229,29 @@ func NewDiLoCo(cfg DiLoCoConfig, coll Collective, phi []float32) (*DiLoCo, error
 }
 
 // Residual is what this member has not sent yet of its pseudo-gradients
-// with a shared support or subspace (nil otherwise): the live slice, to be
-// copied between rounds for a checkpoint.
-func (d *DiLoCo) Residual() []float32 { return d.resid }
+// with a shared support or subspace: the live slice, to be copied between
+// rounds for a checkpoint. It is nil where no residual carries to a later
+// round (no support or subspace; a support with decay 0 and no
+// nominations, where each round sends its own delta), so nothing is saved.
+func (d *DiLoCo) Residual() []float32 {
+	if !d.keepsResidual() {
+		return nil
+	}
+	return d.resid
+}
+
+// keepsResidual is whether a later round reads this round's residual: a
+// subspace's, or a support's with decay or nominations.
+func (d *DiLoCo) keepsResidual() bool {
+	s := d.cfg.Support
+	return d.sub != nil || s != nil && (s.Decay > 0 || s.Nominate > 0)
+}
 
 // SetResidual installs a residual saved by this member (a checkpoint's):
 // of the model's size and finite, or nothing changes.
 func (d *DiLoCo) SetResidual(r []float32) error {
-	if d.resid == nil {
-		return fmt.Errorf("%w: a residual without a shared support or subspace", ErrRejected)
+	if !d.keepsResidual() {
+		return fmt.Errorf("%w: a residual where none carries between rounds (no support or subspace, or a support without decay)", ErrRejected)
 	}
 	if len(r) != len(d.resid) {
 		return fmt.Errorf("%w: residual of %d elements, want %d", ErrRejected, len(r), len(d.resid))

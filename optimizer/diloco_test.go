@@ -503,3 +503,43 @@ func TestDiLoCoLandAtOnceIsPlain(t *testing.T) {
 		})
 	}
 }
+
+// TestDiLoCoResidualOnlyWhereCarried: a residual exists (and is saved by
+// a volunteer) only where a later round reads it; a support with decay 0
+// and no nominations sends each round's own delta, so it keeps none and
+// refuses to install one.
+func TestDiLoCoResidualOnlyWhereCarried(t *testing.T) {
+	const n = 4096
+	sub := func(c SupportConfig) DiLoCoConfig {
+		cfg := DefaultDiLoCo()
+		cfg.Support = &c
+		return cfg
+	}
+	noMom := func(cfg DiLoCoConfig) DiLoCoConfig { cfg.Momentum = 0; return cfg }
+	for _, tc := range []struct {
+		name  string
+		cfg   DiLoCoConfig
+		keeps bool
+	}{
+		{"dense", DefaultDiLoCo(), false},
+		{"support with decay", sub(SupportConfig{Chunk: 256, K: 8, Decay: 0.95}), true},
+		{"support without decay", sub(SupportConfig{Chunk: 256, K: 8}), false},
+		{"dense support without decay (fused scratch)", noMom(sub(SupportConfig{Chunk: 256, K: 64})), false},
+		{"rotated support without decay", sub(SupportConfig{Chunk: 256, K: 96, Rotate: true}), false},
+		{"rotated support with decay", sub(SupportConfig{Chunk: 256, K: 96, Rotate: true, Decay: 1}), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := NewDiLoCo(tc.cfg, nil, make([]float32, n))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := d.Residual() != nil; got != tc.keeps {
+				t.Fatalf("Residual() present = %v, want %v", got, tc.keeps)
+			}
+			err = d.SetResidual(make([]float32, n))
+			if (err == nil) != tc.keeps {
+				t.Fatalf("SetResidual: %v, want accepted = %v", err, tc.keeps)
+			}
+		})
+	}
+}

@@ -219,15 +219,16 @@ func TestSupportVolunteersAgree(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name, optimizer, wire string
+		residual              bool // a residual carries between rounds (decay > 0)
 	}{
-		{"plain", "outer_lr = 2\nouter_momentum = 0", "residual_decay = 0.5\nblock_size = 1024\n"},
-		{"rotated, tiled (the demo's)", "outer_lr = 1.87\nouter_momentum = 0.9", "residual_decay = 0\nblock_size = 256\nrotate = true\ntiled = true\n"},
+		{"plain", "outer_lr = 2\nouter_momentum = 0", "residual_decay = 0.5\nblock_size = 1024\n", true},
+		{"rotated, tiled (the demo's)", "outer_lr = 1.87\nouter_momentum = 0.9", "residual_decay = 0\nblock_size = 256\nrotate = true\ntiled = true\n", false},
 	} {
-		t.Run(tc.name, func(t *testing.T) { testSupportVolunteers(t, tc.optimizer, tc.wire) })
+		t.Run(tc.name, func(t *testing.T) { testSupportVolunteers(t, tc.optimizer, tc.wire, tc.residual) })
 	}
 }
 
-func testSupportVolunteers(t *testing.T, optimizer, wire string) {
+func testSupportVolunteers(t *testing.T, optimizer, wire string, residual bool) {
 	net := []string{"--listen", "/ip4/127.0.0.1/udp/0/quic-v1", "--timing", "lan"}
 	toml := strings.Replace(smallRun, "inner_steps = 4", "inner_steps = 4\n"+optimizer, 1) +
 		"[wire]\ncodec = \"sign\"\nouter = \"support\"\nsupport_k = 1536\n" + wire
@@ -256,11 +257,17 @@ func testSupportVolunteers(t *testing.T, optimizer, wire string) {
 	if b := *snap.BitsPerParam; !(b > 0 && b < maxSupportBits) {
 		t.Fatalf("status page: %v bits/param, want under %v", b, maxSupportBits)
 	}
-	// Restarted on its data dir, a volunteer resumes what it had not sent.
+	// Restarted on its data dir, a volunteer resumes what it had not sent;
+	// without decay nothing carries between rounds, and nothing is saved.
+	dataDir := filepath.Join(run.dir, "n", "a")
+	residualPath := filepath.Join(dataDir, "volunteer.safetensors.residual")
+	if _, err := os.Stat(residualPath); (err == nil) != residual {
+		t.Fatalf("residual file %s: %v, want saved = %v", residualPath, err, residual)
+	}
 	out, err := exec.CommandContext(run.ctx, run.bin, append([]string{"--log-level", "warn", "node", "join", "--bootstrap", run.addr,
-		"--data-dir", filepath.Join(run.dir, "n", "a"), "--rounds", "1", "--threads", "1"}, net...)...).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), fmt.Sprintf("resumed the residual of round %d", rounds)) {
-		t.Fatalf("restart did not resume the residual (err %v):\n%s", err, out)
+		"--data-dir", dataDir, "--rounds", "1", "--threads", "1"}, net...)...).CombinedOutput()
+	if err != nil || strings.Contains(string(out), fmt.Sprintf("resumed the residual of round %d", rounds)) != residual {
+		t.Fatalf("restart resumed a residual: %v, want %v (err %v):\n%s", !residual, residual, err, out)
 	}
 }
 
