@@ -282,11 +282,28 @@ func TestButterflyScenarios(t *testing.T) {
 		t.Fatal("no scenarios")
 	}
 	for _, f := range files {
-		t.Run(strings.TrimSuffix(filepath.Base(f), ".txt"), func(t *testing.T) { runScenario(t, f) })
+		t.Run(strings.TrimSuffix(filepath.Base(f), ".txt"), func(t *testing.T) { runScenario(t, f, nil) })
 	}
 }
 
-func runScenario(t *testing.T, path string) {
+// TestButterflyScenariosDemoWire runs every scripted scenario again with
+// the demo's wire (manifest.Demo: 1-bit signs with a scale per 256
+// values, parts and aggregates alike): each fault must end with the same
+// bits on every member that finishes, the same offenders reported, and
+// results that are the robust aggregate of the decoded contributions,
+// re-encoded (codec-aware "mean" and "within").
+func TestButterflyScenariosDemoWire(t *testing.T) {
+	files, _ := filepath.Glob("testdata/butterfly/*.txt")
+	if len(files) == 0 {
+		t.Fatal("no scenarios")
+	}
+	wire := func(c *ButterflyConfig) { c.Codec.Codec, c.Codec.BlockSize = compression.Sign, 256 }
+	for _, f := range files {
+		t.Run(strings.TrimSuffix(filepath.Base(f), ".txt"), func(t *testing.T) { runScenario(t, f, wire) })
+	}
+}
+
+func runScenario(t *testing.T, path string, wire func(*ButterflyConfig)) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
@@ -295,6 +312,9 @@ func runScenario(t *testing.T, path string) {
 	var leader transport.PeerID
 	n := 1000
 	var mods []func(*ButterflyConfig)
+	if wire != nil {
+		mods = append(mods, wire)
+	}
 	ids := func(fs []string) []transport.PeerID {
 		var out []transport.PeerID
 		for _, f := range fs {
@@ -503,6 +523,10 @@ func expect(t *testing.T, s *bfSim, f []string, split func() ([]transport.PeerID
 		}
 	case "within": // expect within ids : honest...: every coordinate within the honest range (plus codec slack)
 		lhs, rhs := split()
+		if s.cfg.Codec.Codec == compression.Sign {
+			withinSigns(s, lhs, rhs, fail)
+			return
+		}
 		for _, id := range lhs {
 			for j, v := range s.out[id] {
 				lo, hi := float32(math.Inf(1)), float32(math.Inf(-1))
@@ -521,10 +545,15 @@ func expect(t *testing.T, s *bfSim, f []string, split func() ([]transport.PeerID
 		for _, h := range rhs {
 			ins = append(ins, s.x[h])
 		}
-		s.cfg.Robust.Aggregate(want, ins, nil)
+		tol := 0.01
+		if s.cfg.Codec.Codec == compression.Sign {
+			want, tol = signMean(s, lhs, rhs), 1e-6
+		} else {
+			s.cfg.Robust.Aggregate(want, ins, nil)
+		}
 		for _, id := range lhs {
 			for j, v := range s.out[id] {
-				if math.Abs(float64(v-want[j])) > 0.01 {
+				if math.Abs(float64(v-want[j])) > tol {
 					fail("%s[%d] = %v, want %v", id, j, v, want[j])
 				}
 			}
@@ -745,5 +774,76 @@ func TestButterflyLateFirstOwner(t *testing.T) {
 	}
 	if pt := s.m["a"].cur.parts[3]; !pt.audit || !slices.Equal(pt.accepted, pt.frameB) {
 		t.Fatal("a did not take e's aggregate of part 3 after an audit: the schedule no longer tests this")
+	}
+}
+
+// signRoundTrip is x through the sim's wire codec and back: what an owner
+// decodes from a part, or a member from an aggregate.
+func signRoundTrip(t testing.TB, cfg compression.Config, x []float32) []float32 {
+	t.Helper()
+	enc, err := compression.NewEncoder(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer enc.Close()
+	dec, err := compression.NewDecoder(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dec.Close()
+	f, err := enc.Append(nil, x, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := dec.DecodeBytes(f, make([]float32, len(x)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// signMean is what a round of the members rhs gives with a lossy wire, part
+// by part over the group of lhs[0]'s result: the robust aggregate of each
+// member's part as its owners decode it, encoded and decoded again as the
+// aggregate travels.
+func signMean(s *bfSim, lhs, rhs []transport.PeerID) []float32 {
+	group := s.res[lhs[0]].Group
+	want := make([]float32, s.cfg.Len)
+	for p := range group {
+		lo, hi := chunkBounds(s.cfg.Len, len(group), p)
+		var ins [][]float32
+		for _, h := range rhs {
+			ins = append(ins, signRoundTrip(s.t, s.cfg.Codec, s.x[h][lo:hi]))
+		}
+		agg := make([]float32, hi-lo)
+		s.cfg.Robust.Aggregate(agg, ins, nil)
+		copy(want[lo:hi], signRoundTrip(s.t, s.cfg.Codec, agg))
+	}
+	return want
+}
+
+// withinSigns is "within" for a 1-bit wire, where a value is a sign times
+// its block's scale and may lie outside the honest values' range: every
+// part of the result must be no larger than the largest honest value its
+// owners decoded there (a robust aggregate of values that are each at most
+// that, re-encoded, stays under it), so a hostile member's large or forged
+// values would show.
+func withinSigns(s *bfSim, lhs, rhs []transport.PeerID, fail func(string, ...any)) {
+	for _, id := range lhs {
+		group := s.res[id].Group
+		for p := range group {
+			lo, hi := chunkBounds(s.cfg.Len, len(group), p)
+			var bound float32
+			for _, h := range rhs {
+				for _, v := range signRoundTrip(s.t, s.cfg.Codec, s.x[h][lo:hi]) {
+					bound = max(bound, float32(math.Abs(float64(v))))
+				}
+			}
+			for j, v := range s.out[id][lo:hi] {
+				if float32(math.Abs(float64(v))) > bound*1.0001 {
+					fail("%s[%d] = %v, beyond the honest members' largest decoded value %v in its part", id, lo+j, v, bound)
+				}
+			}
+		}
 	}
 }
