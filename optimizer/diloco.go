@@ -156,6 +156,13 @@ type DiLoCo struct {
 	// prepareRotated and applyRotated work a chunk at a time in rbuf).
 	rot  *rotation
 	rbuf []float32
+	// tiled: a tiled support's draws in a plain round (prepareRotated),
+	// with its positions not written into sup (46.6M at 124M parameters,
+	// 0.09 s a round): the first chunk's draw, a partial last chunk's,
+	// and the draws' scratch bitmap.
+	tiled         bool
+	tfirst, ttail []int32
+	ttaken        []uint64
 
 	// shared subspace (DiLoCoConfig.Subspace): the bases, and this
 	// member's full contribution (residual plus delta) of the round
@@ -186,7 +193,9 @@ func NewDiLoCo(cfg DiLoCoConfig, coll Collective, phi []float32) (*DiLoCo, error
 		delta: make([]float32, n), avg: make([]float32, n)}
 	if s := cfg.Support; s != nil {
 		k := s.SupportLen(n)
-		d.sup, d.cdelta, d.cavg = make([]int32, 0, k), make([]float32, k), make([]float32, k)
+		// sup is written by SupportWith, which sizes it (a tiled support in
+		// plain rounds never writes it: 186 MB at 124M parameters).
+		d.cdelta, d.cavg = make([]float32, k), make([]float32, k)
 		if s.FeedRounding {
 			d.csent = make([]float32, k)
 		}
@@ -343,7 +352,7 @@ func (d *DiLoCo) prepare(ctx context.Context, start, theta []float32, plain bool
 				return err
 			}
 		}
-		d.sup = d.cfg.Support.SupportWith(d.sup[:0], d.Mom, d.Round, nominated)
+		d.sup, d.tiled = d.cfg.Support.SupportWith(d.sup[:0], d.Mom, d.Round, nominated), false
 		src := d.delta
 		if d.rot != nil {
 			src = d.mfull
@@ -460,18 +469,22 @@ func (d *DiLoCo) prepareFused(start, theta []float32) error {
 // residual.
 func (d *DiLoCo) prepareRotated(start, theta []float32) error {
 	s := d.cfg.Support
-	d.sup = s.SupportWith(d.sup[:0], d.Mom, d.Round, nil)
+	d.drawRotated(len(theta))
 	var sq [4]float64
 	n := len(theta)
-	sup, cdelta := d.sup, d.cdelta[:len(d.sup)]
-	j := 0
+	cdelta := d.cdelta
+	j, at := 0, 0
 	for lo := 0; lo < n; lo += s.Chunk {
 		hi := min(lo+s.Chunk, n)
 		c := d.rbuf[:hi-lo]
+		var a, b []int32
+		var da, db int32
+		a, da, b, db, at = d.chunkSupport(lo, hi, at)
 		if len(c) < s.Chunk { // a last, partial chunk is not rotated
 			diffSquares(c, start[lo:hi], theta[lo:hi], &sq)
-			for ; j < len(sup) && int(sup[j]) < hi; j++ {
-				cdelta[j] = c[int(sup[j])-lo]
+			for _, p := range a {
+				cdelta[j] = c[p+da]
+				j++
 			}
 			continue
 		}
@@ -479,11 +492,48 @@ func (d *DiLoCo) prepareRotated(start, theta []float32) error {
 		// the scale only where the support takes a value.
 		diffSignsSquares(c, start[lo:hi], theta[lo:hi], d.rot.signs, &sq)
 		fwht(c)
-		for ; j < len(sup) && int(sup[j]) < hi; j++ {
-			cdelta[j] = c[int(sup[j])-lo] * d.rot.scale
+		scale := d.rot.scale
+		for _, p := range a {
+			cdelta[j] = c[p+da] * scale
+			j++
+		}
+		for _, p := range b {
+			cdelta[j] = c[p+db] * scale
+			j++
 		}
 	}
 	return d.checkOwnNorm(sq[0], sq[1], sq[2], sq[3])
+}
+
+// drawRotated draws the round's support for prepareRotated: tiled, its
+// draws alone (tiledDraws), else every position into sup.
+func (d *DiLoCo) drawRotated(n int) {
+	s := d.cfg.Support
+	if d.tiled = s.Tiled; d.tiled {
+		d.tfirst, d.ttail, d.ttaken = s.tiledDraws(d.tfirst, d.ttail, d.ttaken, d.Round, n)
+		return
+	}
+	d.sup = s.SupportWith(d.sup[:0], d.Mom, d.Round, nil)
+}
+
+// chunkSupport returns the round's support in the chunk [lo, hi) as two
+// runs of positions, a[i]+da then b[i]+db (relative to lo, together
+// increasing), and where the next chunk's positions start in sup (at,
+// from this chunk's): a tiled support's from its draws (tiledRuns), any
+// other's from sup.
+func (d *DiLoCo) chunkSupport(lo, hi, at int) (a []int32, da int32, b []int32, db int32, next int) {
+	if !d.tiled {
+		next = at
+		for next < len(d.sup) && int(d.sup[next]) < hi {
+			next++
+		}
+		return d.sup[at:next], -int32(lo), nil, 0, next
+	}
+	if hi-lo < d.cfg.Support.Chunk {
+		return d.ttail, -int32(lo), nil, 0, at
+	}
+	a, da, b, db = tiledRuns(d.tfirst, tiledOffset(d.Round, lo, d.cfg.Support.Chunk), d.cfg.Support.Chunk)
+	return a, da, b, db, at
 }
 
 // diffSignsSquares sets dst = (a - b) * signs (all of dst's length; signs
@@ -542,14 +592,22 @@ var ones = func() (o [4096]float32) {
 func (d *DiLoCo) applyRotated(eta, mu float32) {
 	s := d.cfg.Support
 	n := len(d.Phi)
-	sup, cavg := d.sup, d.cavg[:len(d.sup)]
-	j := 0
+	cavg := d.cavg
+	j, at := 0, 0
 	for lo := 0; lo < n; lo += s.Chunk {
 		hi := min(lo+s.Chunk, n)
 		c := d.rbuf[:hi-lo]
 		clear(c)
-		for ; j < len(sup) && int(sup[j]) < hi; j++ {
-			c[int(sup[j])-lo] = cavg[j]
+		var a, b []int32
+		var da, db int32
+		a, da, b, db, at = d.chunkSupport(lo, hi, at)
+		for _, p := range a {
+			c[p+da] = cavg[j]
+			j++
+		}
+		for _, p := range b {
+			c[p+db] = cavg[j]
+			j++
 		}
 		if len(c) < s.Chunk { // not rotated
 			NesterovStep(d.Phi[lo:hi], d.Mom[lo:hi], c, eta, mu)

@@ -211,12 +211,17 @@ func TestRotatedSupportConfig(t *testing.T) {
 // variant's, which computes delta over the whole model, copies and
 // rotates it: one round of each from the same state and local weights
 // must send the same contribution and end at the same phi and momentum,
-// bit for bit, with and without a last partial chunk.
+// bit for bit, with and without a last partial chunk, tiled (the plain
+// round reads its draws, the delayed one every position) or not.
 func TestRotatedSupportFusedMatchesPasses(t *testing.T) {
-	for _, n := range []int{1024, 1100} {
+	for _, tc := range []struct {
+		n     int
+		tiled bool
+	}{{1024, false}, {1100, false}, {1024, true}, {1100, true}, {100, true}} {
+		n := tc.n
 		cfg := DefaultDiLoCo()
 		cfg.OuterLR, cfg.Momentum, cfg.NormGrowth = 1.5, 0.9, 0
-		cfg.Support = &SupportConfig{Chunk: 128, K: 48, Decay: 0, Rotate: true}
+		cfg.Support = &SupportConfig{Chunk: 128, K: 48, Decay: 0, Rotate: true, Tiled: tc.tiled}
 		r := rand.New(rand.NewPCG(11, uint64(n)))
 		phi0, theta := make([]float32, n), make([]float32, n)
 		for i := range phi0 {
@@ -249,7 +254,7 @@ func TestRotatedSupportFusedMatchesPasses(t *testing.T) {
 		} {
 			for i := range pair[0] {
 				if math.Float32bits(pair[0][i]) != math.Float32bits(pair[1][i]) {
-					t.Fatalf("n %d: %s[%d]: fused %v, passes %v", n, name, i, pair[0][i], pair[1][i])
+					t.Fatalf("n %d, tiled %v: %s[%d]: fused %v, passes %v", n, tc.tiled, name, i, pair[0][i], pair[1][i])
 				}
 			}
 		}

@@ -145,14 +145,12 @@ func (c SupportConfig) SupportWith(dst []int32, mom []float32, round uint64, nom
 			// The first chunk's positions shifted by the chunk's keyed
 			// offset o (mod Chunk), in increasing order: those that wrap
 			// come first.
-			drawn := dst[first : first+k]
-			o := int32(splitmix(chunkKey(round, base)) % uint64(c.Chunk))
-			cut, _ := slices.BinarySearch(drawn, int32(c.Chunk)-o)
-			for _, p := range drawn[cut:] {
-				dst = append(dst, int32(base)+p+o-int32(c.Chunk))
+			wrap, dw, rest, dr := tiledRuns(dst[first:first+k], tiledOffset(round, base, c.Chunk), c.Chunk)
+			for _, p := range wrap {
+				dst = append(dst, int32(base)+p+dw)
 			}
-			for _, p := range drawn[:cut] {
-				dst = append(dst, int32(base)+p+o)
+			for _, p := range rest {
+				dst = append(dst, int32(base)+p+dr)
 			}
 			continue
 		}
@@ -206,30 +204,7 @@ func (c SupportConfig) SupportWith(dst []int32, mom []float32, round uint64, nom
 		// (a bitmap of the chunk says which are taken: a sorted insert per
 		// draw would cost K^2 a chunk).
 		if len(chosen) < k {
-			taken = slices.Grow(taken[:0], (m+63)/64)[:(m+63)/64]
-			clear(taken)
-			for _, p := range chosen {
-				taken[p/64] |= 1 << (p % 64)
-			}
-			n := len(chosen)
-			key := chunkKey(round, base)
-			if m&(m-1) == 0 {
-				drawPow2(taken, key, uint64(m-1), n, k)
-			} else {
-				for t := uint64(0); n < k; t++ {
-					p := splitmix(key^t) % uint64(m)
-					if w, b := &taken[p/64], uint64(1)<<(p%64); *w&b == 0 {
-						*w |= b
-						n++
-					}
-				}
-			}
-			// In increasing order, from the bitmap.
-			for i, w := range taken {
-				for at := int32(base + 64*i); w != 0; w &= w - 1 {
-					dst = append(dst, at+int32(bits.TrailingZeros64(w)))
-				}
-			}
+			dst, taken = hashDraw(dst, taken, chosen, round, base, m, k)
 			continue
 		}
 		for _, p := range chosen {
@@ -237,6 +212,73 @@ func (c SupportConfig) SupportWith(dst []int32, mom []float32, round uint64, nom
 		}
 	}
 	return dst
+}
+
+// hashDraw appends the positions (absolute, increasing) of the chunk of m
+// coordinates at base: the chosen ones (relative, sorted) and as many more
+// as the keyed hash of (round, chunk, draw) takes to make k, without
+// repeats (a bitmap of the chunk, taken, says which are taken: a sorted
+// insert per draw would cost K^2 a chunk). It returns dst and taken.
+func hashDraw(dst []int32, taken []uint64, chosen []int32, round uint64, base, m, k int) ([]int32, []uint64) {
+	taken = slices.Grow(taken[:0], (m+63)/64)[:(m+63)/64]
+	clear(taken)
+	for _, p := range chosen {
+		taken[p/64] |= 1 << (p % 64)
+	}
+	n := len(chosen)
+	key := chunkKey(round, base)
+	if m&(m-1) == 0 {
+		drawPow2(taken, key, uint64(m-1), n, k)
+	} else {
+		for t := uint64(0); n < k; t++ {
+			p := splitmix(key^t) % uint64(m)
+			if w, b := &taken[p/64], uint64(1)<<(p%64); *w&b == 0 {
+				*w |= b
+				n++
+			}
+		}
+	}
+	// In increasing order, from the bitmap.
+	for i, w := range taken {
+		for at := int32(base + 64*i); w != 0; w &= w - 1 {
+			dst = append(dst, at+int32(bits.TrailingZeros64(w)))
+		}
+	}
+	return dst, taken
+}
+
+// tiledOffset is the cyclic shift of a tiled support's whole chunk at
+// base (Tiled): 0 for the first, whose draw the others shift.
+func tiledOffset(round uint64, base, chunk int) int32 {
+	if base == 0 {
+		return 0
+	}
+	return int32(splitmix(chunkKey(round, base)) % uint64(chunk))
+}
+
+// tiledDraws is a tiled support of n coordinates without its positions
+// written out: first, the first chunk's draw (in increasing order; empty
+// when n has no whole chunk), and tail, a last, partial chunk's own draw
+// (absolute positions; empty when there is none). SupportWith's positions
+// are, for each whole chunk at base, first shifted cyclically by
+// tiledOffset, then tail. taken is scratch; all three are returned.
+func (c SupportConfig) tiledDraws(first, tail []int32, taken []uint64, round uint64, n int) ([]int32, []int32, []uint64) {
+	first, tail = first[:0], tail[:0]
+	if n >= c.Chunk {
+		first, taken = hashDraw(first, taken, nil, round, 0, c.Chunk, c.K)
+	}
+	if base, m := n/c.Chunk*c.Chunk, n%c.Chunk; m > 0 {
+		tail, taken = hashDraw(tail, taken, nil, round, base, m, min(c.K, m))
+	}
+	return first, tail, taken
+}
+
+// tiledRuns splits a tiled chunk's positions (first shifted by o, modulo
+// chunk) into the two runs that keep them increasing: those that wrap
+// (first[cut:] + o - chunk), then the rest (first[:cut] + o).
+func tiledRuns(first []int32, o int32, chunk int) (wrap []int32, dw int32, rest []int32, dr int32) {
+	cut, _ := slices.BinarySearch(first, int32(chunk)-o)
+	return first[cut:], o - int32(chunk), first[:cut], o
 }
 
 // Nominations appends to dst, for each chunk of x, the positions (absolute,
