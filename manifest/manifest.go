@@ -159,9 +159,11 @@ type Optimizer struct {
 	// Nesterov (DiLoCo) selects Nesterov momentum for the outer step.
 	Nesterov bool `toml:"nesterov"`
 	// Delayed (DiLoCo) overlaps each round's exchange with the next inner
-	// phase: the phase starts from phi plus the member's own progress, and
-	// the round's result is applied as soon as the exchange ends, a few
-	// inner steps in, keeping the progress made since (optimizer.DiLoCo.Land).
+	// phase: the phase starts from the round's expected result (the outer
+	// step with the member's own pseudo-gradient: optimizer.DiLoCo's eager
+	// start), and the round's result is applied as soon as the exchange
+	// ends, a few inner steps in, keeping the progress made since
+	// (optimizer.DiLoCo.Land).
 	Delayed bool `toml:"delayed"`
 	// GroupSize (NoLoCo) is the members averaged together per outer step, in
 	// [MinGroupSize, MaxGroupSize].

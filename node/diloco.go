@@ -174,7 +174,7 @@ func (d dilocoLoop) close() {
 // (ALGORITHMS.md 1): the round started after the previous inner phase
 // landed during this one as soon as its exchange ended (landEarly), or
 // lands now; it reports that round, starts this phase's in the background
-// and goes on training from phi plus this phase's local progress, so the
+// and goes on training from the round's expected result (the eager start), so the
 // network's time hides behind compute. A round in flight is abandoned
 // whenever the member takes the run's state instead.
 func (v *Volunteer) contributeDelayed(ctx context.Context, ph phase) error {
@@ -220,7 +220,7 @@ func (v *Volunteer) contributeDelayed(ctx context.Context, ph phase) error {
 		v.adopted(ctx, ph)
 		return nil
 	}
-	// theta is phi plus this phase's progress: train on from there.
+	// theta is the eager start: train on from there.
 	v.su.Dev.CopyIn(v.su.Stage.Params, v.theta)
 	v.publish(ctx)
 	if v.dl.Round == before {

@@ -936,8 +936,8 @@ var ErrUnsupported = errors.New("node: run not supported by this volunteer")
 
 // validate returns the loss of the run's state (phi) on the fixed
 // validation batches, NaN when there are none. The stage's weights are phi
-// after a plain round; after a delayed one they are phi plus the local
-// progress since, so phi is swapped in for the measurement.
+// after a plain round; after a delayed one they are the eager start plus
+// the local progress since, so phi is swapped in for the measurement.
 func (v *Volunteer) validate() float32 {
 	if v.su.Val == nil {
 		return float32(math.NaN())

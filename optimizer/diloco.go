@@ -840,9 +840,9 @@ func (d *DiLoCo) OuterStep(ctx context.Context, theta []float32) (RoundStats, er
 // OuterStepDelayed is the one-step-delayed variant (ALGORITHMS.md 1): it
 // starts averaging this phase's progress and returns at once; the average
 // is applied at the next call (or Flush), after the next inner phase ran
-// concurrently with the exchange. theta becomes phi plus this phase's local
-// progress, so no local work is thrown away. The returned stats are those
-// of the round that was applied, if any.
+// concurrently with the exchange. theta becomes the round's expected
+// result (eagerStart), where the next phase trains until the round lands.
+// The returned stats are those of the round that was applied, if any.
 func (d *DiLoCo) OuterStepDelayed(ctx context.Context, theta []float32) (RoundStats, error) {
 	if d.start == nil {
 		d.start = append([]float32(nil), d.Phi...)
@@ -855,9 +855,7 @@ func (d *DiLoCo) OuterStepDelayed(ctx context.Context, theta []float32) (RoundSt
 	if err := d.prepare(ctx, d.start, theta, false); err != nil {
 		return st, err
 	}
-	for i := range theta {
-		theta[i] = d.Phi[i] - d.delta[i]
-	}
+	d.eagerStart(theta)
 	copy(d.start, theta)
 	d.pending = make(chan pendingRound, 1)
 	go func(round, hash uint64, ch chan pendingRound) {
@@ -865,6 +863,50 @@ func (d *DiLoCo) OuterStepDelayed(ctx context.Context, theta []float32) (RoundSt
 		ch <- pendingRound{stats: s, err: err}
 	}(d.Round, d.StateHash(), d.pending)
 	return st, nil
+}
+
+// eagerStart sets theta to where the next inner phase starts while the
+// round is in flight (an eager update): the outer step the round would
+// take if the group's average were this member's own pseudo-gradient,
+// the outer momentum's part exact, its own part as much of it as the
+// wire is expected to carry (eagerShare). Landing (Land) then moves the
+// phase's progress onto the round's result. Starting from phi plus the
+// member's own progress instead, which misses the outer step's momentum
+// and learning rate, cost 2.2-2.8% at equal tokens where the round lands
+// 30 steps into the phase; this, 1.2-1.7% (BENCHMARKS.md, session 17; a
+// round that lands only at the phase's end does worse from here). Its
+// operations are NesterovStep's, rounded to float32 at each step: when
+// the group's average is this member's own, theta is the round's phi bit
+// for bit.
+func (d *DiLoCo) eagerStart(theta []float32) {
+	eta, mu := float32(d.cfg.OuterLR), float32(d.cfg.Momentum)
+	c := d.eagerShare()
+	for i, v := range d.delta[:len(theta)] {
+		x := v
+		if c != 1 {
+			x = float32(c * v)
+		}
+		mi := float32(mu*d.Mom[i]) + x
+		theta[i] = d.Phi[i] - float32(eta*float32(x+float32(mu*mi)))
+	}
+}
+
+// eagerShare is the share of a pseudo-gradient one round's outer step is
+// expected to apply: all of it on a dense exchange; with a shared support
+// or subspace keeping a fraction p of the coordinates, p of it a round
+// without a residual, and with one decayed by r, what reaches the wire in
+// the residual's steady state, p / (1 - r(1 - p)) (all of it at r = 1).
+func (d *DiLoCo) eagerShare() float32 {
+	var p, r float64
+	switch {
+	case d.cfg.Support != nil:
+		p, r = float64(d.cfg.Support.K)/float64(d.cfg.Support.Chunk), float64(d.cfg.Support.Decay)
+	case d.sub != nil:
+		p, r = float64(len(d.cdelta))/float64(len(d.Phi)), float64(d.cfg.Subspace.Decay)
+	default:
+		return 1
+	}
+	return float32(min(1, p/(1-r*(1-p))))
 }
 
 // reduce averages delta into avg over the round's group; a collective that

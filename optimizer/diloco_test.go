@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -123,8 +124,18 @@ func TestDiLoCoDelayedAgrees(t *testing.T) {
 				t.Fatalf("phase %d member %d: %v", phase, i, err)
 			}
 		}
-		if phase == 0 && !bitsEqual(before, thetas[0]) {
-			t.Fatal("first delayed step changed theta with nothing to apply")
+		if phase == 0 {
+			// Nothing to apply yet: the next phase starts at the round's
+			// step taken with this member's own pseudo-gradient (eagerStart).
+			cfg := DefaultDiLoCo()
+			want, mom, delta := slices.Clone(ds[0].Phi), make([]float32, n), make([]float32, n)
+			for j := range delta {
+				delta[j] = ds[0].Phi[j] - before[j]
+			}
+			NesterovStep(want, mom, delta, float32(cfg.OuterLR), float32(cfg.Momentum))
+			if !bitsEqual(want, thetas[0]) {
+				t.Fatal("the first delayed step did not start the next phase at the member's own outer step")
+			}
 		}
 	}
 	for i, err := range each(M, func(i int) error { _, err := ds[i].Flush(thetas[i]); return err }) {
@@ -163,7 +174,7 @@ func TestDiLoCoLandMidPhase(t *testing.T) {
 	phi0 := append([]float32(nil), ds[0].Phi...)
 	starts, mids := make([][]float32, M), make([][]float32, M)
 	for i := range M {
-		starts[i] = append([]float32(nil), thetas[i]...) // phi0 minus the member's own delta
+		starts[i] = append([]float32(nil), thetas[i]...) // phi0 stepped with the member's own delta (eagerStart)
 		innerPhase(thetas[i], i, 100)                    // the phase's first steps
 		mids[i] = append([]float32(nil), thetas[i]...)
 	}
@@ -539,6 +550,68 @@ func TestDiLoCoResidualOnlyWhereCarried(t *testing.T) {
 			err = d.SetResidual(make([]float32, n))
 			if (err == nil) != tc.keeps {
 				t.Fatalf("SetResidual: %v, want accepted = %v", err, tc.keeps)
+			}
+		})
+	}
+}
+
+// TestDiLoCoEagerStartIsTheRound: an overlapped round's next phase starts
+// where the round would take phi if the group's average were this
+// member's own pseudo-gradient (eagerStart). Alone in its group, that is
+// the round's phi bit for bit, outer momentum included, and landing the
+// round moves nothing.
+func TestDiLoCoEagerStartIsTheRound(t *testing.T) {
+	const n = 1000
+	phi0 := randomVec(n, 5, 1)
+	d, err := NewDiLoCo(DefaultDiLoCo(), alone{}, phi0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	theta := slices.Clone(phi0)
+	for r := range 4 {
+		innerPhase(theta, 0, uint64(r))
+		if _, err := d.OuterStepDelayed(context.Background(), theta); err != nil {
+			t.Fatal(err)
+		}
+		eager := slices.Clone(theta)
+		if _, err := d.Land(theta); err != nil {
+			t.Fatal(err)
+		}
+		if d.Round != uint64(r+1) {
+			t.Fatalf("round %d: at round %d", r, d.Round)
+		}
+		for i, p := range d.Phi {
+			if math.Float32bits(eager[i]) != math.Float32bits(p) || math.Float32bits(theta[i]) != math.Float32bits(p) {
+				t.Fatalf("round %d, [%d]: started the phase at %v, landed at %v, the round's phi is %v", r, i, eager[i], theta[i], p)
+			}
+		}
+	}
+}
+
+// The share of a pseudo-gradient a round is expected to apply (eagerStart).
+func TestDiLoCoEagerShare(t *testing.T) {
+	sup := func(k int, decay float32) DiLoCoConfig {
+		c := DefaultDiLoCo()
+		c.Support = &SupportConfig{Chunk: 4096, K: k, Decay: decay, Rotate: true}
+		return c
+	}
+	for _, tc := range []struct {
+		name string
+		cfg  DiLoCoConfig
+		want float64
+	}{
+		{"dense", DefaultDiLoCo(), 1},
+		{"support without residual", sup(1792, 0), 1792.0 / 4096},
+		{"support, residual kept whole", sup(1024, 1), 1},
+		{"support, residual halved", sup(1024, 0.5), 0.25 / (1 - 0.5*0.75)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d, err := NewDiLoCo(tc.cfg, alone{}, make([]float32, 8192))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := float64(d.eagerShare()); math.Abs(got-tc.want) > 1e-6 {
+				t.Fatalf("share %v, want %v", got, tc.want)
 			}
 		})
 	}
