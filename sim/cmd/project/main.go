@@ -76,7 +76,7 @@ func runCodecs(dir string) error {
 		"2-bit, measured speed: `sim/measured.go`), a shared support of 64 of every 4096 through the butterfly " +
 		"(wire.outer = \"support\", minmax8, its local work measured) and one of 1536 of every 4096 with 1-bit signs (support-sign, " +
 		"2647x at -1.2% from scratch and +1.95% warm against the dense robust round in the convergence benchmark), and the same share of a rotated basis with a scale per 256, no residual and the outer momentum (support-rot, " +
-		"the demo's run since session 15, tiled since session 16: 2435x at -2.25% from scratch and +0.29..+1.06% warm, tiled -1.86% and +0.63%). Overlap: each round's exchange runs during the next inner phase.\n\n")
+		"the demo's run since session 15, tiled since session 16: 2435x at -2.25% from scratch and +0.29..+1.06% warm, tiled -1.86% and +0.63%). Overlap: each round's exchange runs during the next inner phase; where it lasts about 30 of the phase's 50 steps (support-rot at 124M and 1B), each round lands about 30 steps into the next phase, which costs 1.2-1.7% in loss at equal tokens with the eager start (BENCHMARKS.md, session 17).\n\n")
 	b.WriteString("| model | codec | overlap | M = 100 | M = 1000 | M = 10000 |\n|---|---|---|---|---|---|\n")
 	var notes []string
 	var rows []codecRow
