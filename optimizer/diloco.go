@@ -875,9 +875,9 @@ func (d *DiLoCo) OuterStepDelayed(ctx context.Context, theta []float32) (RoundSt
 // and learning rate, cost 2.2-2.8% at equal tokens where the round lands
 // 30 steps into the phase; this, 1.2-1.7% (BENCHMARKS.md, session 17; a
 // round that lands only at the phase's end does worse from here). Its
-// operations are NesterovStep's, rounded to float32 at each step: when
-// the group's average is this member's own, theta is the round's phi bit
-// for bit.
+// operations are NesterovStep's, rounded to float32 at each step: on a
+// dense exchange (share 1) where the group's average is this member's
+// own, theta is the round's phi bit for bit.
 func (d *DiLoCo) eagerStart(theta []float32) {
 	eta, mu := float32(d.cfg.OuterLR), float32(d.cfg.Momentum)
 	c := d.eagerShare()
@@ -966,11 +966,11 @@ func (d *DiLoCo) ExchangeDone() bool { return d.pending != nil && len(d.pending)
 // as soon as its exchange ends (Streaming DiLoCo's overlap of a few inner
 // steps, without its fragments), instead of at the phase's end: the phase
 // then trains on from the round's result for its remaining steps rather
-// than from a state one round stale. theta is the local weights, phi
-// before the round plus this member's progress since (OuterStepDelayed's
-// own pseudo-gradient stands in for the round's average until now); Land
-// moves them by what the round changed, theta += phi' - (phi - delta),
-// so the progress made since the phase began is kept and the next
+// than from a state one round stale. theta is the local weights, the
+// phase's eager start (the round's expected result, eagerStart) plus this
+// member's progress since; Land moves them onto the round's result,
+// theta += phi' - start, so the progress made since the phase began is
+// kept and the next
 // pseudo-gradient measures only it. It waits for the exchange (see
 // ExchangeDone) and does nothing without a round in flight. A failed
 // round returns its error with nothing applied, as OuterStepDelayed does.
