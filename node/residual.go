@@ -69,11 +69,19 @@ func decodeResidual(b []byte, n int) (uint64, []float32, error) {
 
 // resumeResidual installs the residual saved beside the local checkpoint,
 // if it belongs to the round resumed; otherwise the residual starts empty.
+// Where the run keeps none, one left by an older run or build, which
+// nothing would read, is removed.
 func (v *Volunteer) resumeResidual() {
-	if v.dl == nil || v.dl.Residual() == nil || v.ckPath == "" {
+	if v.dl == nil || v.ckPath == "" {
 		return
 	}
 	path := v.ckPath + residualFile
+	if v.dl.Residual() == nil {
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			v.log.Warn("could not remove a residual no round reads", "path", path, "err", err)
+		}
+		return
+	}
 	raw, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
 		return

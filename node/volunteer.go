@@ -1121,9 +1121,6 @@ func (v *Volunteer) save(wait bool) bool {
 				if err := atomicfile.WriteFile(v.ckPath+residualFile, encodeResidual(round, resid), 0o644); err != nil {
 					return err
 				}
-			} else if err := os.Remove(v.ckPath + residualFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				// One from an older run or build, which nothing reads now.
-				return err
 			}
 			if tail == nil {
 				return nil

@@ -133,27 +133,16 @@ func (c SupportConfig) Support(dst []int32, mom []float32, round uint64) []int32
 // taken first, at most K of each chunk (the lowest positions), before the
 // momentum's and the keyed hash's.
 func (c SupportConfig) SupportWith(dst []int32, mom []float32, round uint64, nominated []int32) []int32 {
+	dst = slices.Grow(dst, c.SupportLen(len(mom)))
+	if c.Tiled {
+		return c.appendTiled(dst, round, len(mom))
+	}
 	var top topk.Top
 	var chosen []int32
 	var taken []uint64
-	dst = slices.Grow(dst, c.SupportLen(len(mom)))
-	first := len(dst) // where the first chunk's positions start (Tiled)
 	for base := 0; base < len(mom); base += c.Chunk {
 		m := min(c.Chunk, len(mom)-base)
 		k := min(c.K, m)
-		if c.Tiled && base > 0 && m == c.Chunk {
-			// The first chunk's positions shifted by the chunk's keyed
-			// offset o (mod Chunk), in increasing order: those that wrap
-			// come first.
-			wrap, dw, rest, dr := tiledRuns(dst[first:first+k], tiledOffset(round, base, c.Chunk), c.Chunk)
-			for _, p := range wrap {
-				dst = append(dst, int32(base)+p+dw)
-			}
-			for _, p := range rest {
-				dst = append(dst, int32(base)+p+dr)
-			}
-			continue
-		}
 		chosen = chosen[:0]
 		for len(nominated) > 0 && nominated[0] < int32(base) {
 			nominated = nominated[1:]
@@ -271,6 +260,24 @@ func (c SupportConfig) tiledDraws(first, tail []int32, taken []uint64, round uin
 		tail, taken = hashDraw(tail, taken, nil, round, base, m, min(c.K, m))
 	}
 	return first, tail, taken
+}
+
+// appendTiled appends a tiled support's positions of n coordinates (all
+// by the hash: Validate refuses momentum's, nominated or cycling ones):
+// for each whole chunk, the first chunk's draw shifted by the chunk's
+// offset (tiledRuns), then a last, partial chunk's own draw.
+func (c SupportConfig) appendTiled(dst []int32, round uint64, n int) []int32 {
+	first, tail, _ := c.tiledDraws(nil, nil, nil, round, n)
+	for base := 0; base+c.Chunk <= n; base += c.Chunk {
+		wrap, dw, rest, dr := tiledRuns(first, tiledOffset(round, base, c.Chunk), c.Chunk)
+		for _, p := range wrap {
+			dst = append(dst, int32(base)+p+dw)
+		}
+		for _, p := range rest {
+			dst = append(dst, int32(base)+p+dr)
+		}
+	}
+	return append(dst, tail...)
 }
 
 // tiledRuns splits a tiled chunk's positions (first shifted by o, modulo
